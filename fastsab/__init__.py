@@ -1,0 +1,19 @@
+"""fastsab: fast, size-aware batching for PyTorch."""
+
+from fastsab.batching import BatchSplit, Carry, size_aware_batching, split_batches
+from fastsab.samplers import BucketBatchSampler, SizeAwareBatchSampler, create_buckets
+from fastsab.shuffle import GroupedPermutation, grouped_permutation
+
+__all__ = [
+    "BatchSplit",
+    "BucketBatchSampler",
+    "Carry",
+    "GroupedPermutation",
+    "SizeAwareBatchSampler",
+    "create_buckets",
+    "grouped_permutation",
+    "size_aware_batching",
+    "split_batches",
+]
+
+__version__ = "0.1.0"

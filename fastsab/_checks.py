@@ -1,0 +1,123 @@
+"""Argument checks shared by the public API: clear errors that name the argument and value."""
+
+from __future__ import annotations
+
+import math
+from numbers import Integral, Real
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = [
+    "as_numeric_array",
+    "check_choice",
+    "check_positive_int",
+    "check_positive_real",
+]
+
+
+def check_positive_int(name: str, value: Any, *, allow_none: bool = False) -> int | None:
+    """Return ``value`` as an ``int`` if it is an integer >= 1, else raise.
+
+    Examples:
+        >>> check_positive_int("batch_size", 3)
+        3
+        >>> check_positive_int("batch_size", 0)
+        Traceback (most recent call last):
+        ...
+        ValueError: batch_size must be a positive integer, got 0.
+    """
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, Integral):
+        raise TypeError(f"{name} must be an integer, got {value!r} of type {type(value).__name__}.")
+    if value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}.")
+    return int(value)
+
+
+def check_positive_real(name: str, value: Any) -> int | float:
+    """Return ``value`` if it is a finite real number > 0, else raise.
+
+    Integers stay integers (so integer budgets compare exactly).
+
+    Examples:
+        >>> check_positive_real("max_total_size", 2.5)
+        2.5
+        >>> check_positive_real("max_total_size", -1)
+        Traceback (most recent call last):
+        ...
+        ValueError: max_total_size must be a positive finite number, got -1.
+    """
+    if isinstance(value, (np.ndarray, torch.Tensor)) and value.ndim == 0:
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, Real):
+        raise TypeError(f"{name} must be a real number, got {value!r} of type {type(value).__name__}.")
+    if isinstance(value, Integral):
+        value = int(value)
+    else:
+        value = float(value)
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{name} must be a positive finite number, got {value!r}.")
+    return value
+
+
+def check_choice(name: str, value: Any, choices: tuple[str, ...]) -> str:
+    """Return ``value`` if it is one of ``choices``, else raise ``ValueError``.
+
+    Examples:
+        >>> check_choice("cost", "max", ("sum", "padded"))
+        Traceback (most recent call last):
+        ...
+        ValueError: cost must be one of 'sum', 'padded', got 'max'.
+    """
+    if value not in choices:
+        allowed = ", ".join(repr(c) for c in choices)
+        raise ValueError(f"{name} must be one of {allowed}, got {value!r}.")
+    return value
+
+
+def as_numeric_array(name: str, values: Any, *, ndim: tuple[int, ...] = (1,)) -> np.ndarray:
+    """Convert per-item sizes or costs to a validated int64 or float64 numpy array.
+
+    Accepts numpy arrays, torch tensors (any device) and sequences of numbers. Integer
+    input becomes ``int64`` (exact sums), floating input ``float64``. Booleans, complex and
+    non-numeric values raise ``TypeError``; NaN, infinity and negative values raise
+    ``ValueError`` naming the first offending position.
+
+    Examples:
+        >>> as_numeric_array("sizes", [3, 1, 2])
+        array([3, 1, 2])
+        >>> as_numeric_array("sizes", [1.0, float("nan")])
+        Traceback (most recent call last):
+        ...
+        ValueError: sizes must be finite, got nan at position 1.
+    """
+    if isinstance(values, torch.Tensor):
+        values = values.detach().cpu().numpy()
+    try:
+        array = np.asarray(values)
+    except (TypeError, ValueError) as err:
+        raise TypeError(f"{name} must be an array of numbers, got {values!r}.") from err
+    if array.dtype == bool or not (np.issubdtype(array.dtype, np.integer) or np.issubdtype(array.dtype, np.floating)):
+        raise TypeError(f"{name} must hold integers or floats, got dtype {array.dtype}.")
+    if array.ndim not in ndim:
+        allowed = " or ".join(f"{d}-D" for d in ndim)
+        raise ValueError(f"{name} must be {allowed}, got shape {tuple(array.shape)}.")
+    if np.issubdtype(array.dtype, np.integer):
+        if array.dtype == np.uint64 and array.size and array.max() > np.iinfo(np.int64).max:
+            raise ValueError(f"{name} has values too large for int64: {array.max().item()!r}.")
+        array = array.astype(np.int64, copy=False)
+    else:
+        array = array.astype(np.float64, copy=False)
+        finite = np.isfinite(array)
+        if not finite.all():
+            pos = np.unravel_index(int(np.argmin(finite)), array.shape)
+            where = pos[0] if len(pos) == 1 else pos
+            raise ValueError(f"{name} must be finite, got {array[pos].item()!r} at position {where}.")
+    if array.size and array.min() < 0:
+        pos = np.unravel_index(int(np.argmin(array)), array.shape)
+        where = pos[0] if len(pos) == 1 else pos
+        raise ValueError(f"{name} must be non-negative, got {array[pos].item()!r} at position {where}.")
+    return array

@@ -1,0 +1,494 @@
+"""Greedy size-aware batching.
+
+Two entry points share one semantics:
+
+* :func:`split_batches`, the vectorized kernel: per-item costs in epoch order in, batch
+  boundaries out. It is what the loaders and samplers use.
+* :func:`size_aware_batching`, the streaming generator of the bionemo API, for plain
+  iterables of data.
+
+The greedy rule (bionemo compatible): items are taken in order; an item whose cost exceeds
+``max_total_size`` is oversize (skipped and counted by default); an item joins the current
+batch while the batch's cost stays ``<= max_total_size`` (the cap is inclusive), otherwise
+the batch is emitted and a new one starts with that item; the last partial batch is
+emitted; no empty batch is ever emitted.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_left, bisect_right
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from numbers import Integral
+from typing import Any, Literal, TypeVar
+
+import numpy as np
+
+from fastsab._checks import as_numeric_array, check_choice, check_positive_int, check_positive_real
+
+__all__ = ["BatchSplit", "Carry", "size_aware_batching", "split_batches"]
+
+Data = TypeVar("Data")
+CostMode = Literal["sum", "padded"]
+OversizePolicy = Literal["skip", "own_batch", "error"]
+
+_UNIT_ROUNDOFF = 2.0**-53
+
+
+@dataclass(frozen=True)
+class Carry:
+    """The open batch at the end of a non-final :func:`split_batches` call.
+
+    Pass it as ``carry=`` to the next call (with the next chunk of costs) to continue the
+    split exactly as if the chunks had been one array.
+
+    Attributes:
+        ids: Ids of the items of the open batch, in order.
+        costs: Their costs, shape ``(len(ids), k)``.
+        next_position: Global position of the next chunk's first item (used for default ids).
+    """
+
+    ids: np.ndarray
+    costs: np.ndarray
+    next_position: int
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+@dataclass(frozen=True)
+class BatchSplit:
+    """Result of :func:`split_batches`: batches in CSR form.
+
+    Batch ``b`` is ``ids[offsets[b]:offsets[b + 1]]``.
+
+    Attributes:
+        ids: Ids of the batched items, batch after batch (global positions by default).
+        offsets: ``int64`` array of ``num_batches + 1`` offsets into ``ids``.
+        skipped: Ids of the oversize items that were skipped (``oversize="skip"``).
+        carry: The open batch to pass to the next call, or ``None`` after a final call.
+    """
+
+    ids: np.ndarray
+    offsets: np.ndarray
+    skipped: np.ndarray
+    carry: Carry | None
+
+    @property
+    def num_batches(self) -> int:
+        """Number of complete batches in this result."""
+        return len(self.offsets) - 1
+
+    @property
+    def batch_sizes(self) -> np.ndarray:
+        """Number of items in each batch."""
+        return np.diff(self.offsets)
+
+    def batches(self) -> list[np.ndarray]:
+        """The batches as a list of id arrays (views into :attr:`ids`).
+
+        Examples:
+            >>> split_batches([2, 2, 3, 1], 4).batches()
+            [array([0, 1]), array([2, 3])]
+        """
+        offsets = self.offsets
+        ids = self.ids
+        return [ids[offsets[b] : offsets[b + 1]] for b in range(len(offsets) - 1)]
+
+
+def split_batches(
+    costs: Any,
+    max_total_size: Any,
+    *,
+    max_batch_size: int | None = None,
+    cost: CostMode = "sum",
+    batch_size_multiple: int = 1,
+    oversize: OversizePolicy = "skip",
+    ids: Any = None,
+    carry: Carry | None = None,
+    final: bool = True,
+) -> BatchSplit:
+    """Split items with per-item costs into greedy batches, vectorized.
+
+    Gives exactly the batches of the greedy loop described in the module docstring, for
+    integer costs (exact ``int64`` sums) and float costs (``float64`` sums accumulated in
+    item order from the batch start, as the loop does, so values right at the cap agree).
+    The work is a prefix sum and one binary search per batch (``sum`` mode) or a short
+    running-max window per batch (``padded`` mode); there is no Python loop per item.
+
+    Args:
+        costs: Per-item costs in order: 1-D, or ``(n, k)`` for ``k`` limits at once (e.g.
+            nodes and edges of a graph); numpy array, torch tensor or sequence; finite, >= 0.
+        max_total_size: The inclusive cap of a batch's cost; one number, or ``k`` numbers
+            for ``(n, k)`` costs (an item joins while every column stays within its cap).
+        max_batch_size: Optional cap on the number of items in a batch.
+        cost: ``"sum"`` (a batch costs the sum of its items, bionemo) or ``"padded"`` (a
+            batch costs ``len(batch) * max(cost in batch)``, the padded-tensor cost).
+        batch_size_multiple: A full batch (one closed because the next item does not fit)
+            longer than this multiple is cut down to a multiple of it; the remainder opens
+            the next batch (fairseq's ``required_batch_size_multiple``). The last batch and
+            batches closed by an ``own_batch`` item are kept whole.
+        oversize: What to do with an item whose cost alone exceeds the cap: ``"skip"`` it
+            (returned in :attr:`BatchSplit.skipped`; callers warn), give it a batch of its
+            ``"own_batch"``, or raise ``ValueError`` (``"error"``).
+        ids: Optional ids of the items (same length as ``costs``), returned in place of
+            positions, e.g. dataset indices in epoch order.
+        carry: The :attr:`BatchSplit.carry` of the previous chunk's call.
+        final: ``False`` if more chunks follow: the trailing batch that could still grow is
+            returned as :attr:`BatchSplit.carry` instead of being emitted.
+
+    Returns:
+        A :class:`BatchSplit` with the batches in CSR form.
+
+    Raises:
+        TypeError: If an argument has the wrong type.
+        ValueError: If a value is out of range (negative or NaN costs, non-positive caps,
+            a mismatched ``ids`` length or carry), or an item is oversize with
+            ``oversize="error"``.
+
+    Examples:
+        >>> split = split_batches([2, 2, 5, 3, 1, 4], 4)
+        >>> [b.tolist() for b in split.batches()], split.skipped.tolist()
+        ([[0, 1], [3, 4], [5]], [2])
+        >>> split_batches([1, 1, 1, 1, 1], 10, batch_size_multiple=2, max_batch_size=3).batches()
+        [array([0, 1]), array([2, 3, 4])]
+        >>> split_batches([1, 3, 1, 1], 6, cost="padded").batches()  # 2 * 3 <= 6 < 3 * 3
+        [array([0, 1]), array([2, 3])]
+
+        Chunk by chunk gives the same batches as one call:
+
+        >>> first = split_batches([2, 2, 3], 4, final=False)
+        >>> rest = split_batches([1, 4], 4, carry=first.carry)
+        >>> [b.tolist() for b in first.batches() + rest.batches()]
+        [[0, 1], [2, 3], [4]]
+    """
+    mode = check_choice("cost", cost, ("sum", "padded"))
+    policy = check_choice("oversize", oversize, ("skip", "own_batch", "error"))
+    max_items = check_positive_int("max_batch_size", max_batch_size, allow_none=True)
+    multiple = check_positive_int("batch_size_multiple", batch_size_multiple)
+    if not isinstance(final, bool):
+        raise TypeError(f"final must be a bool, got {final!r}.")
+    if carry is not None and not isinstance(carry, Carry):
+        raise TypeError(f"carry must be a Carry from a previous split, got {type(carry).__name__}.")
+
+    c = as_numeric_array("costs", costs, ndim=(1, 2))
+    if c.ndim == 1:
+        c = c[:, None]
+    n, k = c.shape
+    caps = _as_caps(max_total_size, k)
+    start = 0 if carry is None else carry.next_position
+    if ids is None:
+        item_ids = np.arange(start, start + n, dtype=np.int64)
+    else:
+        item_ids = np.asarray(ids)
+        if item_ids.ndim != 1 or len(item_ids) != n:
+            raise ValueError(f"ids must be 1-D with one id per item ({n}), got shape {tuple(item_ids.shape)}.")
+    if carry is not None:
+        if carry.costs.shape[1] != k:
+            raise ValueError(
+                f"carry has {carry.costs.shape[1]} cost columns but costs has {k}; "
+                "use the carry of a split over the same kind of costs."
+            )
+        if carry.costs.dtype != c.dtype:
+            c = c.astype(np.float64)
+    float_mode = c.dtype == np.float64 or (carry is not None and carry.costs.dtype == np.float64)
+    caps = _caps_for_dtype(caps, float_mode)
+    if float_mode:
+        c = c.astype(np.float64, copy=False)
+
+    over = (c > caps).any(axis=1) if n else np.zeros(0, dtype=bool)
+    skipped = item_ids[:0]
+    if over.any():
+        if policy == "error":
+            pos = int(np.argmax(over))
+            raise ValueError(
+                f"item {item_ids[pos].item()!r} has cost {_row(c, pos)!r} above "
+                f"max_total_size {max_total_size!r} (oversize='error')."
+            )
+        if policy == "skip":
+            skipped = item_ids[over]
+            c = c[~over]
+            item_ids = item_ids[~over]
+            over = None
+    else:
+        over = None
+
+    if carry is not None and len(carry):
+        c = np.concatenate([carry.costs.astype(c.dtype, copy=False), c])
+        item_ids = np.concatenate([carry.ids, item_ids])
+        if over is not None:
+            over = np.concatenate([np.zeros(len(carry), dtype=bool), over])
+
+    ends, open_start = _greedy_ends(c, caps, mode, max_items, multiple, over, final)
+    offsets = np.zeros(len(ends) + 1, dtype=np.int64)
+    offsets[1:] = ends
+    next_carry = None
+    if not final:
+        next_carry = Carry(item_ids[open_start:], c[open_start:], start + n)
+    return BatchSplit(item_ids[:open_start], offsets, skipped, next_carry)
+
+
+def _row(c: np.ndarray, pos: int) -> Any:
+    return c[pos, 0].item() if c.shape[1] == 1 else c[pos].tolist()
+
+
+def _as_caps(max_total_size: Any, k: int) -> list[int | float]:
+    if isinstance(max_total_size, (Sequence, np.ndarray)) and not isinstance(max_total_size, str):
+        caps = [check_positive_real("max_total_size", v) for v in max_total_size]
+        if len(caps) != k:
+            raise ValueError(f"max_total_size has {len(caps)} caps but costs has {k} columns: {max_total_size!r}.")
+        return caps
+    return [check_positive_real("max_total_size", max_total_size)] * k
+
+
+def _caps_for_dtype(caps: list[int | float], float_mode: bool) -> np.ndarray:
+    # NOTE: the loop compares a running total with the cap exactly (Python semantics). For
+    # integer totals `total <= cap` equals `total <= floor(cap)`; for float totals it equals
+    # `total <= the largest float64 not above cap`. Converting the cap once this way keeps
+    # every later comparison exact in a single numpy dtype.
+    if float_mode:
+        out = []
+        for cap in caps:
+            f = float(cap)
+            if isinstance(cap, Integral) and f > cap:
+                f = math.nextafter(f, -math.inf)
+            out.append(f)
+        return np.array(out, dtype=np.float64)
+    return np.array([math.floor(cap) for cap in caps], dtype=np.int64)
+
+
+def _greedy_ends(
+    c: np.ndarray,
+    caps: np.ndarray,
+    mode: str,
+    max_items: int | None,
+    multiple: int,
+    over: np.ndarray | None,
+    final: bool,
+) -> tuple[list[int], int]:
+    """Walk the batches: one ``count`` call per batch. Returns batch ends and the open start."""
+    m = len(c)
+    count = _sum_counter(c, caps) if mode == "sum" else _padded_counter(c, caps)
+    over_pos = [] if over is None else np.flatnonzero(over).tolist()
+    ends: list[int] = []
+    append = ends.append
+    i = 0
+    guess = 64
+    while i < m:
+        hi = m
+        certain = False  # the batch cannot grow past hi, whatever follows this chunk
+        cut_ok = True  # a batch closed at hi counts as "full" for the multiple rule
+        if over_pos:
+            j = bisect_left(over_pos, i)
+            if j < len(over_pos):
+                if over_pos[j] == i:
+                    append(i + 1)
+                    i += 1
+                    continue
+                hi, certain, cut_ok = over_pos[j], True, False
+        if max_items is not None and i + max_items < hi:
+            # a next item exists, so a batch that reaches max_items is full
+            hi, certain, cut_ok = i + max_items, True, True
+        n_items = count(i, hi, guess)
+        end = i + n_items
+        if end < hi:
+            full = True
+        elif certain:
+            full = cut_ok
+        elif final:
+            full = False
+        else:
+            break
+        if full and n_items > multiple > 1:
+            n_items -= n_items % multiple
+            end = i + n_items
+        append(end)
+        guess = n_items
+        i = end
+    return ends, i
+
+
+def _sum_counter(c: np.ndarray, caps: np.ndarray) -> Callable[[int, int, int], int]:
+    """Counter for ``cost="sum"``: how many items from ``i`` fit, at most ``hi - i``."""
+    m, k = c.shape
+    is_float = c.dtype == np.float64
+    prefixes = []
+    tolerances = []
+    for j in range(k):
+        column = np.ascontiguousarray(c[:, j])
+        if not is_float and m and int(column.max()) * m >= 2**62:
+            if float(column.sum(dtype=np.float64)) >= 2**62:
+                raise ValueError("costs sum past 2**62 in one call; split the order into smaller chunks.")
+        prefix = np.zeros(m + 1, dtype=c.dtype)
+        np.cumsum(column, out=prefix[1:])
+        prefixes.append(memoryview(prefix))
+        if is_float:
+            # NOTE: prefix differences differ from the loop's running sums (which restart
+            # at each batch) by rounding. Both are within a few m*u*(total) of the exact
+            # sums (standard bound for recursive summation of non-negative terms), so a
+            # search bracketed by +-tolerance is certain when both ends agree, and an
+            # exact local cumsum over the bracket settles the rest.
+            total = float(prefix[-1]) + float(caps[j])
+            tolerances.append(4.0 * (m + 2) * _UNIT_ROUNDOFF * total + 1e-300)
+    cap_values = caps.tolist()
+
+    def count(i: int, hi: int, guess: int) -> int:
+        best = hi
+        for j in range(k):
+            prefix = prefixes[j]
+            cap = cap_values[j]
+            if is_float:
+                tol = tolerances[j]
+                lo_end = max(i, _search(prefix, prefix[i] + cap - tol, i, best, guess))
+                hi_end = _search(prefix, prefix[i] + cap + tol, i, best, guess)
+                if lo_end != hi_end:
+                    stop = min(hi_end + 1, best)
+                    local = np.cumsum(c[i:stop, j])
+                    hi_end = i + int(np.searchsorted(local, cap, side="right"))
+                end = hi_end
+            else:
+                end = _search(prefix, prefix[i] + cap, i, best, guess)
+            if end < best:
+                best = end
+        return best - i
+
+    return count
+
+
+def _search(prefix: memoryview, x: float, i: int, hi: int, guess: int) -> int:
+    """Largest ``t`` in ``[i, hi]`` with ``prefix[t] <= x`` (prefix non-decreasing)."""
+    # NOTE: bisect over a memoryview reads Python numbers directly; galloping from the
+    # previous batch length keeps most searches to a few probes.
+    probe = i + 2 * guess + 1
+    if probe < hi:
+        if prefix[probe] > x:
+            return bisect_right(prefix, x, i, probe) - 1
+        return bisect_right(prefix, x, probe, hi + 1) - 1
+    return bisect_right(prefix, x, i, hi + 1) - 1
+
+
+def _padded_counter(c: np.ndarray, caps: np.ndarray) -> Callable[[int, int, int], int]:
+    """Counter for ``cost="padded"``: ``len * running max`` is monotone, so count the fits."""
+    steps = np.arange(1, len(c) + 1, dtype=c.dtype)[:, None]
+
+    def count(i: int, hi: int, guess: int) -> int:
+        width = max(2 * guess, 16)
+        while True:
+            stop = min(i + width, hi)
+            running_max = np.maximum.accumulate(c[i:stop], axis=0)
+            fits = (running_max * steps[: stop - i] <= caps).all(axis=1)
+            n_fit = int(np.count_nonzero(fits))
+            if n_fit < stop - i or stop == hi:
+                return n_fit
+            width *= 2
+
+    return count
+
+
+def size_aware_batching(
+    dataset: Iterable[Data],
+    sizeof: Callable[[Data], Any] | Mapping[Any, Any],
+    max_total_size: int | float,
+    collate_fn: Callable[[list[Data]], Any] | None = None,
+    info_logger: Callable[[str], None] | None = None,
+    warn_logger: Callable[[str], None] | None = None,
+) -> Iterator[Any]:
+    """Batch an iterable so that no batch's total size exceeds ``max_total_size``.
+
+    The streaming, per-item form of the greedy rule (bionemo compatible): it consumes
+    ``dataset`` once and yields each batch as soon as the next item would not fit. Use it
+    for plain iterables; for indexable data with known sizes prefer the vectorized
+    :class:`~fastsab.SizeAwareBatchSampler` or the fast loaders.
+
+    Args:
+        dataset: The input iterable.
+        sizeof: A function (or mapping) giving the size of each element of ``dataset``.
+        max_total_size: The inclusive cap on a batch's total size; a positive number.
+        collate_fn: Optional function applied to each batch (a list) before it is yielded.
+        info_logger: Optional function called with a summary at the end.
+        warn_logger: Optional function called for each skipped oversize element and with
+            a count of the skipped ones at the end.
+
+    Yields:
+        Batches (lists of elements, or what ``collate_fn`` returns).
+
+    Raises:
+        TypeError: If ``sizeof`` is neither callable nor a mapping, or ``max_total_size`` is
+            not a number.
+        ValueError: If ``max_total_size`` is not positive and finite.
+        RuntimeError: If ``sizeof`` raises for an element.
+
+    Examples:
+        >>> import torch
+        >>> from torch.utils.data import default_collate
+        >>> dataset = [torch.tensor([1, 2]), torch.tensor([3, 4]), torch.tensor([5, 6]),
+        ...            torch.tensor([7, 8]), torch.tensor([9, 10])]
+        >>> list(size_aware_batching(dataset, lambda x: x.numel(), 4, collate_fn=default_collate))
+        [tensor([[1, 2],
+                [3, 4]]), tensor([[5, 6],
+                [7, 8]]), tensor([[ 9, 10]])]
+    """
+    if isinstance(sizeof, Mapping):
+        sizeof = sizeof.__getitem__
+    elif not callable(sizeof):
+        raise TypeError(f"sizeof must be a callable or a mapping, got {type(sizeof).__name__}.")
+    max_total_size = check_positive_real("max_total_size", max_total_size)
+    if collate_fn is not None and not callable(collate_fn):
+        raise TypeError(f"collate_fn must be callable or None, got {type(collate_fn).__name__}.")
+    return _size_aware_batches(dataset, sizeof, max_total_size, collate_fn, info_logger, warn_logger)
+
+
+def _size_aware_batches(
+    dataset: Iterable[Data],
+    sizeof: Callable[[Data], Any],
+    max_total_size: int | float,
+    collate_fn: Callable[[list[Data]], Any] | None,
+    info_logger: Callable[[str], None] | None,
+    warn_logger: Callable[[str], None] | None,
+) -> Iterator[Any]:
+    batch: list[Data] = []
+    total: Any = 0
+    n_samples = n_batched = n_batches = 0
+    for data in dataset:
+        n_samples += 1
+        try:
+            size = sizeof(data)
+        except Exception as err:
+            raise RuntimeError(f"sizeof raised an error for data={data!r}: {err}") from err
+        if size > max_total_size:
+            if warn_logger is not None:
+                warn_logger(f"Size of element {data} exceeds max_total_size ({size} > {max_total_size}), skipping")
+            continue
+        if batch and size + total > max_total_size:
+            n_batches += 1
+            yield batch if collate_fn is None else collate_fn(batch)
+            batch, total = [], 0
+        batch.append(data)
+        total += size
+        n_batched += 1
+    if batch:
+        n_batches += 1
+        yield batch if collate_fn is None else collate_fn(batch)
+    report_batching(n_samples, n_batched, n_batches, max_total_size, info_logger, warn_logger)
+
+
+def report_batching(
+    n_samples: int,
+    n_batched: int,
+    n_batches: int,
+    max_total_size: Any,
+    info_logger: Callable[[str], None] | None,
+    warn_logger: Callable[[str], None] | None,
+) -> None:
+    """Send the end-of-epoch summary of a size-aware batching run to the loggers."""
+    if warn_logger is not None and n_batched < n_samples:
+        warn_logger(
+            f"{n_batched} samples were batched from {n_samples} of the input data. Missing "
+            f"samples are due to exceeding max_total_size={max_total_size}"
+        )
+    if info_logger is not None:
+        info_logger(
+            f"Batched {n_batched} samples into {n_batches} batches. If this doesn't match "
+            "your expectation, consider adjusting max_total_size or the sizeof functor"
+        )

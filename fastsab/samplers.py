@@ -1,0 +1,380 @@
+"""Batch samplers with the bionemo API: size-aware and bucketed.
+
+:class:`SizeAwareBatchSampler` wraps any index sampler and yields batches of indices whose
+total size stays within ``max_total_size``; sizes given as an array go through the
+vectorized kernel of :mod:`fastsab.batching`. :class:`BucketBatchSampler` groups indices
+into size buckets and draws batches from per-bucket batch samplers; :func:`create_buckets`
+derives bucket boundaries from the sizes.
+"""
+
+from __future__ import annotations
+
+import itertools
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import Sampler
+
+from fastsab._checks import as_numeric_array, check_positive_int, check_positive_real
+from fastsab.batching import report_batching, split_batches
+
+__all__ = ["BucketBatchSampler", "SizeAwareBatchSampler", "create_buckets"]
+
+#: Indices taken from the underlying sampler per vectorized split.
+CHUNK_SIZE = 2**16
+
+
+def _warn(message: str) -> None:
+    warnings.warn(message, stacklevel=3)
+
+
+class SizeAwareBatchSampler(Sampler[list[int]]):
+    """Batches of indices whose total size does not exceed ``max_total_size``.
+
+    Indices come from ``sampler`` in its order and are batched greedily (see
+    :mod:`fastsab.batching`); an index whose size alone exceeds the cap is skipped, reported
+    to ``warn_logger``, and counted in :attr:`num_skipped`.
+
+    Args:
+        sampler: The underlying index sampler (a ``Sampler`` or any iterable of indices).
+        sizeof: Size of each index: a callable ``index -> size``, a mapping, a sequence,
+            a 1-D numpy array or a 1-D tensor of per-index sizes. Array-like sizes are
+            validated once and batched by the vectorized kernel, 2**16 indices at a time.
+        max_total_size: The inclusive cap on a batch's total size; a positive number.
+        info_logger: Called with a summary after each pass. Defaults to ``None``.
+        warn_logger: Called for each skipped index and with a count of skips after each
+            pass. Defaults to :func:`warnings.warn`, so no skip goes unnoticed.
+
+    Raises:
+        TypeError: If ``sampler`` is not iterable or ``sizeof`` is of an unsupported type.
+        ValueError: If ``max_total_size`` is not a positive finite number, or array-like
+            sizes are negative, NaN or infinite.
+
+    Examples:
+        >>> import torch
+        >>> dataset = [torch.tensor([1, 2]), torch.tensor([3, 4]), torch.tensor([5, 6]),
+        ...            torch.tensor([7, 8]), torch.tensor([9, 10])]
+        >>> sampler = SizeAwareBatchSampler(
+        ...     torch.utils.data.SequentialSampler(dataset), lambda i: dataset[i].numel(), 4)
+        >>> list(sampler)
+        [[0, 1], [2, 3], [4]]
+        >>> list(SizeAwareBatchSampler(range(5), torch.tensor([2, 2, 2, 2, 2]), 4))
+        [[0, 1], [2, 3], [4]]
+    """
+
+    def __init__(
+        self,
+        sampler: Sampler[int] | Iterable[int],
+        sizeof: Callable[[Any], Any] | Mapping[Any, Any] | Sequence[Any] | np.ndarray | torch.Tensor,
+        max_total_size: int | float,
+        info_logger: Callable[[str], None] | None = None,
+        warn_logger: Callable[[str], None] | None = _warn,
+    ) -> None:
+        if isinstance(sampler, (str, bytes)) or not isinstance(sampler, (Sampler, Iterable)):
+            raise TypeError(
+                f"sampler must be a torch.utils.data.Sampler or an iterable of indices, got {type(sampler).__name__}."
+            )
+        self._max_total_size = check_positive_real("max_total_size", max_total_size)
+        self._sizes: np.ndarray | None = None
+        self._sizeof: Callable[[Any], Any] | None = None
+        if isinstance(sizeof, (np.ndarray, torch.Tensor)) or (
+            isinstance(sizeof, Sequence) and not isinstance(sizeof, (str, bytes))
+        ):
+            self._sizes = as_numeric_array("sizeof", sizeof)
+        elif isinstance(sizeof, Mapping):
+            self._sizeof = sizeof.__getitem__
+        elif callable(sizeof):
+            self._sizeof = sizeof
+        else:
+            raise TypeError(
+                "sizeof must be a callable, a mapping, a sequence, a numpy array or a tensor, "
+                f"got {type(sizeof).__name__}."
+            )
+        self._sampler = sampler
+        self._info_logger = info_logger
+        self._warn_logger = warn_logger
+        self.num_skipped = 0
+        self.skipped: list[Any] = []
+
+    def _chunk_costs(self, chunk: list[Any]) -> tuple[np.ndarray, np.ndarray]:
+        """Ids and costs of a chunk of indices taken from the sampler."""
+        if self._sizes is not None:
+            ids = np.asarray(chunk)
+            if ids.dtype.kind not in "iu":
+                raise TypeError(f"sampler must yield integer indices when sizeof is array-like, got {chunk[0]!r}.")
+            bad = (ids < 0) | (ids >= len(self._sizes))
+            if bad.any():
+                raise IndexError(
+                    f"sampler yielded index {ids[bad][0].item()!r}, outside the {len(self._sizes)} sizes of sizeof."
+                )
+            return ids, self._sizes[ids]
+        assert self._sizeof is not None
+        sizes = []
+        for index in chunk:
+            try:
+                sizes.append(self._sizeof(index))
+            except Exception as err:
+                raise RuntimeError(f"sizeof raised an error for index {index!r}: {err}") from err
+        ids = np.empty(len(chunk), dtype=object)
+        ids[:] = chunk
+        return ids, as_numeric_array("sizeof values", [_as_number(s) for s in sizes])
+
+    def __iter__(self) -> Iterator[list[int]]:
+        """Yield batches of indices, planning 2**16 indices at a time."""
+        iterator = iter(self._sampler)
+        carry = None
+        n_samples = n_batched = n_batches = 0
+        skipped: list[Any] = []
+        while True:
+            chunk = list(itertools.islice(iterator, CHUNK_SIZE))
+            final = len(chunk) < CHUNK_SIZE
+            if chunk:
+                ids, costs = self._chunk_costs(chunk)
+            else:
+                ids, costs = np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
+            split = split_batches(costs, self._max_total_size, ids=ids, carry=carry, final=final)
+            n_samples += len(chunk)
+            if split.skipped.size:
+                skipped += split.skipped.tolist()
+                if self._warn_logger is not None:
+                    cap = self._max_total_size
+                    over = costs > cap
+                    for index, size in zip(ids[over].tolist(), costs[over].tolist()):
+                        self._warn_logger(f"Size of element {index} exceeds max_total_size ({size} > {cap}), skipping")
+            n_batched += len(split.ids)
+            n_batches += split.num_batches
+            yield from (batch.tolist() for batch in split.batches())
+            carry = split.carry
+            if final:
+                break
+        self.skipped = skipped
+        self.num_skipped = len(skipped)
+        report_batching(n_samples, n_batched, n_batches, self._max_total_size, self._info_logger, self._warn_logger)
+
+
+def _as_number(value: Any) -> Any:
+    if isinstance(value, (torch.Tensor, np.ndarray, np.generic)):
+        return value.item()
+    return value
+
+
+class BucketBatchSampler(Sampler[list[int]]):
+    """Batches drawn from size buckets, each bucket with its own base batch sampler.
+
+    Element sizes are put into the left-closed, right-open intervals given by the sorted
+    ``bucket_boundaries`` (``len(bucket_boundaries) - 1`` buckets). Elements outside every
+    bucket are skipped with a warning. For bucket ``k`` a base batch sampler is built as
+    ``base_batch_sampler_class(indices_k, **shared_kwargs, **{key: values[k] ...})``.
+    With ``shuffle=True`` the indices of each bucket are shuffled every pass and each batch
+    comes from a bucket drawn with probability proportional to its remaining elements;
+    otherwise buckets are visited in ascending order. Empty buckets are left out of the
+    draw while each bucket keeps its own kwargs.
+
+    Args:
+        sizes: 1-D tensor (or array) of per-element sizes, integer or float.
+        bucket_boundaries: 1-D tensor (or array) of at least two distinct boundaries.
+        base_batch_sampler_class: A ``torch.utils.data.Sampler`` subclass producing batches.
+        base_batch_sampler_shared_kwargs: Keyword arguments given to every base sampler.
+        base_batch_sampler_individual_kwargs: Keyword arguments given per bucket: each value
+            is a sequence with one entry per bucket.
+        shuffle: Shuffle within buckets and draw buckets at random.
+        generator: The ``torch.Generator`` used when shuffling (seeded at random if None).
+
+    Raises:
+        TypeError: If an argument has the wrong type.
+        ValueError: For bad sizes or boundaries, kwargs of the wrong length, or when every
+            element lies outside the buckets.
+
+    Examples:
+        >>> import torch
+        >>> sampler = BucketBatchSampler(
+        ...     sizes=torch.arange(25),
+        ...     bucket_boundaries=torch.tensor([0, 6, 15, 25]),
+        ...     base_batch_sampler_class=torch.utils.data.BatchSampler,
+        ...     base_batch_sampler_shared_kwargs={"drop_last": False},
+        ...     base_batch_sampler_individual_kwargs={"batch_size": [2, 3, 5]},
+        ...     shuffle=False,
+        ... )
+        >>> list(sampler)
+        [[0, 1], [2, 3], [4, 5], [6, 7, 8], [9, 10, 11], [12, 13, 14], [15, 16, 17, 18, 19], [20, 21, 22, 23, 24]]
+    """
+
+    def __init__(
+        self,
+        sizes: torch.Tensor | np.ndarray,
+        bucket_boundaries: torch.Tensor | np.ndarray,
+        base_batch_sampler_class: type[Sampler],
+        base_batch_sampler_shared_kwargs: dict[str, Any] | None = None,
+        base_batch_sampler_individual_kwargs: dict[str, Sequence[Any]] | None = None,
+        shuffle: bool = True,
+        generator: torch.Generator | None = None,
+    ) -> None:
+        size_array = _as_real_tensor("sizes", sizes)
+        boundaries = torch.sort(_as_real_tensor("bucket_boundaries", bucket_boundaries))[0]
+        if len(boundaries) < 2:
+            raise ValueError(f"bucket_boundaries must have at least 2 values, got {boundaries.tolist()!r}.")
+        if bool((boundaries[:-1] >= boundaries[1:]).any()):
+            raise ValueError(f"bucket_boundaries must not repeat a value, got sorted {boundaries.tolist()!r}.")
+        if not isinstance(shuffle, bool):
+            raise TypeError(f"shuffle must be a bool, got {shuffle!r}.")
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}.")
+        if not (isinstance(base_batch_sampler_class, type) and issubclass(base_batch_sampler_class, Sampler)):
+            raise TypeError(
+                "base_batch_sampler_class must be a subclass of torch.utils.data.Sampler, "
+                f"got {base_batch_sampler_class!r}."
+            )
+        shared = _check_kwargs("base_batch_sampler_shared_kwargs", base_batch_sampler_shared_kwargs)
+        individual = _check_kwargs("base_batch_sampler_individual_kwargs", base_batch_sampler_individual_kwargs)
+        num_buckets = len(boundaries) - 1
+        per_bucket_values = {key: list(values) for key, values in individual.items()}
+        lengths = {key: len(values) for key, values in per_bucket_values.items()}
+        if any(length != num_buckets for length in lengths.values()):
+            raise ValueError(
+                f"each value of base_batch_sampler_individual_kwargs must have {num_buckets} entries "
+                f"(one per bucket), got lengths {lengths!r}."
+            )
+
+        # bucket k holds boundaries[k] <= size < boundaries[k + 1]; 0 and num_buckets + 1 are outside
+        bucket_of = torch.bucketize(size_array, boundaries, right=True)
+        order = torch.argsort(bucket_of, stable=True)
+        counts = torch.bincount(bucket_of, minlength=num_buckets + 2)
+        starts = torch.cumsum(counts, 0) - counts
+        self.sizes = size_array
+        self.bucket_boundaries = boundaries
+        self.shuffle = shuffle
+        if shuffle and generator is None:
+            generator = torch.Generator()
+            generator.manual_seed(int(torch.empty((), dtype=torch.int64).random_().item()))
+        self.generator = generator
+        self.bucket_element_indices: list[list[int]] = []
+        self.base_batch_samplers: list[Sampler] = []
+        for k in range(1, num_buckets + 1):
+            count = int(counts[k])
+            if count == 0:
+                continue
+            indices = order[int(starts[k]) : int(starts[k]) + count].tolist()
+            kwargs = {key: values[k - 1] for key, values in per_bucket_values.items()}
+            self.bucket_element_indices.append(indices)
+            # NOTE: the base sampler keeps a reference to the list; shuffling it in place
+            # (as __iter__ does) reshuffles what the base sampler iterates over.
+            self.base_batch_samplers.append(base_batch_sampler_class(indices, **shared, **kwargs))
+        self.bucket_sizes = torch.tensor([len(b) for b in self.bucket_element_indices], dtype=torch.int64)
+        self.num_samples = int(self.bucket_sizes.sum())
+        self.num_skipped = len(size_array) - self.num_samples
+        if self.num_samples == 0:
+            raise ValueError(f"all {len(size_array)} sizes lie outside the bucket ranges {boundaries.tolist()!r}.")
+        if self.num_skipped:
+            warnings.warn(
+                f"{self.num_skipped} elements are outside the buckets provided and will be skipped", stacklevel=2
+            )
+
+    def __len__(self) -> int:
+        """Number of batches per pass: the sum over the base samplers' lengths."""
+        return sum(len(sampler) for sampler in self.base_batch_samplers)  # type: ignore[arg-type]
+
+    def __iter__(self) -> Iterator[list[int]]:
+        """Yield batches of indices from the buckets."""
+        if self.shuffle:
+            for indices in self.bucket_element_indices:
+                permutation = torch.randperm(len(indices), generator=self.generator)
+                indices[:] = torch.tensor(indices)[permutation].tolist()
+        iterators = [iter(sampler) for sampler in self.base_batch_samplers]
+        remaining = self.bucket_sizes.clone()
+        total = int(remaining.sum())
+        while total > 0:
+            if self.shuffle:
+                bucket = int(torch.multinomial(remaining / total, 1, generator=self.generator))
+            else:
+                bucket = int(torch.argmax((remaining > 0).to(torch.int64)))
+            try:
+                batch = next(iterators[bucket])
+            except StopIteration:
+                remaining[bucket] = 0
+                total = int(remaining.sum())
+                continue
+            remaining[bucket] -= len(batch)
+            total -= len(batch)
+            yield batch
+
+
+def _as_real_tensor(name: str, values: Any) -> torch.Tensor:
+    if isinstance(values, np.ndarray):
+        values = torch.from_numpy(values)
+    if not isinstance(values, torch.Tensor):
+        raise TypeError(f"{name} must be a torch tensor or numpy array, got {type(values).__name__}.")
+    if values.ndim != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {tuple(values.shape)}.")
+    if values.dtype == torch.bool or values.is_complex():
+        raise ValueError(f"{name} must hold integers or floats, got dtype {values.dtype}.")
+    return values
+
+
+def _check_kwargs(name: str, kwargs: Any) -> dict[str, Any]:
+    if kwargs is None:
+        return {}
+    if not isinstance(kwargs, dict):
+        raise TypeError(f"{name} must be a dict of keyword arguments, got {type(kwargs).__name__}.")
+    bad = [key for key in kwargs if not isinstance(key, str)]
+    if bad:
+        raise TypeError(f"{name} must have string keys, got {bad!r}.")
+    return kwargs
+
+
+def create_buckets(
+    sizes: torch.Tensor | np.ndarray, max_width: int, min_bucket_count: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Bucket boundaries for integer sizes, with a maximal width and a minimal count.
+
+    Walking the distinct sizes in ascending order, a bucket takes sizes while it has fewer
+    than ``min_bucket_count`` elements and the size is less than ``max_width`` above the
+    bucket's lower boundary; a gap wider than ``max_width`` up to the next size is filled
+    with empty buckets of width ``max_width``. Buckets are left-closed, right-open.
+
+    Args:
+        sizes: Non-empty 1-D integer tensor (or array).
+        max_width: Maximal width of a bucket, a positive integer.
+        min_bucket_count: Minimal number of elements of a bucket (unless the width limit is
+            reached first), a positive integer.
+
+    Returns:
+        ``(bucket_boundaries, bucket_sizes)``: ascending boundaries and element counts.
+
+    Examples:
+        >>> sizes = torch.tensor([1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3, 3, 22, 22, 22, 22])
+        >>> create_buckets(sizes, max_width=5, min_bucket_count=10)
+        (tensor([ 1,  6, 11, 16, 21, 23]), tensor([12,  0,  0,  0,  4]))
+        >>> create_buckets(torch.arange(20), max_width=10, min_bucket_count=5)
+        (tensor([ 0,  5, 10, 15, 20]), tensor([5, 5, 5, 5]))
+    """
+    tensor = _as_real_tensor("sizes", sizes)
+    if tensor.is_floating_point():
+        raise ValueError(f"sizes must hold integers, got dtype {tensor.dtype}.")
+    if len(tensor) == 0:
+        raise ValueError("sizes must not be empty.")
+    max_width = check_positive_int("max_width", max_width)
+    min_bucket_count = check_positive_int("min_bucket_count", min_bucket_count)
+    values_t, counts_t = torch.unique(tensor, sorted=True, return_counts=True)
+    values, counts = values_t.tolist(), counts_t.tolist()
+    boundaries = [values[0]]
+    bucket_sizes: list[int] = []
+    start = 0
+    while start < len(values):
+        end, count = start + 1, counts[start]
+        while end < len(values) and count < min_bucket_count and values[end] - boundaries[-1] < max_width:
+            count += counts[end]
+            end += 1
+        upper = values[end] if end < len(values) else values[-1] + 1
+        n_wide = (upper - boundaries[-1]) // max_width
+        bucket_sizes.append(count)
+        if n_wide > 0:
+            low = boundaries[-1]
+            boundaries += [low + max_width * j for j in range(1, n_wide + 1)]
+            bucket_sizes += [0] * (n_wide - 1)
+        else:
+            boundaries.append(upper)
+        start = end
+    return torch.tensor(boundaries), torch.tensor(bucket_sizes)
