@@ -1,6 +1,8 @@
 """fastsab: fast, size-aware batching for PyTorch."""
 
 from fastsab.batching import BatchSplit, Carry, size_aware_batching, split_batches
+from fastsab.epochs import EpochStats, PlannedBatchSampler
+from fastsab.loader import FastLoader, FastSizeAwareLoader
 from fastsab.samplers import BucketBatchSampler, SizeAwareBatchSampler, create_buckets
 from fastsab.shuffle import GroupedPermutation, grouped_permutation
 
@@ -8,7 +10,11 @@ __all__ = [
     "BatchSplit",
     "BucketBatchSampler",
     "Carry",
+    "EpochStats",
+    "FastLoader",
+    "FastSizeAwareLoader",
     "GroupedPermutation",
+    "PlannedBatchSampler",
     "SizeAwareBatchSampler",
     "create_buckets",
     "grouped_permutation",

@@ -57,23 +57,32 @@ class Carry:
         return len(self.ids)
 
 
-@dataclass(frozen=True)
 class BatchSplit:
     """Result of :func:`split_batches`: batches in CSR form.
 
     Batch ``b`` is ``ids[offsets[b]:offsets[b + 1]]``.
 
     Attributes:
-        ids: Ids of the batched items, batch after batch (global positions by default).
+        ids: Ids of the batched items, batch after batch (global positions by default,
+            made on first access).
         offsets: ``int64`` array of ``num_batches + 1`` offsets into ``ids``.
         skipped: Ids of the oversize items that were skipped (``oversize="skip"``).
         carry: The open batch to pass to the next call, or ``None`` after a final call.
     """
 
-    ids: np.ndarray
-    offsets: np.ndarray
-    skipped: np.ndarray
-    carry: Carry | None
+    __slots__ = ("_ids", "carry", "offsets", "skipped")
+
+    def __init__(self, ids: np.ndarray | range, offsets: np.ndarray, skipped: np.ndarray, carry: Carry | None) -> None:
+        self._ids = ids
+        self.offsets = offsets
+        self.skipped = skipped
+        self.carry = carry
+
+    @property
+    def ids(self) -> np.ndarray:
+        if isinstance(self._ids, range):
+            self._ids = np.arange(self._ids.start, self._ids.stop, dtype=np.int64)
+        return self._ids
 
     @property
     def num_batches(self) -> int:
@@ -95,6 +104,12 @@ class BatchSplit:
         offsets = self.offsets
         ids = self.ids
         return [ids[offsets[b] : offsets[b + 1]] for b in range(len(offsets) - 1)]
+
+    def __repr__(self) -> str:
+        return (
+            f"BatchSplit(num_batches={self.num_batches}, num_items={int(self.offsets[-1])}, "
+            f"num_skipped={len(self.skipped)}, carry={None if self.carry is None else len(self.carry)})"
+        )
 
 
 def split_batches(
@@ -178,9 +193,8 @@ def split_batches(
     n, k = c.shape
     caps = _as_caps(max_total_size, k)
     start = 0 if carry is None else carry.next_position
-    if ids is None:
-        item_ids = np.arange(start, start + n, dtype=np.int64)
-    else:
+    item_ids = None  # None: the ids are the positions start, start + 1, ... (made lazily)
+    if ids is not None:
         item_ids = np.asarray(ids)
         if item_ids.ndim != 1 or len(item_ids) != n:
             raise ValueError(f"ids must be 1-D with one id per item ({n}), got shape {tuple(item_ids.shape)}.")
@@ -197,24 +211,27 @@ def split_batches(
     if float_mode:
         c = c.astype(np.float64, copy=False)
 
-    over = (c > caps).any(axis=1) if n else np.zeros(0, dtype=bool)
-    skipped = item_ids[:0]
-    if over.any():
+    over = None
+    skipped = np.empty(0, dtype=np.int64 if item_ids is None else item_ids.dtype)
+    if n and (c.max(axis=0) > caps).any():
+        over = (c > caps).any(axis=1)
         if policy == "error":
             pos = int(np.argmax(over))
+            item = start + pos if item_ids is None else item_ids[pos].item()
             raise ValueError(
-                f"item {item_ids[pos].item()!r} has cost {_row(c, pos)!r} above "
-                f"max_total_size {max_total_size!r} (oversize='error')."
+                f"item {item!r} has cost {_row(c, pos)!r} above max_total_size {max_total_size!r} (oversize='error')."
             )
         if policy == "skip":
+            if item_ids is None:
+                item_ids = np.arange(start, start + n, dtype=np.int64)
             skipped = item_ids[over]
             c = c[~over]
             item_ids = item_ids[~over]
             over = None
-    else:
-        over = None
 
     if carry is not None and len(carry):
+        if item_ids is None:
+            item_ids = np.arange(start, start + n, dtype=np.int64)
         c = np.concatenate([carry.costs.astype(c.dtype, copy=False), c])
         item_ids = np.concatenate([carry.ids, item_ids])
         if over is not None:
@@ -225,8 +242,10 @@ def split_batches(
     offsets[1:] = ends
     next_carry = None
     if not final:
-        next_carry = Carry(item_ids[open_start:], c[open_start:], start + n)
-    return BatchSplit(item_ids[:open_start], offsets, skipped, next_carry)
+        rest = np.arange(start + open_start, start + n) if item_ids is None else item_ids[open_start:]
+        next_carry = Carry(rest, c[open_start:], start + n)
+    batched = range(start, start + open_start) if item_ids is None else item_ids[:open_start]
+    return BatchSplit(batched, offsets, skipped, next_carry)
 
 
 def _row(c: np.ndarray, pos: int) -> Any:
@@ -269,7 +288,7 @@ def _greedy_ends(
 ) -> tuple[list[int], int]:
     """Walk the batches: one ``count`` call per batch. Returns batch ends and the open start."""
     m = len(c)
-    count = _sum_counter(c, caps) if mode == "sum" else _padded_counter(c, caps)
+    count = _sum_counter(c, caps, over is not None) if mode == "sum" else _padded_counter(c, caps)
     over_pos = [] if over is None else np.flatnonzero(over).tolist()
     ends: list[int] = []
     append = ends.append
@@ -309,63 +328,78 @@ def _greedy_ends(
     return ends, i
 
 
-def _sum_counter(c: np.ndarray, caps: np.ndarray) -> Callable[[int, int, int], int]:
-    """Counter for ``cost="sum"``: how many items from ``i`` fit, at most ``hi - i``."""
+def _sum_counter(c: np.ndarray, caps: np.ndarray, unbounded: bool) -> Callable[[int, int, int], int]:
+    """Counter for ``cost="sum"``: how many items from ``i`` fit, at most ``hi - i``.
+
+    ``unbounded`` says that some items (``own_batch`` ones) may cost more than the cap.
+    """
     m, k = c.shape
-    is_float = c.dtype == np.float64
-    prefixes = []
-    tolerances = []
+    counters = []
     for j in range(k):
-        column = np.ascontiguousarray(c[:, j])
-        if not is_float and m and int(column.max()) * m >= 2**62:
-            if float(column.sum(dtype=np.float64)) >= 2**62:
-                raise ValueError("costs sum past 2**62 in one call; split the order into smaller chunks.")
+        column = c[:, j]
+        cap = caps[j].item()
         prefix = np.zeros(m + 1, dtype=c.dtype)
-        np.cumsum(column, out=prefix[1:])
-        prefixes.append(memoryview(prefix))
-        if is_float:
-            # NOTE: prefix differences differ from the loop's running sums (which restart
-            # at each batch) by rounding. Both are within a few m*u*(total) of the exact
-            # sums (standard bound for recursive summation of non-negative terms), so a
-            # search bracketed by +-tolerance is certain when both ends agree, and an
-            # exact local cumsum over the bracket settles the rest.
-            total = float(prefix[-1]) + float(caps[j])
-            tolerances.append(4.0 * (m + 2) * _UNIT_ROUNDOFF * total + 1e-300)
-    cap_values = caps.tolist()
+        if c.dtype == np.float64:
+            np.cumsum(column, out=prefix[1:])
+            counters.append(_float_column_counter(memoryview(prefix), column, cap))
+        else:
+            # NOTE: in sum mode no batch cost passes the cap, but the prefix sums of a whole
+            # call must stay in int64; the cap bounds every item, so this check is cheap.
+            if (m * (cap + 1) >= 2**63 or unbounded) and float(column.sum(dtype=np.float64)) >= 2**62:
+                raise ValueError("costs sum past 2**62 in one call; split the order into smaller chunks.")
+            np.cumsum(column, out=prefix[1:])
+            counters.append(_int_column_counter(memoryview(prefix), cap))
+    if k == 1:
+        return counters[0]
 
     def count(i: int, hi: int, guess: int) -> int:
-        best = hi
-        for j in range(k):
-            prefix = prefixes[j]
-            cap = cap_values[j]
-            if is_float:
-                tol = tolerances[j]
-                lo_end = max(i, _search(prefix, prefix[i] + cap - tol, i, best, guess))
-                hi_end = _search(prefix, prefix[i] + cap + tol, i, best, guess)
-                if lo_end != hi_end:
-                    stop = min(hi_end + 1, best)
-                    local = np.cumsum(c[i:stop, j])
-                    hi_end = i + int(np.searchsorted(local, cap, side="right"))
-                end = hi_end
-            else:
-                end = _search(prefix, prefix[i] + cap, i, best, guess)
-            if end < best:
-                best = end
-        return best - i
+        for counter in counters:
+            hi = i + counter(i, hi, guess)
+        return hi - i
 
     return count
 
 
-def _search(prefix: memoryview, x: float, i: int, hi: int, guess: int) -> int:
-    """Largest ``t`` in ``[i, hi]`` with ``prefix[t] <= x`` (prefix non-decreasing)."""
-    # NOTE: bisect over a memoryview reads Python numbers directly; galloping from the
-    # previous batch length keeps most searches to a few probes.
+def _gallop(prefix: memoryview, x: Any, i: int, hi: int, guess: int) -> int:
+    """Largest ``t`` in ``[i, hi]`` with ``prefix[t] <= x``, given ``prefix[i] <= x``."""
+    # NOTE: bisect over a memoryview reads Python numbers directly (no numpy call per
+    # batch); probing first at twice the previous batch length keeps searches short.
     probe = i + 2 * guess + 1
     if probe < hi:
         if prefix[probe] > x:
             return bisect_right(prefix, x, i, probe) - 1
         return bisect_right(prefix, x, probe, hi + 1) - 1
     return bisect_right(prefix, x, i, hi + 1) - 1
+
+
+def _int_column_counter(prefix: memoryview, cap: int) -> Callable[[int, int, int], int]:
+    def count(i: int, hi: int, guess: int) -> int:
+        return _gallop(prefix, prefix[i] + cap, i, hi, guess) - i
+
+    return count
+
+
+def _float_column_counter(prefix: memoryview, column: np.ndarray, cap: float) -> Callable[[int, int, int], int]:
+    # NOTE: prefix differences differ from the loop's running sums (which restart at each
+    # batch) by rounding. Both are within m*u*total of the exact sums (the standard bound
+    # for recursive summation of non-negative terms), so a search bracketed by +-tolerance
+    # is certain when both ends agree, and an exact local cumsum over the bracket settles
+    # the rest (rare: only batches that end within the tolerance of the cap).
+    m = len(column)
+    tolerance = 4.0 * (m + 2) * _UNIT_ROUNDOFF * (prefix[m] + cap) + 1e-300
+
+    def count(i: int, hi: int, guess: int) -> int:
+        base = prefix[i]
+        low = base + cap - tolerance
+        lo_end = _gallop(prefix, low, i, hi, guess) if prefix[i] <= low else i
+        high = base + cap + tolerance
+        if lo_end == hi or prefix[lo_end + 1] > high:
+            return lo_end - i
+        hi_end = bisect_right(prefix, high, lo_end + 1, hi + 1) - 1
+        local = np.cumsum(column[i : min(hi_end + 1, hi)])
+        return int(np.searchsorted(local, cap, side="right"))
+
+    return count
 
 
 def _padded_counter(c: np.ndarray, caps: np.ndarray) -> Callable[[int, int, int], int]:

@@ -1,0 +1,316 @@
+"""Epoch plans: which indices form which batches, chunk by chunk.
+
+A planner turns ``(epoch)`` into a stream of :class:`PlanChunk` (ids in epoch order and
+batch offsets, as :class:`~fastsab.batching.BatchSplit` does), computed one shuffle group
+at a time so that memory stays bounded and the first batch is ready at once. The loaders
+fetch what a plan names; :class:`PlannedBatchSampler` hands the same plan to a
+``torch.utils.data.DataLoader``.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import Sampler
+
+from fastsab._checks import as_numeric_array, check_positive_int
+from fastsab.batching import Carry, split_batches
+from fastsab.shuffle import DEFAULT_GROUP_SIZE, GroupedPermutation
+
+__all__ = [
+    "EpochOrder",
+    "EpochStats",
+    "FixedSizePlanner",
+    "PlanChunk",
+    "PlannedBatchSampler",
+    "SizeAwarePlanner",
+    "make_cost_source",
+]
+
+#: Epochs of at most this many items keep their whole plan after ``len()`` computed it.
+PLAN_CACHE_ITEMS = 2**22
+
+
+@dataclass(frozen=True)
+class PlanChunk:
+    """Batches planned from one chunk of the epoch order: batch b is ``ids[offsets[b]:offsets[b+1]]``."""
+
+    ids: np.ndarray
+    offsets: np.ndarray
+    skipped: np.ndarray
+    dropped: np.ndarray
+
+    @property
+    def num_batches(self) -> int:
+        return len(self.offsets) - 1
+
+
+@dataclass
+class EpochStats:
+    """What the last epoch yielded.
+
+    Attributes:
+        epoch: The epoch number.
+        num_batches: Batches yielded so far.
+        num_items: Items in those batches.
+        num_skipped: Oversize items skipped (size-aware loaders).
+        skipped: Their dataset indices.
+        num_dropped: Items of the last partial batch dropped by ``drop_last=True``.
+    """
+
+    epoch: int
+    num_batches: int = 0
+    num_items: int = 0
+    num_skipped: int = 0
+    skipped: list[int] = field(default_factory=list)
+    num_dropped: int = 0
+
+    def add(self, chunk: PlanChunk) -> None:
+        self.num_skipped += len(chunk.skipped)
+        self.skipped += chunk.skipped.tolist()
+        self.num_dropped += len(chunk.dropped)
+
+
+class EpochOrder:
+    """The order in which an epoch visits ``range(n)``, one chunk (shuffle group) at a time.
+
+    Examples:
+        >>> [chunk.tolist() for chunk in EpochOrder(5, shuffle=False, group_size=2).chunks(0)]
+        [[0, 1], [2, 3], [4]]
+    """
+
+    def __init__(self, n: int, *, shuffle: bool, seed: int = 0, group_size: int = DEFAULT_GROUP_SIZE) -> None:
+        if not isinstance(shuffle, bool):
+            raise TypeError(f"shuffle must be a bool, got {shuffle!r}.")
+        self.n = n
+        self.shuffle = shuffle
+        self.group_size = check_positive_int("group_size", group_size)
+        self.permutation = GroupedPermutation(n, self.group_size, seed)
+        self.seed = self.permutation.seed
+
+    def chunks(self, epoch: int) -> Iterator[np.ndarray]:
+        if self.shuffle:
+            yield from self.permutation.groups(epoch)
+            return
+        for start in range(0, self.n, self.group_size):
+            yield np.arange(start, min(start + self.group_size, self.n), dtype=np.int64)
+
+
+class FixedSizePlanner:
+    """Batches of ``batch_size`` consecutive items of the epoch order (across chunk borders)."""
+
+    def __init__(self, order: EpochOrder, batch_size: int, drop_last: bool) -> None:
+        self.order = order
+        self.batch_size = check_positive_int("batch_size", batch_size)
+        if not isinstance(drop_last, bool):
+            raise TypeError(f"drop_last must be a bool, got {drop_last!r}.")
+        self.drop_last = drop_last
+
+    def num_batches(self, epoch: int) -> int:
+        n, size = self.order.n, self.batch_size
+        return n // size if self.drop_last else -(-n // size)
+
+    def chunks(self, epoch: int) -> Iterator[PlanChunk]:
+        size = self.batch_size
+        rest = np.empty(0, dtype=np.int64)
+        empty = rest
+        for chunk in self.order.chunks(epoch):
+            ids = np.concatenate([rest, chunk]) if len(rest) else chunk
+            full = len(ids) // size * size
+            rest = ids[full:]
+            if full:
+                yield PlanChunk(ids[:full], np.arange(0, full + 1, size, dtype=np.int64), empty, empty)
+        if len(rest):
+            if self.drop_last:
+                yield PlanChunk(empty, np.zeros(1, dtype=np.int64), empty, rest)
+            else:
+                yield PlanChunk(rest, np.array([0, len(rest)], dtype=np.int64), empty, empty)
+
+
+class SizeAwarePlanner:
+    """Greedy size-aware batches over the epoch order, split chunk by chunk with a carry."""
+
+    def __init__(
+        self,
+        order: EpochOrder,
+        costs: Callable[[np.ndarray], np.ndarray],
+        max_total_size: Any,
+        *,
+        cost: str = "sum",
+        max_batch_size: int | None = None,
+        batch_size_multiple: int = 1,
+        oversize: str = "skip",
+    ) -> None:
+        self.order = order
+        self.costs = costs
+        self.options = {
+            "cost": cost,
+            "max_batch_size": max_batch_size,
+            "batch_size_multiple": batch_size_multiple,
+            "oversize": oversize,
+        }
+        self.max_total_size = max_total_size
+        split_batches(np.zeros(0), max_total_size, **self.options)  # validates the options now
+        self._cache: tuple[int, list[PlanChunk]] | None = None
+
+    def num_batches(self, epoch: int) -> int:
+        """Exact number of batches of ``epoch``: the plan is computed (and cached if small)."""
+        if self._cache is not None and self._cache[0] == epoch:
+            return sum(chunk.num_batches for chunk in self._cache[1])
+        if self.order.n <= PLAN_CACHE_ITEMS:
+            chunks = list(self._plan(epoch))
+            self._cache = (epoch, chunks)
+            return sum(chunk.num_batches for chunk in chunks)
+        return sum(chunk.num_batches for chunk in self._plan(epoch))
+
+    def chunks(self, epoch: int) -> Iterator[PlanChunk]:
+        if self._cache is not None and self._cache[0] == epoch:
+            return iter(self._cache[1])
+        return self._plan(epoch)
+
+    def _plan(self, epoch: int) -> Iterator[PlanChunk]:
+        carry: Carry | None = None
+        empty = np.empty(0, dtype=np.int64)
+        for ids in self.order.chunks(epoch):
+            costs = self.costs(ids)
+            split = split_batches(costs, self.max_total_size, ids=ids, carry=carry, final=False, **self.options)
+            carry = split.carry
+            yield PlanChunk(split.ids, split.offsets, split.skipped, empty)
+        if carry is not None and len(carry):
+            split = split_batches(
+                np.empty((0, carry.costs.shape[1]), dtype=carry.costs.dtype),
+                self.max_total_size,
+                carry=carry,
+                final=True,
+                **self.options,
+            )
+            yield PlanChunk(split.ids, split.offsets, split.skipped, empty)
+
+
+def make_cost_source(sizeof: Any, n: int, features: Any = None) -> Callable[[np.ndarray], np.ndarray]:
+    """Turn a loader's ``sizeof`` into a function ``indices -> costs`` evaluated per chunk.
+
+    Accepted forms: a 1-D (or ``(n, k)``) array, tensor or sequence of per-item sizes; a
+    callable applied to ``features[indices]`` when ``features`` is given (e.g. a fitted
+    memory model over per-item lengths, evaluated in one call per chunk); a vectorized
+    callable taking an index array; a per-item callable (accepted, warned about as slow).
+
+    Examples:
+        >>> costs = make_cost_source(np.array([4, 5, 6]), 3)
+        >>> costs(np.array([2, 0])).tolist()
+        [6, 4]
+        >>> make_cost_source(lambda lengths: 2 * lengths, 3, features=torch.tensor([1.0, 2.0, 3.0]))(np.array([1]))
+        array([4.])
+    """
+    if isinstance(sizeof, (np.ndarray, torch.Tensor)) or (
+        isinstance(sizeof, Sequence) and not isinstance(sizeof, (str, bytes))
+    ):
+        if features is not None:
+            raise ValueError("features is only used with a callable sizeof; sizeof is already an array of sizes.")
+        sizes = as_numeric_array("sizeof", sizeof, ndim=(1, 2))
+        if len(sizes) != n:
+            raise ValueError(f"sizeof has {len(sizes)} sizes but the dataset has {n} items.")
+        return sizes.__getitem__
+    if not callable(sizeof):
+        raise TypeError(
+            f"sizeof must be an array, tensor or sequence of sizes, or a callable, got {type(sizeof).__name__}."
+        )
+    if features is not None:
+        feature_rows = features.shape[0] if hasattr(features, "shape") else len(features)
+        if feature_rows != n:
+            raise ValueError(f"features has {feature_rows} rows but the dataset has {n} items.")
+        if not isinstance(features, (np.ndarray, torch.Tensor)):
+            raise TypeError(f"features must be a numpy array or a tensor, got {type(features).__name__}.")
+
+        def from_features(ids: np.ndarray) -> np.ndarray:
+            rows = features[torch.from_numpy(ids)] if isinstance(features, torch.Tensor) else features[ids]
+            with torch.no_grad():
+                return _check_costs(sizeof(rows), ids)
+
+        return from_features
+    probe = np.arange(min(n, 2), dtype=np.int64)
+    if n and _is_vectorized(sizeof, probe):
+        return lambda ids: _check_costs(sizeof(ids), ids)
+    warnings.warn(
+        "sizeof is called once per item, which is slow: pass an array of sizes, a vectorized callable "
+        "taking an index array, or a memory model with features=.",
+        stacklevel=3,
+    )
+    return lambda ids: _check_costs([_scalar(sizeof(i)) for i in ids.tolist()], ids)
+
+
+def _is_vectorized(sizeof: Callable[[Any], Any], probe: np.ndarray) -> bool:
+    try:
+        out = sizeof(probe)
+    except Exception:  # a per-item callable may fail in any way on an array; it is then called per item
+        return False
+    shape = getattr(out, "shape", None)
+    return shape is not None and len(shape) in (1, 2) and shape[0] == len(probe)
+
+
+def _scalar(value: Any) -> Any:
+    return value.item() if isinstance(value, (torch.Tensor, np.ndarray, np.generic)) else value
+
+
+def _check_costs(values: Any, ids: np.ndarray) -> np.ndarray:
+    """Validate the sizes computed for a chunk, naming the dataset index of a bad one."""
+    if isinstance(values, torch.Tensor):
+        values = values.detach().cpu().numpy()
+    raw = np.asarray(values)
+    if raw.ndim not in (1, 2) or len(raw) != len(ids):
+        raise ValueError(
+            f"sizeof returned shape {tuple(raw.shape)} for {len(ids)} indices; "
+            "expected one size (or row of sizes) each."
+        )
+    if raw.dtype.kind in "fiu":
+        rows = raw.reshape(len(raw), -1)
+        bad = np.flatnonzero(~(np.isfinite(rows) & (rows >= 0)).all(axis=1))
+        if len(bad):
+            value = rows[bad[0]].tolist()
+            raise ValueError(
+                f"sizeof gave {value[0] if len(value) == 1 else value!r} for dataset index {ids[bad[0]]}; "
+                "sizes must be finite and non-negative."
+            )
+    return as_numeric_array("sizeof values", raw, ndim=(1, 2))
+
+
+class PlannedBatchSampler(Sampler[list[int]]):
+    """A loader's batch plan as a ``torch.utils.data.Sampler[list[int]]``.
+
+    Pass it as ``batch_sampler=`` to a ``DataLoader`` to use worker processes with the same
+    batches (the DataLoader then calls ``dataset.__getitems__`` when present). Like the
+    loaders, each ``iter()`` starts the next epoch unless :meth:`set_epoch` was called;
+    ``len()`` is exact.
+    """
+
+    def __init__(self, planner: FixedSizePlanner | SizeAwarePlanner, epoch: int = 0) -> None:
+        self.planner = planner
+        self.epoch = epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Plan ``epoch`` on the next iteration."""
+        self.epoch = _check_epoch(epoch)
+
+    def __len__(self) -> int:
+        return self.planner.num_batches(self.epoch)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        epoch = self.epoch
+        self.epoch = epoch + 1
+        for chunk in self.planner.chunks(epoch):
+            ids, offsets = chunk.ids, chunk.offsets.tolist()
+            for b in range(len(offsets) - 1):
+                yield ids[offsets[b] : offsets[b + 1]].tolist()
+
+
+def _check_epoch(epoch: Any) -> int:
+    if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)):
+        raise TypeError(f"epoch must be an integer, got {epoch!r}.")
+    if epoch < 0:
+        raise ValueError(f"epoch must be a non-negative integer, got {epoch!r}.")
+    return int(epoch)

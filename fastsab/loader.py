@@ -1,0 +1,343 @@
+"""FastLoader and FastSizeAwareLoader: the DataLoader replacement.
+
+A loader wires the data path together: epoch order (:mod:`fastsab.shuffle`) -> batch plan
+(:mod:`fastsab.epochs`, split by :mod:`fastsab.batching`) -> fetch (:mod:`fastsab.fetch`)
+-> device transfer (:mod:`fastsab.transfer`), one shuffle group at a time.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import warnings
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+from fastsab._checks import check_positive_int
+from fastsab.epochs import (
+    EpochOrder,
+    EpochStats,
+    FixedSizePlanner,
+    PlanChunk,
+    PlannedBatchSampler,
+    SizeAwarePlanner,
+    _check_epoch,
+    make_cost_source,
+)
+from fastsab.fetch import Fetcher
+from fastsab.shuffle import DEFAULT_GROUP_SIZE
+from fastsab.transfer import pin_available, resolve_device, to_device, tree_map_arrays, warn_pin_unavailable
+
+__all__ = ["FastLoader", "FastSizeAwareLoader"]
+
+#: Default bound on the bytes gathered at once from an in-memory tensor dataset.
+DEFAULT_CHUNK_BYTES = 64 * 2**20
+
+
+class _Loader:
+    """What both loaders share: epochs, fetching, transfer, prefetch and stats."""
+
+    def __init__(
+        self,
+        dataset: Any,
+        *,
+        shuffle: bool,
+        seed: int,
+        group_size: int,
+        collate_fn: Callable[[Any], Any] | None,
+        device: Any,
+        pin_memory: bool,
+        non_blocking: bool,
+        prefetch: int | None,
+        chunk_bytes: int,
+    ) -> None:
+        self.fetcher = Fetcher(dataset, collate_fn)
+        self.dataset = dataset
+        self.order = EpochOrder(self.fetcher.length, shuffle=shuffle, seed=seed, group_size=group_size)
+        self.device = resolve_device(device)
+        for name, value in (("pin_memory", pin_memory), ("non_blocking", non_blocking)):
+            if not isinstance(value, bool):
+                raise TypeError(f"{name} must be a bool, got {value!r}.")
+        if pin_memory and not pin_available():
+            warn_pin_unavailable()
+            pin_memory = False
+        self.pin_memory = pin_memory
+        self.non_blocking = non_blocking
+        if prefetch is not None:
+            if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
+                raise ValueError(f"prefetch must be None or a non-negative integer, got {prefetch!r}.")
+        self.prefetch = prefetch
+        if isinstance(chunk_bytes, bool) or not isinstance(chunk_bytes, int) or chunk_bytes < 0:
+            raise ValueError(f"chunk_bytes must be a non-negative integer, got {chunk_bytes!r}.")
+        self.chunk_bytes = chunk_bytes
+        self.epoch = 0
+        self.stats: EpochStats | None = None
+        self.planner: FixedSizePlanner | SizeAwarePlanner
+
+    # -- epochs and plans -------------------------------------------------------------
+
+    def set_epoch(self, epoch: int) -> None:
+        """Use ``epoch`` for the next iteration (the order depends only on seed and epoch)."""
+        self.epoch = _check_epoch(epoch)
+
+    def __len__(self) -> int:
+        """Exact number of batches of the next epoch."""
+        return self.planner.num_batches(self.epoch)
+
+    def batch_sampler(self) -> PlannedBatchSampler:
+        """This loader's batch plan as a ``Sampler[list[int]]`` for ``DataLoader(batch_sampler=...)``.
+
+        The sampler starts at the loader's next epoch and counts epochs on its own.
+        """
+        return PlannedBatchSampler(self.planner, self.epoch)
+
+    # -- iteration ----------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[Any]:
+        epoch = self.epoch
+        self.epoch = epoch + 1
+        stats = EpochStats(epoch)
+        self.stats = stats
+        produced = self._produce(epoch, stats)
+        depth = self.prefetch
+        if depth is None:  # in-memory gathers are cheaper than a thread hand-off
+            depth = 0 if self.fetcher.kind == "gather" else 2
+        return self._consume(produced if depth == 0 else _prefetched(produced, depth), stats)
+
+    def _consume(self, produced: Iterator[tuple[Any, int]], stats: EpochStats) -> Iterator[Any]:
+        for batch, n_items in produced:
+            stats.num_batches += 1
+            stats.num_items += n_items
+            yield batch
+        if stats.num_skipped:
+            warnings.warn(
+                f"{stats.num_skipped} items were larger than max_total_size and were skipped in epoch "
+                f"{stats.epoch}; their indices are in loader.stats.skipped.",
+                stacklevel=2,
+            )
+
+    def _produce(self, epoch: int, stats: EpochStats) -> Iterator[tuple[Any, int]]:
+        for chunk in self.planner.chunks(epoch):
+            stats.add(chunk)
+            if chunk.num_batches:
+                yield from self._chunk_batches(chunk)
+
+    def _chunk_batches(self, chunk: PlanChunk) -> Iterator[tuple[Any, int]]:
+        fetcher = self.fetcher
+        offsets = chunk.offsets.tolist()
+        ids = chunk.ids
+        move = self.device is not None or self.pin_memory
+        if fetcher.kind == "gather" and fetcher.row_bytes * len(ids) <= self.chunk_bytes:
+            # NOTE: one gather (and one device copy) for the whole chunk; batches are
+            # slices of it. This is what makes in-memory epochs run at numpy speed.
+            rows = fetcher.take(ids)
+            if move:
+                rows = to_device(rows, self.device, non_blocking=self.non_blocking, pin_memory=self.pin_memory)
+            is_tensor = isinstance(rows, torch.Tensor)
+            for b in range(len(offsets) - 1):
+                lo, hi = offsets[b], offsets[b + 1]
+                part = rows[lo:hi] if is_tensor else tree_map_arrays(lambda leaf, lo=lo, hi=hi: leaf[lo:hi], rows)
+                yield fetcher.collate(part), hi - lo
+            return
+        for b in range(len(offsets) - 1):
+            lo, hi = offsets[b], offsets[b + 1]
+            batch = fetcher(ids[lo:hi])
+            if move:
+                batch = to_device(batch, self.device, non_blocking=self.non_blocking, pin_memory=self.pin_memory)
+            yield batch, hi - lo
+
+
+def _prefetched(source: Iterator[Any], depth: int) -> Iterator[Any]:
+    """Run ``source`` in a background thread, ``depth`` items ahead of the consumer.
+
+    Errors in the thread are raised in the consumer. When the consumer stops early
+    (``break``, an exception, garbage collection), the thread is told to stop, the queue is
+    drained so it cannot block, and the thread is joined: no thread outlives the loop.
+    """
+    items: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def put(message: tuple[str, Any]) -> bool:
+        while not stop.is_set():
+            try:
+                items.put(message, timeout=0.05)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def produce() -> None:
+        try:
+            for item in source:
+                if not put(("item", item)):
+                    return
+            put(("end", None))
+        except BaseException as err:  # forwarded to the consumer, which re-raises it
+            put(("error", err))
+        finally:
+            source.close()  # type: ignore[attr-defined]
+
+    thread = threading.Thread(target=produce, name="fastsab-prefetch", daemon=True)
+    thread.start()
+    try:
+        while True:
+            kind, payload = items.get()
+            if kind == "item":
+                yield payload
+            elif kind == "end":
+                return
+            else:
+                raise payload
+    finally:
+        stop.set()
+        while True:
+            try:
+                items.get_nowait()
+            except queue.Empty:
+                break
+        thread.join()
+
+
+class FastLoader(_Loader):
+    """A fast replacement for ``DataLoader(dataset, batch_size, shuffle=...)``.
+
+    Batches of ``batch_size`` items over a seeded grouped permutation; an in-memory tensor
+    dataset is gathered a whole shuffle group at a time, other datasets are fetched with one
+    ``__getitems__`` call per batch (see :mod:`fastsab.fetch`).
+
+    Args:
+        dataset: A tensor, numpy array, ``TensorDataset``, pytree of tensors with a common
+            first dimension, or a map-style dataset (``__getitems__`` or ``__getitem__``).
+        batch_size: Items per batch.
+        shuffle: Shuffle every epoch (grouped permutation); otherwise sequential order.
+        seed: Seed of the epoch orders: the order depends only on ``(seed, epoch)``.
+        drop_last: Drop the last partial batch (counted in ``stats.num_dropped``).
+        group_size: Items per shuffle group, the unit of planning and of in-memory gathers.
+        collate_fn: Applied to what is fetched for a batch (see :mod:`fastsab.fetch`).
+        device: Move each batch (pytree) there; ``None`` leaves batches where they are.
+        pin_memory: Pin host memory before copying to an accelerator (ignored, with a
+            warning, where none is available).
+        non_blocking: Asynchronous host-to-device copies.
+        prefetch: Batches a background thread prepares ahead; ``None`` chooses 0 for
+            in-memory tensor data and 2 for datasets that fetch.
+        chunk_bytes: Largest in-memory gather of one shuffle group; bigger groups are
+            gathered batch by batch.
+
+    Examples:
+        >>> loader = FastLoader(torch.arange(10), batch_size=4, seed=0)
+        >>> batches = list(loader)
+        >>> [len(b) for b in batches], sorted(torch.cat(batches).tolist()) == list(range(10))
+        ([4, 4, 2], True)
+        >>> len(loader), loader.stats.num_items
+        (3, 10)
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        batch_size: int,
+        *,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+        group_size: int = DEFAULT_GROUP_SIZE,
+        collate_fn: Callable[[Any], Any] | None = None,
+        device: Any = None,
+        pin_memory: bool = False,
+        non_blocking: bool = True,
+        prefetch: int | None = None,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    ) -> None:
+        check_positive_int("batch_size", batch_size)
+        super().__init__(
+            dataset,
+            shuffle=shuffle,
+            seed=seed,
+            group_size=group_size,
+            collate_fn=collate_fn,
+            device=device,
+            pin_memory=pin_memory,
+            non_blocking=non_blocking,
+            prefetch=prefetch,
+            chunk_bytes=chunk_bytes,
+        )
+        self.batch_size = batch_size
+        self.planner = FixedSizePlanner(self.order, batch_size, drop_last)
+
+
+class FastSizeAwareLoader(_Loader):
+    """Batches whose total cost stays within ``max_total_size``, planned per epoch.
+
+    The greedy size-aware rule of :mod:`fastsab.batching` over a seeded grouped
+    permutation, with sizes evaluated one shuffle group at a time. ``len()`` is exact: it
+    plans the epoch (cheap, vectorized) and keeps the plan for the iteration.
+
+    Args:
+        dataset: As for :class:`FastLoader`.
+        sizeof: Per-item sizes: a 1-D (or ``(n, k)`` for ``k`` limits) tensor, array or
+            sequence; a callable applied to ``features[indices]`` (e.g. a fitted memory
+            model) when ``features`` is given; a vectorized callable taking an index array;
+            or a per-item callable (accepted, warned about as slow).
+        max_total_size: The inclusive cap (or ``k`` caps) of a batch's cost.
+        features: Per-item features for a callable ``sizeof``, e.g. sequence lengths.
+        cost: ``"sum"`` or ``"padded"`` (``len(batch) * max(size)``).
+        max_batch_size: Optional cap on items per batch.
+        batch_size_multiple: Cut full batches down to a multiple of this.
+        oversize: ``"skip"`` (counted in ``stats`` and warned once per epoch),
+            ``"own_batch"`` or ``"error"``.
+        shuffle, seed, group_size, collate_fn, device, pin_memory, non_blocking, prefetch,
+        chunk_bytes: As for :class:`FastLoader`.
+
+    Examples:
+        >>> lengths = torch.tensor([3, 1, 2, 4, 1, 2, 2])
+        >>> loader = FastSizeAwareLoader(torch.arange(7) * 10, lengths, max_total_size=4, shuffle=False)
+        >>> len(loader), [b.tolist() for b in loader]
+        (5, [[0, 10], [20], [30], [40, 50], [60]])
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        sizeof: Any,
+        max_total_size: Any,
+        *,
+        features: Any = None,
+        cost: str = "sum",
+        max_batch_size: int | None = None,
+        batch_size_multiple: int = 1,
+        oversize: str = "skip",
+        shuffle: bool = True,
+        seed: int = 0,
+        group_size: int = DEFAULT_GROUP_SIZE,
+        collate_fn: Callable[[Any], Any] | None = None,
+        device: Any = None,
+        pin_memory: bool = False,
+        non_blocking: bool = True,
+        prefetch: int | None = None,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    ) -> None:
+        super().__init__(
+            dataset,
+            shuffle=shuffle,
+            seed=seed,
+            group_size=group_size,
+            collate_fn=collate_fn,
+            device=device,
+            pin_memory=pin_memory,
+            non_blocking=non_blocking,
+            prefetch=prefetch,
+            chunk_bytes=chunk_bytes,
+        )
+        self.max_total_size = max_total_size
+        costs = make_cost_source(sizeof, self.order.n, features)
+        self.planner = SizeAwarePlanner(
+            self.order,
+            costs,
+            max_total_size,
+            cost=cost,
+            max_batch_size=max_batch_size,
+            batch_size_multiple=batch_size_multiple,
+            oversize=oversize,
+        )
