@@ -18,11 +18,24 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.utils.data import DataLoader, Dataset, RandomSampler
 
 from fastsab.batching import split_batches
+from fastsab.loader import FastLoader, FastSizeAwareLoader
+from fastsab.samplers import SizeAwareBatchSampler
 from fastsab.shuffle import GroupedPermutation
 
-__all__ = ["Row", "kernel_rows", "lognormal_lengths", "machine_info", "permutation_rows", "time_best", "to_markdown"]
+__all__ = [
+    "Row",
+    "first_batch_rows",
+    "kernel_rows",
+    "loader_rows",
+    "lognormal_lengths",
+    "machine_info",
+    "permutation_rows",
+    "time_best",
+    "to_markdown",
+]
 
 
 @dataclass
@@ -37,6 +50,7 @@ class Row:
         baseline: Method the ratio refers to.
         ratio: ``seconds / baseline seconds`` (``< 1`` is faster than the baseline).
         note: Extra facts (batches, items).
+        speedup: For loader rows, DataLoader-per-item time of the same workload / this time.
     """
 
     suite: str
@@ -46,6 +60,7 @@ class Row:
     baseline: str
     ratio: float
     note: str = ""
+    speedup: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -82,7 +97,7 @@ def lognormal_lengths(n: int, seed: int = 0, mean: float = 150.0, sigma: float =
     return np.clip(rng.lognormal(mu, sigma, n), 8, 4000).astype(np.int64)
 
 
-def kernel_rows(sizes: Iterable[int], repeat: int = 3) -> list[Row]:
+def kernel_rows(sizes: Iterable[int], repeat: int = 5) -> list[Row]:
     """Split kernel vs one ``np.cumsum`` over the same costs (int and float, sum and padded).
 
     Budget is 300 x the mean length, as in the size-aware loader workload.
@@ -92,18 +107,19 @@ def kernel_rows(sizes: Iterable[int], repeat: int = 3) -> list[Row]:
         lengths = lognormal_lengths(n)
         budget = 300 * int(lengths.mean())
         floats = lengths * 1.0009765625  # non-integer float costs, exact in binary
-        base = "np.cumsum (floor)"
-        floor = time_best(partial(np.cumsum, lengths), repeat)
-        rows.append(Row("split kernel", f"n={n:,}", base, floor, base, 1.0))
-        cases = [
-            ("split_batches int", partial(split_batches, lengths, budget)),
-            ("split_batches float", partial(split_batches, floats, float(budget))),
-            ("split_batches padded", partial(split_batches, lengths, budget, cost="padded")),
-        ]
-        for name, fn in cases:
-            seconds = time_best(fn, repeat)
-            note = f"{fn().num_batches:,} batches"
-            rows.append(Row("split kernel", f"n={n:,}", name, seconds, base, seconds / floor, note))
+        work = f"n={n:,}"
+        for kind, costs, cap in (("int", lengths, budget), ("float", floats, float(budget))):
+            base = f"np.cumsum {kind} (floor)"
+            floor = time_best(partial(np.cumsum, costs), repeat)
+            rows.append(Row("split kernel", work, base, floor, base, 1.0))
+            modes = ("sum", "padded") if kind == "int" else ("sum",)
+            for mode in modes:
+                fn = partial(split_batches, costs, cap, cost=mode)
+                seconds = time_best(fn, repeat)
+                note = f"{fn().num_batches:,} batches"
+                rows.append(
+                    Row("split kernel", work, f"split_batches {kind} {mode}", seconds, base, seconds / floor, note)
+                )
     return rows
 
 
@@ -128,6 +144,121 @@ def permutation_rows(sizes: Iterable[int], repeat: int = 3, group_size: int = 2*
     return rows
 
 
+class PerItemDataset(Dataset):
+    """The map-style dataset of the seed loop: one ``__getitem__`` per sample."""
+
+    def __init__(self, data: torch.Tensor) -> None:
+        self.data = data
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        return self.data[index]
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+
+class BatchedDataset(PerItemDataset):
+    """The same dataset with ``__getitems__``: one call per batch."""
+
+    def __getitems__(self, indices: list[int]) -> torch.Tensor:
+        return self.data[indices]
+
+
+def _identity(batch: Any) -> Any:
+    return batch
+
+
+def _epoch_time(make_iterable: Callable[[], Iterable[Any]], epochs: int) -> tuple[float, int]:
+    """Best seconds per epoch over ``epochs`` timed epochs (after one warm-up) and batches."""
+    iterable = make_iterable()
+    n_batches = sum(1 for _ in iterable)
+    times = []
+    for _ in range(epochs):
+        gc.collect()
+        start = time.perf_counter()
+        for _ in iterable:
+            pass
+        times.append(time.perf_counter() - start)
+    return min(times), n_batches
+
+
+def loader_rows(
+    samples: int = 300_000,
+    batch_size: int = 300,
+    epochs: int = 3,
+    progress: Callable[[str], None] | None = None,
+) -> list[Row]:
+    """The seed loop and its size-aware version, per epoch, against the numpy floor.
+
+    Fixed-size rows use ``torch.arange(samples)`` batched by ``batch_size`` and shuffled;
+    size-aware rows use log-normal lengths (mean ~150) with a budget of ``batch_size`` x
+    mean length. Ratios are to the numpy permutation+reshape loop measured in this run.
+    """
+    data = torch.arange(samples)
+    lengths = lognormal_lengths(samples)
+    budget = batch_size * int(lengths.mean())
+    length_list = lengths.tolist()
+    rng = np.random.default_rng(0)
+    numbers = np.arange(samples)
+
+    def numpy_floor() -> Iterable[Any]:
+        class Epochs:
+            def __iter__(self) -> Iterable[Any]:
+                usable = samples // batch_size * batch_size
+                return iter(rng.permutation(numbers)[:usable].reshape(-1, batch_size))
+
+        return Epochs()
+
+    def size_aware_dataloader() -> Iterable[Any]:
+        sampler = SizeAwareBatchSampler(RandomSampler(data), length_list.__getitem__, budget, warn_logger=None)
+        return DataLoader(BatchedDataset(data), batch_sampler=sampler, collate_fn=_identity)
+
+    cases: list[tuple[str, Callable[[], Iterable[Any]]]] = [
+        ("numpy permutation+reshape (floor)", numpy_floor),
+        ("DataLoader, __getitem__ per item", lambda: DataLoader(PerItemDataset(data), batch_size, shuffle=True)),
+        (
+            "DataLoader + __getitems__",
+            lambda: DataLoader(BatchedDataset(data), batch_size, shuffle=True, collate_fn=_identity),
+        ),
+        ("FastLoader", lambda: FastLoader(data, batch_size)),
+        ("SizeAwareBatchSampler(callable) + DataLoader", size_aware_dataloader),
+        ("FastSizeAwareLoader", lambda: FastSizeAwareLoader(data, lengths, budget)),
+    ]
+    rows = []
+    floor = 0.0
+    for name, make in cases:
+        if progress is not None:
+            progress(name)
+        seconds, n_batches = _epoch_time(make, epochs)
+        if not rows:
+            floor = seconds
+        workload = "seed loop" if "Size" not in name else "size-aware"
+        base = "numpy permutation+reshape (floor)"
+        rows.append(Row("loaders", workload, name, seconds, base, seconds / floor, f"{n_batches:,} batches"))
+    per_item = next(row.seconds for row in rows if "per item" in row.method)
+    size_aware_baseline = next(row.seconds for row in rows if "SizeAwareBatchSampler" in row.method)
+    for row in rows:
+        row.speedup = (size_aware_baseline if row.workload == "size-aware" else per_item) / row.seconds
+    return rows
+
+
+def first_batch_rows(n: int = 10**8, repeat: int = 3) -> list[Row]:
+    """Time to the first batch of a FastLoader over ``n`` items vs one numpy permutation of ``n``."""
+    data = torch.arange(n)
+    loader = FastLoader(data, 300)
+    base = "numpy permutation"
+    floor = time_best(partial(np.random.default_rng(0).permutation, n), repeat)
+    seconds = time_best(partial(_first_batch, loader), repeat)
+    return [
+        Row("first batch", f"n={n:,}", base, floor, base, 1.0),
+        Row("first batch", f"n={n:,}", "FastLoader first batch", seconds, base, seconds / floor),
+    ]
+
+
+def _first_batch(loader: FastLoader) -> Any:
+    return next(iter(loader))
+
+
 def _first_group(perm: GroupedPermutation) -> np.ndarray:
     return next(perm.groups(1))
 
@@ -145,19 +276,22 @@ def to_markdown(rows: list[Row]) -> str:
 
     Examples:
         >>> print(to_markdown([Row("s", "n=1", "a", 0.002, "a", 1.0)]))
-        **s**
+        **s** (x a: time / its time; lower is faster)
         <BLANKLINE>
-        | workload | method | ms | x baseline | note |
-        |---|---|---:|---:|---|
-        | n=1 | a | 2.00 | 1.00 | |
+        | workload | method | ms | x baseline | speed-up | note |
+        |---|---|---:|---:|---:|---|
+        | n=1 | a | 2.00 | 1 |  |  |
     """
     out: list[str] = []
     for suite in dict.fromkeys(row.suite for row in rows):
         if out:
             out.append("")
-        out += [f"**{suite}**", "", "| workload | method | ms | x baseline | note |", "|---|---|---:|---:|---|"]
-        for row in rows:
-            if row.suite == suite:
-                note = f" {row.note} " if row.note else " "
-                out.append(f"| {row.workload} | {row.method} | {row.seconds * 1e3:.2f} | {row.ratio:.2f} |{note}|")
+        suite_rows = [row for row in rows if row.suite == suite]
+        baseline = suite_rows[0].baseline
+        out += [f"**{suite}** (x {baseline}: time / its time; lower is faster)", ""]
+        out += ["| workload | method | ms | x baseline | speed-up | note |", "|---|---|---:|---:|---:|---|"]
+        for row in suite_rows:
+            speedup = f"{row.speedup:.1f}x" if row.speedup is not None else ""
+            cells = [row.workload, row.method, f"{row.seconds * 1e3:.2f}", f"{row.ratio:.3g}", speedup, row.note]
+            out.append("| " + " | ".join(cells) + " |")
     return "\n".join(out)

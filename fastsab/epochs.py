@@ -155,7 +155,8 @@ class SizeAwarePlanner:
             "oversize": oversize,
         }
         self.max_total_size = max_total_size
-        split_batches(np.zeros(0), max_total_size, **self.options)  # validates the options now
+        k = len(max_total_size) if isinstance(max_total_size, (Sequence, np.ndarray)) else 1
+        split_batches(np.zeros((0, k)), max_total_size, **self.options)  # validates the options now
         self._cache: tuple[int, list[PlanChunk]] | None = None
 
     def num_batches(self, epoch: int) -> int:
@@ -199,6 +200,7 @@ def make_cost_source(sizeof: Any, n: int, features: Any = None) -> Callable[[np.
     callable applied to ``features[indices]`` when ``features`` is given (e.g. a fitted
     memory model over per-item lengths, evaluated in one call per chunk); a vectorized
     callable taking an index array; a per-item callable (accepted, warned about as slow).
+    The result pickles whenever ``sizeof`` does.
 
     Examples:
         >>> costs = make_cost_source(np.array([4, 5, 6]), 3)
@@ -215,33 +217,63 @@ def make_cost_source(sizeof: Any, n: int, features: Any = None) -> Callable[[np.
         sizes = as_numeric_array("sizeof", sizeof, ndim=(1, 2))
         if len(sizes) != n:
             raise ValueError(f"sizeof has {len(sizes)} sizes but the dataset has {n} items.")
-        return sizes.__getitem__
+        return _ArrayCosts(sizes)
     if not callable(sizeof):
         raise TypeError(
             f"sizeof must be an array, tensor or sequence of sizes, or a callable, got {type(sizeof).__name__}."
         )
     if features is not None:
-        feature_rows = features.shape[0] if hasattr(features, "shape") else len(features)
-        if feature_rows != n:
-            raise ValueError(f"features has {feature_rows} rows but the dataset has {n} items.")
         if not isinstance(features, (np.ndarray, torch.Tensor)):
             raise TypeError(f"features must be a numpy array or a tensor, got {type(features).__name__}.")
-
-        def from_features(ids: np.ndarray) -> np.ndarray:
-            rows = features[torch.from_numpy(ids)] if isinstance(features, torch.Tensor) else features[ids]
-            with torch.no_grad():
-                return _check_costs(sizeof(rows), ids)
-
-        return from_features
+        if len(features) != n:
+            raise ValueError(f"features has {len(features)} rows but the dataset has {n} items.")
+        return _FeatureCosts(sizeof, features)
     probe = np.arange(min(n, 2), dtype=np.int64)
     if n and _is_vectorized(sizeof, probe):
-        return lambda ids: _check_costs(sizeof(ids), ids)
+        return _IndexCosts(sizeof, per_item=False)
     warnings.warn(
         "sizeof is called once per item, which is slow: pass an array of sizes, a vectorized callable "
         "taking an index array, or a memory model with features=.",
         stacklevel=3,
     )
-    return lambda ids: _check_costs([_scalar(sizeof(i)) for i in ids.tolist()], ids)
+    return _IndexCosts(sizeof, per_item=True)
+
+
+class _ArrayCosts:
+    """Costs looked up in a validated array of per-item sizes."""
+
+    def __init__(self, sizes: np.ndarray) -> None:
+        self.sizes = sizes
+
+    def __call__(self, ids: np.ndarray) -> np.ndarray:
+        return self.sizes[ids]
+
+
+class _FeatureCosts:
+    """Costs from ``fn(features[ids])``: one call per chunk, without autograd."""
+
+    def __init__(self, fn: Callable[[Any], Any], features: np.ndarray | torch.Tensor) -> None:
+        self.fn = fn
+        self.features = features
+
+    def __call__(self, ids: np.ndarray) -> np.ndarray:
+        features = self.features
+        rows = features[torch.from_numpy(ids)] if isinstance(features, torch.Tensor) else features[ids]
+        with torch.no_grad():
+            return _check_costs(self.fn(rows), ids)
+
+
+class _IndexCosts:
+    """Costs from ``fn(ids)`` (vectorized) or ``[fn(i) for i in ids]`` (per item)."""
+
+    def __init__(self, fn: Callable[[Any], Any], *, per_item: bool) -> None:
+        self.fn = fn
+        self.per_item = per_item
+
+    def __call__(self, ids: np.ndarray) -> np.ndarray:
+        if self.per_item:
+            return _check_costs([_scalar(self.fn(i)) for i in ids.tolist()], ids)
+        return _check_costs(self.fn(ids), ids)
 
 
 def _is_vectorized(sizeof: Callable[[Any], Any], probe: np.ndarray) -> bool:

@@ -9,7 +9,8 @@
    index; ``collate_fn``, if given, is applied to it.
 2. A tensor, a numpy array, a ``TensorDataset`` or a pytree (dict, tuple, namedtuple,
    dataclass) of tensors/arrays with a common first dimension: gathered by fancy
-   indexing. A top-level ``list`` is a sequence of samples, not a pytree.
+   indexing; non-array leaves (names, flags) are passed through unchanged. A top-level
+   ``list`` is a sequence of samples, not a pytree.
 3. Otherwise ``dataset[i]`` per index and ``collate_fn``: correct, but slow; warned about.
 """
 
@@ -71,8 +72,12 @@ class Fetcher:
             self.length = _length(dataset)
             return
         source = dataset.tensors if isinstance(dataset, TensorDataset) else dataset
-        leaves = tree_leaves(source) if not isinstance(source, list) else []
-        if leaves and all(isinstance(leaf, (torch.Tensor, np.ndarray)) for leaf in leaves):
+        # a container (not a list of samples) whose array leaves are gathered; other leaves
+        # (names, flags) are kept as they are in every batch
+        leaves = tree_leaves(source) if not isinstance(source, list) else [source]
+        arrays = [leaf for leaf in leaves if isinstance(leaf, (torch.Tensor, np.ndarray))]
+        if arrays and (len(leaves) > 1 or leaves[0] is not source or isinstance(source, (torch.Tensor, np.ndarray))):
+            leaves = arrays
             self.kind = "gather"
             self.length = _common_rows("dataset", leaves)
             self._source = source

@@ -1,0 +1,134 @@
+"""The ``fastsab`` command line: ``fastsab bench`` compares loaders against DataLoader."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from fastsab import bench
+
+__all__ = ["main"]
+
+SUITES = ("loaders", "kernels", "permutation", "first-batch")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fastsab", description="Fast, size-aware batching for PyTorch.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    run = commands.add_parser(
+        "bench",
+        help="compare FastLoader and FastSizeAwareLoader with DataLoader and the numpy floor",
+        description=(
+            "Run the public workloads and print ms per epoch and the ratio to the numpy "
+            "permutation+reshape floor measured in the same run (lower is faster)."
+        ),
+    )
+    run.add_argument("--samples", type=_positive_int, default=300_000, help="samples per epoch (default 300000)")
+    run.add_argument("--batch-size", type=_positive_int, default=300, help="batch size (default 300)")
+    run.add_argument("--epochs", type=_positive_int, default=5, help="timed epochs per method (default 5)")
+    run.add_argument(
+        "--suite",
+        choices=(*SUITES, "all"),
+        action="append",
+        help="what to run (repeatable; default: loaders). 'all' adds the kernel, permutation and "
+        "first-batch suites at 10**6 to 10**8 items, which take a few minutes.",
+    )
+    run.add_argument("--markdown", action="store_true", help="print markdown tables instead of plain text")
+    run.add_argument("--json", type=Path, metavar="PATH", help="also write the rows as JSON to PATH")
+    run.add_argument("--plot", type=Path, metavar="PATH", help="also draw a bar chart (PNG) to PATH")
+    run.add_argument("--quiet", action="store_true", help="no progress bar")
+    return parser
+
+
+def run_bench(args: argparse.Namespace) -> list[bench.Row]:
+    suites = args.suite or ["loaders"]
+    if "all" in suites:
+        suites = list(SUITES)
+    from tqdm import tqdm
+
+    rows: list[bench.Row] = []
+    with tqdm(total=len(suites), desc="fastsab bench", disable=args.quiet, file=sys.stderr) as bar:
+        for suite in suites:
+            bar.set_postfix_str(suite)
+            if suite == "loaders":
+                rows += bench.loader_rows(
+                    args.samples, args.batch_size, args.epochs, progress=lambda name: bar.set_postfix_str(name)
+                )
+            elif suite == "kernels":
+                rows += bench.kernel_rows([10**6, 10**7])
+            elif suite == "permutation":
+                rows += bench.permutation_rows([10**6, 10**8])
+            else:
+                rows += bench.first_batch_rows(10**8)
+            bar.update()
+    return rows
+
+
+def plot_rows(rows: list[bench.Row], path: Path) -> None:
+    """Bar chart of ms per epoch (log scale) for the loader rows, one bar per method."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as err:
+        raise SystemExit("--plot needs matplotlib: pip install matplotlib") from err
+    shown = [row for row in rows if row.suite == "loaders"] or rows
+    fig, ax = plt.subplots(figsize=(9, 0.5 * len(shown) + 1.5))
+    names = [f"{row.method} [{row.workload}]" for row in shown]
+    values = [row.seconds * 1e3 for row in shown]
+    ax.barh(names, values, color=["#2e7d32" if row.method.startswith("Fast") else "#90a4ae" for row in shown])
+    ax.set_xscale("log")
+    ax.set_xlabel("ms per epoch (log scale, lower is faster)")
+    ax.invert_yaxis()
+    for y, row in enumerate(shown):
+        ax.text(row.seconds * 1e3, y, f" {row.ratio:.2f}x floor", va="center", fontsize=8)
+    ax.set_title(bench.machine_info(), fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def print_plain(rows: list[bench.Row]) -> None:
+    width = max(len(row.method) for row in rows)
+    print(bench.machine_info())
+    suite = None
+    for row in rows:
+        if row.suite != suite:
+            suite = row.suite
+            print(f"\n{suite}  (ratio = time / {row.baseline}; speed-up = DataLoader time / time)")
+        speedup = f"speed-up {row.speedup:6.1f}x" if row.speedup is not None else ""
+        line = (
+            f"  {row.workload:<12} {row.method:<{width}} {row.seconds * 1e3:>10.2f} ms  {row.ratio:>8.2f}x  {speedup}"
+        )
+        print(f"{line}  {row.note}".rstrip())
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``fastsab`` console script."""
+    args = build_parser().parse_args(argv)
+    rows = run_bench(args)
+    if args.markdown:
+        print(f"Measured on {bench.machine_info()}.\n")
+        print(bench.to_markdown(rows))
+    else:
+        print_plain(rows)
+    if args.json is not None:
+        payload = {"machine": bench.machine_info(), "rows": [row.as_dict() for row in rows]}
+        args.json.write_text(json.dumps(payload, indent=2))
+    if args.plot is not None:
+        plot_rows(rows, args.plot)
+    return 0

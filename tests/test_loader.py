@@ -1,0 +1,433 @@
+from __future__ import annotations
+
+import dataclasses
+import pickle
+import threading
+import time
+import tracemalloc
+import warnings
+from collections import namedtuple
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset, TensorDataset
+
+from fastsab import FastLoader, FastSizeAwareLoader, split_batches
+from tests.reference import running_sum_reference
+
+N = 1000
+LENGTHS = np.random.default_rng(0).integers(1, 50, N)
+BUDGET = 200
+
+
+class GetItems(Dataset):
+    """A map-style dataset with __getitems__ returning a list of samples."""
+
+    def __init__(self, n: int, fail_at: int | None = None, delay: float = 0.0) -> None:
+        self.n, self.fail_at, self.delay = n, fail_at, delay
+        self.calls = 0
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> dict:
+        return {"x": torch.tensor(i), "y": torch.tensor(2 * i)}
+
+    def __getitems__(self, indices: list[int]) -> list[dict]:
+        self.calls += 1
+        if self.delay:
+            time.sleep(self.delay)
+        if self.fail_at is not None and self.fail_at in indices:
+            raise KeyError(f"cannot read {self.fail_at}")
+        return [self[i] for i in indices]
+
+
+class PerItem(Dataset):
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.tensor(i)
+
+
+def batch_ids(batch) -> list[int]:
+    if isinstance(batch, dict):
+        return batch["x"].tolist()
+    if isinstance(batch, (tuple, list)):
+        return batch_ids(batch[0])
+    return batch.tolist()
+
+
+def loaders(**kwargs):
+    """The loaders the shared suite runs: fixed-size and size-aware, over several datasets."""
+    data = torch.arange(N)
+    return {
+        "fast-tensor": FastLoader(data, 64, **kwargs),
+        "fast-getitems": FastLoader(GetItems(N), 64, **kwargs),
+        "sized-tensor": FastSizeAwareLoader(data, LENGTHS, BUDGET, **kwargs),
+        "sized-getitems": FastSizeAwareLoader(GetItems(N), torch.from_numpy(LENGTHS), BUDGET, **kwargs),
+        "sized-padded": FastSizeAwareLoader(data, LENGTHS, BUDGET, cost="padded", **kwargs),
+    }
+
+
+LOADER_NAMES = list(loaders())
+
+
+@pytest.fixture(params=LOADER_NAMES)
+def loader_name(request):
+    return request.param
+
+
+@pytest.mark.parametrize("group_size", [7, 64, 2**16])
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_every_index_once_per_epoch(loader_name, group_size, shuffle):
+    # invariant: every index appears exactly once per epoch (none is oversize here)
+    loader = loaders(group_size=group_size, shuffle=shuffle)[loader_name]
+    for _ in range(2):
+        seen = [i for batch in loader for i in batch_ids(batch)]
+        assert sorted(seen) == list(range(N))
+        assert loader.stats.num_items == N and loader.stats.num_skipped == 0
+    if not shuffle:
+        assert seen == list(range(N))
+
+
+def test_no_batch_over_budget_and_greedy_batches():
+    # invariant: the loader yields exactly the greedy batches of its epoch order
+    loader = FastSizeAwareLoader(torch.arange(N), LENGTHS, BUDGET, group_size=50, seed=3)
+    order = loader.order.permutation.permutation(0)
+    expected = [[int(order[p]) for p in b] for b in running_sum_reference(LENGTHS[order].tolist(), BUDGET)]
+    assert [b.tolist() for b in loader] == expected
+    assert all(LENGTHS[b].sum() <= BUDGET for b in expected)
+
+
+def test_padded_and_multi_limit_budgets():
+    loader = FastSizeAwareLoader(torch.arange(N), LENGTHS, BUDGET, cost="padded", max_batch_size=16)
+    for batch in loader:
+        assert len(batch) * LENGTHS[batch.numpy()].max() <= BUDGET and len(batch) <= 16
+    two = np.stack([LENGTHS, LENGTHS[::-1]], axis=1)
+    loader = FastSizeAwareLoader(torch.arange(N), two, [BUDGET, 150])
+    batches = [b.numpy() for b in loader]
+    assert sorted(np.concatenate(batches).tolist()) == list(range(N))
+    assert all(two[b, 0].sum() <= BUDGET and two[b, 1].sum() <= 150 for b in batches)
+
+
+def test_same_seed_and_epoch_same_batches(loader_name):
+    # invariant: the order depends only on (seed, epoch)
+    first, second = loaders(seed=5)[loader_name], loaders(seed=5)[loader_name]
+    epoch0 = [batch_ids(b) for b in first]
+    assert epoch0 == [batch_ids(b) for b in second]
+    epoch1 = [batch_ids(b) for b in first]  # a new iter() starts the next epoch
+    assert epoch1 != epoch0
+    second.set_epoch(1)
+    assert [batch_ids(b) for b in second] == epoch1
+    other_seed = loaders(seed=6)[loader_name]
+    assert [batch_ids(b) for b in other_seed] != epoch0
+
+
+def test_len_is_exact_before_iteration(loader_name):
+    loader = loaders(group_size=100)[loader_name]
+    for epoch in range(3):
+        loader.set_epoch(epoch)
+        expected = len(loader)
+        batches = list(loader)
+        assert len(batches) == expected == loader.stats.num_batches
+
+
+def test_fixed_size_batches_and_drop_last():
+    loader = FastLoader(torch.arange(10), 4, shuffle=False, group_size=3)
+    assert [b.tolist() for b in loader] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    dropping = FastLoader(torch.arange(10), 4, shuffle=False, group_size=3, drop_last=True)
+    assert len(dropping) == 2
+    assert [b.tolist() for b in dropping] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert dropping.stats.num_dropped == 2
+
+
+def prefetch_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "fastsab-prefetch"]
+
+
+def test_early_break_leaves_no_thread():
+    loader = FastLoader(GetItems(N, delay=0.001), 8, prefetch=3)
+    for i, _ in enumerate(loader):
+        assert prefetch_threads()
+        if i == 2:
+            break
+    assert not prefetch_threads()
+    iterator = iter(loader)
+    next(iterator)
+    iterator.close()
+    assert not prefetch_threads()
+
+
+def test_error_in_fetch_propagates_and_stops_thread():
+    loader = FastLoader(GetItems(100, fail_at=50), 10, shuffle=False, prefetch=2)
+    with pytest.raises(KeyError, match="cannot read 50"):
+        list(loader)
+    assert not prefetch_threads()
+
+
+def test_prefetch_gives_same_batches():
+    plain = [batch_ids(b) for b in FastLoader(GetItems(N), 32, prefetch=0)]
+    assert [batch_ids(b) for b in FastLoader(GetItems(N), 32, prefetch=4)] == plain
+
+
+def test_device_cpu_with_and_without_pinning():
+    data = {"x": torch.arange(20), "f": torch.ones(20, 3)}
+    plain = FastLoader(data, 5, device="cpu", seed=1)
+    batches = list(plain)
+    assert all(b["x"].device.type == "cpu" and b["f"].shape == (5, 3) for b in batches)
+    with pytest.warns(UserWarning, match="pin_memory=True has no effect: no accelerator is available"):
+        pinned = FastLoader(data, 5, device="cpu", seed=1, pin_memory=True)
+    assert [b["x"].tolist() for b in pinned] == [b["x"].tolist() for b in batches]
+
+
+Pair = namedtuple("Pair", ["x", "y"])
+
+
+@dataclasses.dataclass
+class Sample:
+    x: torch.Tensor
+    y: np.ndarray
+    name: str = "s"
+
+
+@pytest.mark.parametrize(
+    "dataset",
+    [
+        torch.arange(N),
+        np.arange(N),
+        {"x": torch.arange(N), "y": {"z": torch.arange(N) * 2}},
+        (torch.arange(N), torch.arange(N) * 2),
+        Pair(torch.arange(N), torch.arange(N) * 2),
+        TensorDataset(torch.arange(N), torch.arange(N) * 2),
+    ],
+    ids=["tensor", "ndarray", "dict", "tuple", "namedtuple", "TensorDataset"],
+)
+def test_pytree_datasets_are_gathered(dataset):
+    loader = FastLoader(dataset, 100, seed=2)
+    assert loader.fetcher.kind == "gather"
+    seen = []
+    for batch in loader:
+        ids = batch_ids(batch)
+        seen += ids
+        if isinstance(batch, dict):
+            assert batch["y"]["z"].tolist() == [2 * i for i in ids]
+        elif isinstance(batch, (tuple, list)):
+            assert batch[1].tolist() == [2 * i for i in ids]
+            if isinstance(dataset, Pair):
+                assert isinstance(batch, Pair)
+    assert sorted(seen) == list(range(N))
+
+
+def test_dataclass_pytree_and_gather_per_batch():
+    dataset = Sample(torch.arange(N), np.arange(N) * 3)
+    for chunk_bytes in (0, 2**20):  # per-batch gathers, then whole-chunk gathers
+        batches = list(FastLoader(dataset, 100, seed=4, chunk_bytes=chunk_bytes))
+        assert all(isinstance(b, Sample) and b.name == "s" for b in batches)
+        assert all((b.y == b.x.numpy() * 3).all() for b in batches)
+        assert sorted(torch.cat([b.x for b in batches]).tolist()) == list(range(N))
+
+
+def test_getitems_datasets():
+    batches = list(FastLoader(GetItems(10), 4, shuffle=False))
+    assert [b["y"].tolist() for b in batches] == [[0, 2, 4, 6], [8, 10, 12, 14], [16, 18]]
+
+    class Batched(Dataset):
+        def __len__(self):
+            return 10
+
+        def __getitems__(self, indices):
+            return torch.tensor(indices) * 10
+
+    assert [b.tolist() for b in FastLoader(Batched(), 5, shuffle=False)] == [[0, 10, 20, 30, 40], [50, 60, 70, 80, 90]]
+
+
+def test_getitems_wrong_count_is_an_error():
+    class Short(GetItems):
+        def __getitems__(self, indices):
+            return super().__getitems__(indices)[:-1]
+
+    class ShortBatch(GetItems):
+        def __getitems__(self, indices):
+            return torch.zeros(len(indices) + 1)
+
+    with pytest.raises(ValueError, match=r"Short.__getitems__ returned 3 samples for 4 indices"):
+        list(FastLoader(Short(8), 4, prefetch=0))
+    with pytest.raises(ValueError, match=r"ShortBatch.__getitems__ returned a batch of 5 rows for 4 indices"):
+        list(FastLoader(ShortBatch(8), 4, prefetch=0))
+
+
+def test_per_item_dataset_works_with_a_warning():
+    with pytest.warns(UserWarning, match="PerItem has no __getitems__ and is not a tensor pytree"):
+        loader = FastLoader(PerItem(20), 6, shuffle=False)
+    assert next(b.tolist() for b in loader) == [0, 1, 2, 3, 4, 5]
+    with pytest.warns(UserWarning, match="list has no __getitems__"):
+        lists = FastLoader([torch.tensor([i, i]) for i in range(4)], 2, shuffle=False, collate_fn=torch.stack)
+    assert [b.tolist() for b in lists] == [[[0, 0], [1, 1]], [[2, 2], [3, 3]]]
+
+
+def test_dataloader_batch_sampler_path():
+    loader = FastSizeAwareLoader(GetItems(N), LENGTHS, BUDGET, seed=9)
+    sampler = loader.batch_sampler()
+    assert len(sampler) == len(loader)
+    planned = list(sampler)
+    assert planned == [batch_ids(b) for b in loader]
+    assert sorted(i for b in planned for i in b) == list(range(N))
+    sampler.set_epoch(0)
+    dataloader = DataLoader(GetItems(N), batch_sampler=sampler, num_workers=2)
+    assert [b["x"].tolist() for b in dataloader] == planned
+
+
+def test_sizeof_forms_agree():
+    data = torch.arange(N)
+    lengths_t = torch.from_numpy(LENGTHS)
+
+    class Doubler(torch.nn.Module):
+        def forward(self, x):
+            return 2 * x
+
+    reference = [b.tolist() for b in FastSizeAwareLoader(data, LENGTHS, BUDGET, seed=1)]
+    forms = [
+        lengths_t,
+        LENGTHS.tolist(),
+        lambda ids: LENGTHS[ids],
+    ]
+    for sizeof in forms:
+        assert [b.tolist() for b in FastSizeAwareLoader(data, sizeof, BUDGET, seed=1)] == reference
+    with pytest.warns(UserWarning, match="sizeof is called once per item, which is slow"):
+        per_item = FastSizeAwareLoader(data, lambda i: int(LENGTHS.tolist()[i]), BUDGET, seed=1)
+    assert [b.tolist() for b in per_item] == reference
+    model = FastSizeAwareLoader(data, Doubler(), 2 * BUDGET, features=lengths_t.double(), seed=1)
+    assert [b.tolist() for b in model] == reference
+
+
+def test_skipped_items_are_counted_and_warned():
+    lengths = LENGTHS.copy()
+    lengths[[3, 500]] = BUDGET + 1
+    loader = FastSizeAwareLoader(torch.arange(N), lengths, BUDGET)
+    with pytest.warns(UserWarning, match="2 items were larger than max_total_size and were skipped in epoch 0"):
+        seen = [i for b in loader for i in b.tolist()]
+    assert sorted(loader.stats.skipped) == [3, 500] and loader.stats.num_skipped == 2
+    assert sorted(seen + loader.stats.skipped) == list(range(N))
+    own = FastSizeAwareLoader(torch.arange(N), lengths, BUDGET, oversize="own_batch", shuffle=False)
+    assert [3] in [b.tolist() for b in own]
+    with pytest.raises(ValueError, match=r"item 3 has cost 201 above max_total_size 200"):
+        list(FastSizeAwareLoader(torch.arange(N), lengths, BUDGET, oversize="error", shuffle=False))
+
+
+def test_empty_dataset_gives_no_batches():
+    assert list(FastLoader(torch.arange(0), 4)) == [] and len(FastLoader(torch.arange(0), 4)) == 0
+    sized = FastSizeAwareLoader(torch.arange(0), np.zeros(0), 4)
+    assert len(sized) == 0 and list(sized) == []
+
+
+def test_loaders_pickle_and_keep_their_plan():
+    for name, loader in loaders(seed=3).items():
+        clone = pickle.loads(pickle.dumps(loader))
+        assert [batch_ids(b) for b in clone] == [batch_ids(b) for b in loader], name
+
+
+def test_first_batch_of_a_huge_epoch_is_fast_and_small():
+    # 10**8 items: the first batch needs one shuffle group, not the whole order
+    class Synthetic(Dataset):
+        def __len__(self):
+            return 10**8
+
+        def __getitems__(self, indices):
+            return torch.tensor(indices)
+
+    loader = FastSizeAwareLoader(Synthetic(), lambda ids: ids % 97 + 1, 5000, prefetch=0)
+    tracemalloc.start()
+    start = time.perf_counter()
+    first = next(iter(loader))
+    elapsed = time.perf_counter() - start
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert len(first) > 0
+    assert peak < 40 * 2**20, peak  # a full 10**8 int64 order alone would be 800 MB
+    assert elapsed < 5.0
+
+
+@pytest.mark.parametrize(
+    ("make", "error", "message"),
+    [
+        (lambda: FastLoader(torch.arange(4), 0), ValueError, r"batch_size must be a positive integer, got 0"),
+        (lambda: FastLoader(torch.arange(4), 2.0), TypeError, r"batch_size must be an integer, got 2.0"),
+        (lambda: FastSizeAwareLoader(torch.arange(4), [1] * 4, 0), ValueError, r"max_total_size must be a positive"),
+        (
+            lambda: FastSizeAwareLoader(torch.arange(4), [1] * 3, 5),
+            ValueError,
+            r"sizeof has 3 sizes but the dataset has 4",
+        ),
+        (
+            lambda: FastSizeAwareLoader(torch.arange(2), [1.0, float("nan")], 5),
+            ValueError,
+            r"sizeof must be finite, got nan at position 1",
+        ),
+        (lambda: FastSizeAwareLoader(torch.arange(2), [1, -1], 5), ValueError, r"sizeof must be non-negative"),
+        (
+            lambda: FastSizeAwareLoader(torch.arange(2), [1.0, float("inf")], 5),
+            ValueError,
+            r"sizeof must be finite, got inf",
+        ),
+        (lambda: FastLoader(torch.arange(4), 2, device="gpu"), ValueError, r"device 'gpu' is not a torch device"),
+        (
+            lambda: FastLoader(torch.arange(4), 2, device=3),
+            TypeError,
+            r"device must be None, a string or a torch.device",
+        ),
+        (lambda: FastLoader(torch.arange(4), 2, prefetch=-1), ValueError, r"prefetch must be None or a non-negative"),
+        (lambda: FastLoader(torch.arange(4), 2, shuffle="yes"), TypeError, r"shuffle must be a bool, got 'yes'"),
+        (lambda: FastLoader(torch.arange(4), 2, collate_fn=3), TypeError, r"collate_fn must be callable or None"),
+        (lambda: FastLoader(object(), 2), TypeError, r"dataset must define __getitems__ or __getitem__"),
+        (
+            lambda: FastLoader({"a": torch.zeros(3), "b": torch.zeros(4)}, 2),
+            ValueError,
+            r"dataset leaves must share their first dimension, got shapes \[\(3,\), \(4,\)\]",
+        ),
+        (lambda: FastSizeAwareLoader(torch.arange(4), 5, 5), TypeError, r"sizeof must be an array, tensor or sequence"),
+        (
+            lambda: FastSizeAwareLoader(torch.arange(4), len, 5, features=torch.ones(3)),
+            ValueError,
+            r"features has 3 rows but the dataset has 4 items",
+        ),
+    ],
+)
+def test_bad_input(make, error, message):
+    with pytest.raises(error, match=message):
+        make()
+
+
+def test_unavailable_accelerator_is_refused():
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is available here")
+    with pytest.raises(ValueError, match=r"device 'cuda' was requested but torch.cuda is not available here"):
+        FastLoader(torch.arange(4), 2, device="cuda")
+
+
+def test_bad_sizes_from_a_callable_name_the_index():
+    loader = FastSizeAwareLoader(torch.arange(10), lambda ids: np.where(ids == 7, -1.0, 1.0), 5, shuffle=False)
+    with pytest.raises(
+        ValueError, match=r"sizeof gave -1.0 for dataset index 7; sizes must be finite and non-negative"
+    ):
+        list(loader)
+
+
+def test_set_epoch_validation():
+    loader = FastLoader(torch.arange(4), 2)
+    with pytest.raises(ValueError, match="epoch must be a non-negative integer, got -1"):
+        loader.set_epoch(-1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        loader.set_epoch(3)
+    assert loader.epoch == 3
+
+
+def test_split_kernel_agrees_with_loader_plan():
+    loader = FastSizeAwareLoader(torch.arange(N), LENGTHS, BUDGET, shuffle=False)
+    expected = [b.tolist() for b in split_batches(LENGTHS, BUDGET).batches()]
+    assert [b.tolist() for b in loader] == expected
