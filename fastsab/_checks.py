@@ -12,12 +12,18 @@ import torch
 __all__ = [
     "as_numeric_array",
     "check_choice",
+    "check_optional_positive_int",
     "check_positive_int",
     "check_positive_real",
 ]
 
 
-def check_positive_int(name: str, value: Any, *, allow_none: bool = False) -> int | None:
+def check_optional_positive_int(name: str, value: Any) -> int | None:
+    """``None``, or ``value`` checked by :func:`check_positive_int`."""
+    return None if value is None else check_positive_int(name, value)
+
+
+def check_positive_int(name: str, value: Any) -> int:
     """Return ``value`` as an ``int`` if it is an integer >= 1, else raise.
 
     Examples:
@@ -28,8 +34,6 @@ def check_positive_int(name: str, value: Any, *, allow_none: bool = False) -> in
         ...
         ValueError: batch_size must be a positive integer, got 0.
     """
-    if value is None and allow_none:
-        return None
     if isinstance(value, bool) or not isinstance(value, Integral):
         raise TypeError(f"{name} must be an integer, got {value!r} of type {type(value).__name__}.")
     if value < 1:

@@ -25,7 +25,13 @@ from typing import Any, Literal, TypeVar
 
 import numpy as np
 
-from fastsab._checks import as_numeric_array, check_choice, check_positive_int, check_positive_real
+from fastsab._checks import (
+    as_numeric_array,
+    check_choice,
+    check_optional_positive_int,
+    check_positive_int,
+    check_positive_real,
+)
 
 __all__ = ["BatchSplit", "Carry", "size_aware_batching", "split_batches"]
 
@@ -180,7 +186,7 @@ def split_batches(
     """
     mode = check_choice("cost", cost, ("sum", "padded"))
     policy = check_choice("oversize", oversize, ("skip", "own_batch", "error"))
-    max_items = check_positive_int("max_batch_size", max_batch_size, allow_none=True)
+    max_items = check_optional_positive_int("max_batch_size", max_batch_size)
     multiple = check_positive_int("batch_size_multiple", batch_size_multiple)
     if not isinstance(final, bool):
         raise TypeError(f"final must be a bool, got {final!r}.")
@@ -191,7 +197,7 @@ def split_batches(
     if c.ndim == 1:
         c = c[:, None]
     n, k = c.shape
-    caps = _as_caps(max_total_size, k)
+    cap_values = _as_caps(max_total_size, k)
     start = 0 if carry is None else carry.next_position
     item_ids = None  # None: the ids are the positions start, start + 1, ... (made lazily)
     if ids is not None:
@@ -207,14 +213,14 @@ def split_batches(
         if carry.costs.dtype != c.dtype:
             c = c.astype(np.float64)
     float_mode = c.dtype == np.float64 or (carry is not None and carry.costs.dtype == np.float64)
-    caps = _caps_for_dtype(caps, float_mode)
+    caps = _caps_for_dtype(cap_values, float_mode)
     if float_mode:
         c = c.astype(np.float64, copy=False)
 
-    over = None
+    over: np.ndarray | None = None
     skipped = np.empty(0, dtype=np.int64 if item_ids is None else item_ids.dtype)
     if n and (c.max(axis=0) > caps).any():
-        over = (c > caps).any(axis=1)
+        over = np.asarray((c > caps).any(axis=1))
         if policy == "error":
             pos = int(np.argmax(over))
             item = start + pos if item_ids is None else item_ids[pos].item()
@@ -341,14 +347,14 @@ def _sum_counter(c: np.ndarray, caps: np.ndarray, unbounded: bool) -> Callable[[
         prefix = np.zeros(m + 1, dtype=c.dtype)
         if c.dtype == np.float64:
             np.cumsum(column, out=prefix[1:])
-            counters.append(_float_column_counter(memoryview(prefix), column, cap))
+            counters.append(_float_column_counter(prefix.data, column, cap))
         else:
             # NOTE: in sum mode no batch cost passes the cap, but the prefix sums of a whole
             # call must stay in int64; the cap bounds every item, so this check is cheap.
             if (m * (cap + 1) >= 2**63 or unbounded) and float(column.sum(dtype=np.float64)) >= 2**62:
                 raise ValueError("costs sum past 2**62 in one call; split the order into smaller chunks.")
             np.cumsum(column, out=prefix[1:])
-            counters.append(_int_column_counter(memoryview(prefix), cap))
+            counters.append(_int_column_counter(prefix.data, cap))
     if k == 1:
         return counters[0]
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 import gc
 import platform
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass
 from functools import partial
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -112,7 +112,7 @@ def kernel_rows(sizes: Iterable[int], repeat: int = 5) -> list[Row]:
             base = f"np.cumsum {kind} (floor)"
             floor = time_best(partial(np.cumsum, costs), repeat)
             rows.append(Row("split kernel", work, base, floor, base, 1.0))
-            modes = ("sum", "padded") if kind == "int" else ("sum",)
+            modes: tuple[Literal["sum", "padded"], ...] = ("sum", "padded") if kind == "int" else ("sum",)
             for mode in modes:
                 fn = partial(split_batches, costs, cap, cost=mode)
                 seconds = time_best(fn, repeat)
@@ -133,7 +133,7 @@ def permutation_rows(sizes: Iterable[int], repeat: int = 3, group_size: int = 2*
         base = "numpy permutation"
         floor = time_best(partial(rng.permutation, n), repeat)
         rows.append(Row("permutation", work, base, floor, base, 1.0))
-        cases = [
+        cases: list[tuple[str, Callable[[], Any]]] = [
             ("torch.randperm", partial(torch.randperm, n)),
             ("GroupedPermutation epoch", partial(perm.permutation, 1)),
             ("GroupedPermutation first group", partial(_first_group, perm)),
@@ -203,7 +203,7 @@ def loader_rows(
 
     def numpy_floor() -> Iterable[Any]:
         class Epochs:
-            def __iter__(self) -> Iterable[Any]:
+            def __iter__(self) -> Iterator[Any]:
                 usable = samples // batch_size * batch_size
                 return iter(rng.permutation(numbers)[:usable].reshape(-1, batch_size))
 
@@ -224,7 +224,7 @@ def loader_rows(
         ("SizeAwareBatchSampler(callable) + DataLoader", size_aware_dataloader),
         ("FastSizeAwareLoader", lambda: FastSizeAwareLoader(data, lengths, budget)),
     ]
-    rows = []
+    rows: list[Row] = []
     floor = 0.0
     for name, make in cases:
         if progress is not None:

@@ -148,7 +148,7 @@ class SizeAwarePlanner:
     ) -> None:
         self.order = order
         self.costs = costs
-        self.options = {
+        self.options: dict[str, Any] = {
             "cost": cost,
             "max_batch_size": max_batch_size,
             "batch_size_multiple": batch_size_multiple,

@@ -138,7 +138,7 @@ class _Loader:
             is_tensor = isinstance(rows, torch.Tensor)
             for b in range(len(offsets) - 1):
                 lo, hi = offsets[b], offsets[b + 1]
-                part = rows[lo:hi] if is_tensor else tree_map_arrays(lambda leaf, lo=lo, hi=hi: leaf[lo:hi], rows)
+                part = rows[lo:hi] if is_tensor else tree_map_arrays(_slicer(lo, hi), rows)
                 yield fetcher.collate(part), hi - lo
             return
         for b in range(len(offsets) - 1):
@@ -147,6 +147,10 @@ class _Loader:
             if move:
                 batch = to_device(batch, self.device, non_blocking=self.non_blocking, pin_memory=self.pin_memory)
             yield batch, hi - lo
+
+
+def _slicer(lo: int, hi: int) -> Callable[[Any], Any]:
+    return lambda leaf: leaf[lo:hi]
 
 
 def _prefetched(source: Iterator[Any], depth: int) -> Iterator[Any]:

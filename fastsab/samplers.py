@@ -261,7 +261,7 @@ class BucketBatchSampler(Sampler[list[int]]):
             self.bucket_element_indices.append(indices)
             # NOTE: the base sampler keeps a reference to the list; shuffling it in place
             # (as __iter__ does) reshuffles what the base sampler iterates over.
-            self.base_batch_samplers.append(base_batch_sampler_class(indices, **shared, **kwargs))
+            self.base_batch_samplers.append(base_batch_sampler_class(indices, **shared, **kwargs))  # type: ignore[call-arg]
         self.bucket_sizes = torch.tensor([len(b) for b in self.bucket_element_indices], dtype=torch.int64)
         self.num_samples = int(self.bucket_sizes.sum())
         self.num_skipped = len(size_array) - self.num_samples
@@ -274,7 +274,7 @@ class BucketBatchSampler(Sampler[list[int]]):
 
     def __len__(self) -> int:
         """Number of batches per pass: the sum over the base samplers' lengths."""
-        return sum(len(sampler) for sampler in self.base_batch_samplers)  # type: ignore[arg-type]
+        return sum(len(sampler) for sampler in self.base_batch_samplers)  # type: ignore[arg-type,misc]
 
     def __iter__(self) -> Iterator[list[int]]:
         """Yield batches of indices from the buckets."""
