@@ -1,0 +1,73 @@
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from fastsab import bench
+from fastsab.cli import main
+
+
+def test_bench_small_run_writes_json_plot_and_table(tmp_path, capsys):
+    out_json, out_png = tmp_path / "bench.json", tmp_path / "bench.png"
+    assert (
+        main(
+            [
+                "bench",
+                "--samples",
+                "3000",
+                "--batch-size",
+                "30",
+                "--epochs",
+                "1",
+                "--quiet",
+                "--json",
+                str(out_json),
+                "--plot",
+                str(out_png),
+            ]
+        )
+        == 0
+    )
+    printed = capsys.readouterr().out
+    assert "FastLoader" in printed and "FastSizeAwareLoader" in printed and "speed-up" in printed
+    payload = json.loads(out_json.read_text())
+    methods = [row["method"] for row in payload["rows"]]
+    assert methods[0].startswith("numpy permutation+reshape") and "FastLoader" in methods
+    assert all(row["seconds"] > 0 and row["ratio"] > 0 for row in payload["rows"])
+    assert payload["rows"][0]["ratio"] == 1.0
+    assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_markdown_output(capsys):
+    assert main(["bench", "--samples", "2000", "--batch-size", "20", "--epochs", "1", "--quiet", "--markdown"]) == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith("Measured on ")
+    assert "| workload | method | ms | x baseline | speed-up | note |" in printed
+
+
+def test_module_entry_point_help():
+    result = subprocess.run(
+        [sys.executable, "-m", "fastsab", "bench", "--help"], capture_output=True, text=True, check=True
+    )
+    assert "--samples" in result.stdout and "--plot" in result.stdout
+
+
+@pytest.mark.parametrize(
+    "args", [["bench", "--samples", "0"], ["bench", "--epochs", "x"], ["bench", "--suite", "nope"], []]
+)
+def test_bad_arguments_exit_with_usage(args, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(args)
+    assert exit_info.value.code == 2
+    assert "usage: fastsab" in capsys.readouterr().err
+
+
+def test_loader_rows_report_speedups():
+    rows = bench.loader_rows(samples=2000, batch_size=20, epochs=1)
+    by_method = {row.method: row for row in rows}
+    assert by_method["DataLoader, __getitem__ per item"].speedup == pytest.approx(1.0)
+    assert all(row.speedup is not None and row.speedup > 0 for row in rows)
+    assert by_method["FastLoader"].note == "100 batches"
