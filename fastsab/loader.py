@@ -35,6 +35,19 @@ __all__ = ["FastLoader", "FastSizeAwareLoader"]
 #: Default bound on the bytes gathered at once from an in-memory tensor dataset.
 DEFAULT_CHUNK_BYTES = 64 * 2**20
 
+# Keyword arguments both loaders pass on to _Loader unchanged.
+_SHARED_OPTIONS = (
+    "shuffle",
+    "seed",
+    "group_size",
+    "collate_fn",
+    "device",
+    "pin_memory",
+    "non_blocking",
+    "prefetch",
+    "chunk_bytes",
+)
+
 
 class _Loader:
     """What both loaders share: epochs, fetching, transfer, prefetch and stats."""
@@ -254,19 +267,9 @@ class FastLoader(_Loader):
         prefetch: int | None = None,
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     ) -> None:
+        options = locals()
         check_positive_int("batch_size", batch_size)
-        super().__init__(
-            dataset,
-            shuffle=shuffle,
-            seed=seed,
-            group_size=group_size,
-            collate_fn=collate_fn,
-            device=device,
-            pin_memory=pin_memory,
-            non_blocking=non_blocking,
-            prefetch=prefetch,
-            chunk_bytes=chunk_bytes,
-        )
+        super().__init__(dataset, **{name: options[name] for name in _SHARED_OPTIONS})
         self.batch_size = batch_size
         self.planner = FixedSizePlanner(self.order, batch_size, drop_last)
 
@@ -322,18 +325,8 @@ class FastSizeAwareLoader(_Loader):
         prefetch: int | None = None,
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     ) -> None:
-        super().__init__(
-            dataset,
-            shuffle=shuffle,
-            seed=seed,
-            group_size=group_size,
-            collate_fn=collate_fn,
-            device=device,
-            pin_memory=pin_memory,
-            non_blocking=non_blocking,
-            prefetch=prefetch,
-            chunk_bytes=chunk_bytes,
-        )
+        options = locals()
+        super().__init__(dataset, **{name: options[name] for name in _SHARED_OPTIONS})
         self.max_total_size = max_total_size
         costs = make_cost_source(sizeof, self.order.n, features)
         self.planner = SizeAwarePlanner(

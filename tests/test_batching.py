@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fastsab.batching import BatchSplit, Carry, size_aware_batching, split_batches
-from tests.reference import greedy_reference, running_sum_reference
+from tests.reference import greedy_reference, running_sum_reference, seed_dataset
 
 # Values that make float sums land right at the cap (0.1 + 0.2 > 0.3, and so on).
 ADVERSARIAL_FLOATS = [0.0, 0.1, 0.2, 0.3, 0.7, 1 / 3, 2 / 3, 1.0, 0.5, 1e-17, 3.0000000000000004]
@@ -248,14 +248,7 @@ def test_carry_with_other_columns_is_refused():
 def test_size_aware_batching_seed_example():
     from torch.utils.data import default_collate
 
-    dataset = [
-        torch.tensor([1, 2]),
-        torch.tensor([3, 4]),
-        torch.tensor([5, 6]),
-        torch.tensor([7, 8]),
-        torch.tensor([9, 10]),
-    ]
-    batches = list(size_aware_batching(dataset, lambda x: x.numel(), 4, collate_fn=default_collate))
+    batches = list(size_aware_batching(seed_dataset(), lambda x: x.numel(), 4, collate_fn=default_collate))
     assert [b.tolist() for b in batches] == [[[1, 2], [3, 4]], [[5, 6], [7, 8]], [[9, 10]]]
 
 

@@ -9,15 +9,9 @@ from torch.utils.data import BatchSampler, DataLoader, RandomSampler, Sequential
 
 from fastsab import samplers as samplers_module
 from fastsab.samplers import BucketBatchSampler, SizeAwareBatchSampler, create_buckets
-from tests.reference import running_sum_reference
+from tests.reference import running_sum_reference, seed_dataset
 
-DATASET = [
-    torch.tensor([1, 2]),
-    torch.tensor([3, 4]),
-    torch.tensor([5, 6]),
-    torch.tensor([7, 8]),
-    torch.tensor([9, 10]),
-]
+DATASET = seed_dataset()
 
 
 def test_seed_example():
