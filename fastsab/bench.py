@@ -276,7 +276,7 @@ def to_markdown(rows: list[Row]) -> str:
 
     Examples:
         >>> print(to_markdown([Row("s", "n=1", "a", 0.002, "a", 1.0)]))
-        **s** (x a: time / its time; lower is faster)
+        **s** (x baseline = time / time of a on the same workload; lower is faster)
         <BLANKLINE>
         | workload | method | ms | x baseline | speed-up | note |
         |---|---|---:|---:|---:|---|
@@ -287,8 +287,8 @@ def to_markdown(rows: list[Row]) -> str:
         if out:
             out.append("")
         suite_rows = [row for row in rows if row.suite == suite]
-        baseline = suite_rows[0].baseline
-        out += [f"**{suite}** (x {baseline}: time / its time; lower is faster)", ""]
+        baselines = " or ".join(dict.fromkeys(row.baseline for row in suite_rows))
+        out += [f"**{suite}** (x baseline = time / time of {baselines} on the same workload; lower is faster)", ""]
         out += ["| workload | method | ms | x baseline | speed-up | note |", "|---|---|---:|---:|---:|---|"]
         for row in suite_rows:
             speedup = f"{row.speedup:.1f}x" if row.speedup is not None else ""
