@@ -1,12 +1,20 @@
-"""The ``fastsab`` command line: ``fastsab bench`` compares loaders against DataLoader."""
+"""The ``fastsab`` command line.
+
+``fastsab bench`` compares the loaders against DataLoader and the numpy floor;
+``fastsab fit-memory`` measures a module's peak memory over input sizes and fits a model.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
+
+import torch
 
 from fastsab import bench
 
@@ -50,7 +58,93 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--json", type=Path, metavar="PATH", help="also write the rows as JSON to PATH")
     run.add_argument("--plot", type=Path, metavar="PATH", help="also draw a bar chart (PNG) to PATH")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    fit = commands.add_parser(
+        "fit-memory",
+        help="measure a module's peak memory over input sizes and fit a polynomial memory model",
+        description=(
+            "Import MODEL ('package.module:factory', a callable returning a torch.nn.Module), run it on "
+            "inputs of each size (default input: torch.randn(batch, size, input_dim)), measure the peak "
+            "memory of each run (CPU profiler, or CUDA allocator statistics), fit a polynomial that "
+            "upper-bounds the measured peaks, and save it."
+        ),
+    )
+    fit.add_argument("model", help="'package.module:factory' returning the torch.nn.Module to measure")
+    fit.add_argument("--sizes", required=True, type=_sizes, help="'16,32,64' or 'start:stop:step' (stop included)")
+    fit.add_argument("--input", dest="make_input", help="'package.module:function' mapping a size to the input")
+    fit.add_argument("--input-dim", type=_positive_int, default=64, help="feature size of the default input")
+    fit.add_argument("--batch", type=_positive_int, default=1, help="batch size of the default input (default 1)")
+    fit.add_argument("--eval", action="store_true", help="forward only, without gradients (default: train step)")
+    fit.add_argument("--degree", type=int, default=2, help="degree of the polynomial (default 2)")
+    fit.add_argument("--device", default="cpu", help="'cpu' (default) or a CUDA device")
+    fit.add_argument("--warmup", type=int, default=2, help="unmeasured runs before measuring (default 2)")
+    fit.add_argument("--safety-margin", type=float, default=0.0, help="relative headroom, e.g. 0.05")
+    fit.add_argument("--out", type=Path, default=Path("memory_model.json"), help="*.json, or a torch.save file")
+    fit.add_argument("--plot", type=Path, help="also plot measured vs predicted peaks (PNG) to this path")
     return parser
+
+
+def _sizes(text: str) -> list[int]:
+    try:
+        if ":" in text:
+            start, stop, step = (int(part) for part in text.split(":"))
+            values = list(range(start, stop + 1, step))
+        else:
+            values = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected '16,32,64' or 'start:stop:step', got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive sizes, got {text!r}")
+    return values
+
+
+def _import(spec: str) -> Any:
+    module_name, _, attribute = spec.partition(":")
+    if not module_name or not attribute:
+        raise SystemExit(f"expected 'package.module:name', got {spec!r}")
+    try:
+        return getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError) as err:
+        raise SystemExit(f"cannot import {spec!r}: {err}") from err
+
+
+def run_fit_memory(args: argparse.Namespace) -> int:
+    from fastsab.memory.fit import fit_memory_model, module_work
+
+    module = _import(args.model)()
+    if not isinstance(module, torch.nn.Module):
+        raise SystemExit(f"{args.model} returned {type(module).__name__}, not a torch.nn.Module")
+    device = torch.device(args.device)
+    module = module.to(device)
+    if args.make_input:
+        make_input = _import(args.make_input)
+    else:
+
+        def make_input(size: int) -> torch.Tensor:
+            return torch.randn(args.batch, size, args.input_dim, device=device)
+
+    work, cleanup = module_work(module, make_input, train=not args.eval)
+    fit = fit_memory_model(
+        work,
+        args.sizes,
+        degree=args.degree,
+        device=device,
+        warmup=args.warmup,
+        cleanup=cleanup,
+        safety_margin=args.safety_margin,
+    )
+    fit.model.save(args.out)
+    report = fit.report
+    print(f"measured {len(fit.sizes)} sizes ({len(fit.skipped)} ran out of memory: {fit.skipped})")
+    print(
+        f"rmse {report.rmse / 2**20:.4f} MiB, max under-prediction {report.max_under_prediction / 2**20:.4f} MiB "
+        f"before the bound, {report.max_under_prediction_final / 2**20:.4f} MiB after"
+    )
+    print(f"saved the model to {args.out}")
+    if args.plot is not None:
+        fit.plot(args.plot)
+        print(f"plotted measured vs predicted to {args.plot}")
+    return 0
 
 
 def run_bench(args: argparse.Namespace) -> list[bench.Row]:
@@ -120,6 +214,8 @@ def print_plain(rows: list[bench.Row]) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``fastsab`` console script."""
     args = build_parser().parse_args(argv)
+    if args.command == "fit-memory":
+        return run_fit_memory(args)
     rows = run_bench(args)
     if args.markdown:
         print(f"Measured on {bench.machine_info()}.\n")
