@@ -99,7 +99,11 @@ def collect_cuda_peak_alloc(
     features: list[Any] = []
     peaks: list[int] = []
     skipped: list[int] = []
-    for position, data in enumerate(dataset):
+    # NOTE: no enumerate(): it keeps its last (position, item) tuple alive, which would hold
+    # the item's memory through cleanup and into the next measurement.
+    position = -1
+    for data in dataset:
+        position += 1
         try:
             torch.cuda.reset_peak_memory_stats(device)
             held = torch.cuda.memory_allocated(device) if baseline == "subtract" else 0
@@ -196,7 +200,9 @@ def collect_peak_alloc(
     features: list[Any] = []
     peaks: list[int] = []
     skipped: list[int] = []
-    for position, data in enumerate(dataset):
+    position = -1
+    for data in dataset:
+        position += 1
         try:
             feature, peak = profile_peak_bytes(partial(work, data))
             features.append(feature)

@@ -1,0 +1,99 @@
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+import torch
+
+from fastsab.cli import main
+from fastsab.memory import PolynomialRegression, fit_memory_model, module_work
+
+MiB = 2**20
+
+
+def test_fit_memory_model_of_a_linear_workload():
+    # work(n) allocates n x 1024 float32 = 4 KiB per row
+    fit = fit_memory_model(lambda n: torch.zeros(n, 1024).numel(), [64, 128, 256, 512, 768], degree=1)
+    assert fit.peaks == [n * 4096 for n in (64, 128, 256, 512, 768)]
+    assert fit.model(torch.tensor([2048.0])).item() == pytest.approx(2048 * 4096, rel=1e-9)
+    assert fit.report.max_under_prediction_final <= 1e-6 and fit.skipped == []
+
+
+def test_module_work_train_and_eval():
+    module = torch.nn.Linear(8, 4)
+    work, cleanup = module_work(module, lambda n: torch.randn(n, 8))
+    work(5)
+    assert module.weight.grad is not None
+    cleanup()
+    assert module.weight.grad is None
+    work_eval, _ = module_work(module, lambda n: (torch.randn(n, 8),), train=False)
+    work_eval(5)
+    assert module.weight.grad is None
+
+
+def test_fit_needs_sizes():
+    with pytest.raises(ValueError, match="sizes must not be empty"):
+        fit_memory_model(len, [])
+
+
+def test_fit_memory_cli_saves_model_and_plot(tmp_path, monkeypatch, capsys):
+    (tmp_path / "toy_models.py").write_text(
+        textwrap.dedent(
+            """
+            import torch
+
+            def mlp():
+                return torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 16))
+
+            def tokens(n):
+                return torch.randn(n, 16)
+            """
+        )
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    out, plot = tmp_path / "mlp.json", tmp_path / "mlp.png"
+    args = ["fit-memory", "toy_models:mlp", "--sizes", "32:256:32", "--input", "toy_models:tokens", "--degree", "1"]
+    assert main([*args, "--out", str(out), "--plot", str(plot)]) == 0
+    printed = capsys.readouterr().out
+    assert "measured 8 sizes (0 ran out of memory: [])" in printed and "saved the model to" in printed
+    model = PolynomialRegression.load(out)
+    # a forward+backward of n tokens allocates at least the n x 64 hidden activations (float32)
+    assert model(torch.tensor([1024.0], dtype=torch.float64)).item() >= 1024 * 64 * 4
+    assert plot.read_bytes()[:4] == b"\x89PNG"
+    default_out = tmp_path / "default.pt"
+    assert (
+        main(
+            [
+                "fit-memory",
+                "toy_models:mlp",
+                "--sizes",
+                "8,16,32",
+                "--input-dim",
+                "16",
+                "--eval",
+                "--out",
+                str(default_out),
+            ]
+        )
+        == 0
+    )
+    assert PolynomialRegression.load(default_out).degree == 2
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["fit-memory", "nomodule", "--sizes", "1,2,3"], "expected 'package.module:name'"),
+        (["fit-memory", "builtins:dict", "--sizes", "1,2,3"], "builtins:dict returned dict, not a torch.nn.Module"),
+        (["fit-memory", "no_such_pkg:make", "--sizes", "1,2,3"], "cannot import 'no_such_pkg:make'"),
+    ],
+)
+def test_fit_memory_cli_bad_model(args, message):
+    with pytest.raises(SystemExit, match=message):
+        main(args)
+
+
+def test_fit_memory_cli_bad_sizes(capsys):
+    with pytest.raises(SystemExit):
+        main(["fit-memory", "x:y", "--sizes", "0:8:2"])
+    assert "expected positive sizes" in capsys.readouterr().err

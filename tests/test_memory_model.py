@@ -1,0 +1,175 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fastsab import FastSizeAwareLoader
+from fastsab.memory import PolynomialRegression
+
+f64 = torch.float64
+
+
+def test_recovers_a_cubic_on_byte_sized_targets():
+    # y in bytes up to ~3e10: scaling keeps degree 3 well conditioned
+    x = torch.linspace(1, 4096, 50, dtype=f64)
+    y = 1e3 + 5e2 * x + 3 * x**2 + 0.5 * x**3
+    model = PolynomialRegression(3)
+    report = model.fit(x, y)
+    test = torch.tensor([7.0, 1000.5, 3000.0], dtype=f64)
+    expected = 1e3 + 5e2 * test + 3 * test**2 + 0.5 * test**3
+    assert torch.allclose(model(test), expected, rtol=1e-9, atol=1e-12 * float(y.max()))
+    assert report.rmse / float(y.max()) < 1e-9
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(st.floats(-5, 5), min_size=1, max_size=5),
+    st.lists(st.floats(0, 100), min_size=8, max_size=30, unique=True),
+)
+def test_horner_matches_direct_evaluation(coefficients, points):
+    # invariant: fitting exact polynomial data and evaluating by Horner gives the polynomial back
+    degree = len(coefficients) - 1
+    x = torch.tensor(points, dtype=f64)
+    if len(points) <= degree:
+        return
+    y = sum(c * x**k for k, c in enumerate(coefficients))
+    model = PolynomialRegression(degree)
+    model.fit(x, y)
+    assert torch.allclose(model(x), y, rtol=1e-6, atol=1e-6 * (1 + float(y.abs().max())))
+
+
+def test_two_feature_polynomial_of_total_degree_two():
+    rng = np.random.default_rng(0)
+    nodes = torch.from_numpy(rng.integers(1, 500, 200).astype(float))
+    edges = torch.from_numpy(rng.integers(1, 3000, 200).astype(float))
+    y = 100 + 3 * nodes + 2 * edges + 0.5 * nodes * edges + 0.01 * edges**2
+    model = PolynomialRegression(2, num_features=2)
+    assert model.num_terms == 6
+    model.fit(torch.stack([nodes, edges], 1), y)
+    grid = torch.tensor([[10.0, 20.0], [400.0, 2500.0]], dtype=f64)
+    n, e = grid[:, 0], grid[:, 1]
+    assert torch.allclose(model(grid), 100 + 3 * n + 2 * e + 0.5 * n * e + 0.01 * e**2, rtol=1e-9)
+
+
+def test_upper_bound_covers_every_fitted_peak_and_reports_under_prediction():
+    rng = np.random.default_rng(1)
+    x = torch.linspace(16, 512, 40, dtype=f64)
+    noise = torch.from_numpy(rng.normal(0, 2e4, 40))
+    y = 5e5 + 1e3 * x + 4 * x**2 + noise
+    plain = PolynomialRegression(2)
+    plain_report = plain.fit(x, y)
+    assert plain_report.max_under_prediction > 0 and plain_report.offset == 0  # least squares under-predicts some
+    bounded = PolynomialRegression(2)
+    report = bounded.fit(x, y, upper_quantile=1.0)
+    assert bool((bounded(x) >= y - 1e-6).all())
+    assert report.offset == pytest.approx(plain_report.max_under_prediction)
+    assert report.max_under_prediction_final <= 1e-6
+    q90 = PolynomialRegression(2)
+    q90.fit(x, y, upper_quantile=0.9)
+    assert float((q90(x) >= y).double().mean()) >= 0.9
+
+
+def test_safety_margin_scales_predictions():
+    x = torch.arange(1.0, 10.0, dtype=f64)
+    plain, margin = PolynomialRegression(1), PolynomialRegression(1)
+    plain.fit(x, 2 * x)
+    margin.fit(x, 2 * x, safety_margin=0.1)
+    assert torch.allclose(margin(x), 1.1 * plain(x))
+
+
+def test_state_dict_json_and_files_round_trip(tmp_path):
+    x = torch.linspace(0, 100, 20, dtype=f64)
+    model = PolynomialRegression(2)
+    model.fit(x, 7 + x**2 + torch.sin(x), upper_quantile=1.0, safety_margin=0.05)
+    clone = PolynomialRegression(2)
+    clone.load_state_dict(model.state_dict())
+    assert torch.equal(clone(x), model(x))
+    assert torch.equal(PolynomialRegression.from_json(model.to_json())(x), model(x))
+    for name in ("model.json", "model.pt"):
+        model.save(tmp_path / name)
+        assert torch.equal(PolynomialRegression.load(tmp_path / name)(x), model(x))
+
+
+def test_forward_keeps_the_input_dtype_and_is_vectorized():
+    model = PolynomialRegression(2)
+    model.fit(torch.tensor([0.0, 1.0, 2.0]), torch.tensor([1.0, 2.0, 5.0]))
+    out = model(torch.arange(1_000_000, dtype=torch.float32))
+    assert out.dtype == torch.float32 and out.shape == (1_000_000,)
+    assert out[:3].tolist() == [1.0, 2.0, 5.0]
+
+
+def test_as_loader_sizeof_with_features():
+    lengths = torch.randint(8, 200, (500,))
+    model = PolynomialRegression(1)
+    model.fit(torch.tensor([0.0, 100.0], dtype=f64), torch.tensor([1000.0, 101_000.0], dtype=f64))  # 1000 + 1000 L
+    loader = FastSizeAwareLoader(torch.arange(500), model, 200_000, features=lengths.double())
+    for batch in loader:
+        assert float((1000 + 1000 * lengths[batch]).sum()) <= 200_000
+
+
+@pytest.mark.parametrize(
+    ("make", "error", "message"),
+    [
+        (lambda: PolynomialRegression(-1), ValueError, r"degree must be a non-negative integer, got -1"),
+        (lambda: PolynomialRegression(1.5), ValueError, r"degree must be a non-negative integer, got 1.5"),
+        (lambda: PolynomialRegression(True), ValueError, r"degree must be a non-negative integer, got True"),
+        (lambda: PolynomialRegression(1, num_features=0), ValueError, r"num_features must be a positive integer"),
+        (
+            lambda: PolynomialRegression(1).fit(torch.ones(3, 1), torch.ones(3)),
+            TypeError,
+            r"x must be a 1-D torch tensor, got \(3, 1\)",
+        ),
+        (
+            lambda: PolynomialRegression(1).fit([1.0, 2.0], torch.ones(2)),
+            TypeError,
+            r"x must be a 1-D torch tensor, got list",
+        ),
+        (
+            lambda: PolynomialRegression(1).fit(torch.arange(3), torch.ones(3)),
+            TypeError,
+            r"x must be a floating point tensor, got dtype torch.int64",
+        ),
+        (
+            lambda: PolynomialRegression(1).fit(torch.ones(3), torch.arange(3)),
+            TypeError,
+            r"y must be a floating point tensor",
+        ),
+        (
+            lambda: PolynomialRegression(1).fit(torch.ones(3), torch.ones(4)),
+            ValueError,
+            r"x and y must have the same number of points, got 3 and 4",
+        ),
+        (
+            lambda: PolynomialRegression(3).fit(torch.ones(3), torch.ones(3)),
+            ValueError,
+            r"fitting 4 coefficients \(degree 3\) needs at least 4 points, got 3",
+        ),
+        (
+            lambda: PolynomialRegression(1).fit(torch.ones(3), torch.tensor([1.0, float("nan"), 2.0])),
+            ValueError,
+            r"x and y must be finite",
+        ),
+        (
+            lambda: PolynomialRegression(1).fit(torch.arange(3.0), torch.ones(3), upper_quantile=0),
+            ValueError,
+            r"upper_quantile must be in \(0, 1\], got 0",
+        ),
+        (
+            lambda: PolynomialRegression(1).fit(torch.arange(3.0), torch.ones(3), safety_margin=-1),
+            ValueError,
+            r"safety_margin must be a finite number >= 0",
+        ),
+        (lambda: PolynomialRegression(1)(torch.ones(3)), RuntimeError, r"PolynomialRegression is not fitted"),
+        (
+            lambda: PolynomialRegression(1, 2).fit(torch.ones(3, 3), torch.ones(3)),
+            ValueError,
+            r"x must have 2 columns, got shape \(3, 3\)",
+        ),
+    ],
+)
+def test_bad_input(make, error, message):
+    with pytest.raises(error, match=message):
+        make()
