@@ -20,7 +20,7 @@ from fastsab import bench
 
 __all__ = ["main"]
 
-SUITES = ("loaders", "kernels", "permutation", "first-batch")
+SUITES = ("loaders", "kernels", "permutation", "first-batch", "adaptive")
 
 
 def _positive_int(text: str) -> int:
@@ -52,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
         choices=(*SUITES, "all"),
         action="append",
         help="what to run (repeatable; default: loaders). 'all' adds the kernel, permutation and "
-        "first-batch suites at 10**6 to 10**8 items, which take a few minutes.",
+        "first-batch suites at 10**6 to 10**8 items and the adaptive overhead, a few minutes in all.",
     )
     run.add_argument("--markdown", action="store_true", help="print markdown tables instead of plain text")
     run.add_argument("--json", type=Path, metavar="PATH", help="also write the rows as JSON to PATH")
@@ -165,6 +165,8 @@ def run_bench(args: argparse.Namespace) -> list[bench.Row]:
                 rows += bench.kernel_rows([10**6, 10**7])
             elif suite == "permutation":
                 rows += bench.permutation_rows([10**6, 10**8])
+            elif suite == "adaptive":
+                rows += bench.adaptive_rows()
             else:
                 rows += bench.first_batch_rows(10**8)
             bar.update()

@@ -18,8 +18,8 @@ import numpy as np
 import torch
 from torch.utils.data import Sampler
 
-from fastsab._checks import as_numeric_array, check_positive_int
-from fastsab.batching import Carry, split_batches
+from fastsab._checks import as_numeric_array, check_positive_int, check_positive_real
+from fastsab.batching import Carry, CostMode, OversizePolicy, split_batches
 from fastsab.shuffle import DEFAULT_GROUP_SIZE, GroupedPermutation
 
 __all__ = [
@@ -61,6 +61,10 @@ class EpochStats:
         num_skipped: Oversize items skipped (size-aware loaders).
         skipped: Their dataset indices.
         num_dropped: Items of the last partial batch dropped by ``drop_last=True``.
+        limit_changes: ``(batches yielded before, old limit, new limit)`` for every time
+            the batch size or cap was lowered during the epoch (out-of-memory adaptation).
+        num_splits: Batches split because their step ran out of memory
+            (:func:`fastsab.adaptive.run`).
     """
 
     epoch: int
@@ -69,6 +73,8 @@ class EpochStats:
     num_skipped: int = 0
     skipped: list[int] = field(default_factory=list)
     num_dropped: int = 0
+    limit_changes: list[tuple[int, Any, Any]] = field(default_factory=list)
+    num_splits: int = 0
 
     def add(self, chunk: PlanChunk) -> None:
         self.num_skipped += len(chunk.skipped)
@@ -115,21 +121,59 @@ class FixedSizePlanner:
         n, size = self.order.n, self.batch_size
         return n // size if self.drop_last else -(-n // size)
 
-    def chunks(self, epoch: int) -> Iterator[PlanChunk]:
+    def chunks(self, epoch: int) -> FixedSizeEpoch:
+        return FixedSizeEpoch(self, epoch)
+
+    @property
+    def limit(self) -> int:
+        """The configured limit: the batch size."""
+        return self.batch_size
+
+    def check_limit(self, limit: Any) -> int:
+        return check_positive_int("limit", limit)
+
+    def smaller_limit(self, ids: np.ndarray, current: int, factor: float) -> int:
+        """A batch size about ``factor`` times below the failed batch's size."""
+        return min(current, max(1, int(len(ids) / factor)))
+
+    def split(self, ids: np.ndarray, limit: int) -> list[np.ndarray]:
+        """Cut ``ids`` into batches of at most ``limit`` items."""
+        return [ids[start : start + limit] for start in range(0, len(ids), limit)]
+
+
+class FixedSizeEpoch:
+    """One epoch of a :class:`FixedSizePlanner`, whose batch size can be lowered mid-epoch."""
+
+    def __init__(self, planner: FixedSizePlanner, epoch: int) -> None:
+        self.planner = planner
+        self.batch_size = planner.batch_size
+        self._chunks = planner.order.chunks(epoch)
+        self._rest = np.empty(0, dtype=np.int64)
+        self._done = False
+
+    def __iter__(self) -> FixedSizeEpoch:
+        return self
+
+    def __next__(self) -> PlanChunk:
+        empty = np.empty(0, dtype=np.int64)
         size = self.batch_size
-        rest = np.empty(0, dtype=np.int64)
-        empty = rest
-        for chunk in self.order.chunks(epoch):
-            ids = np.concatenate([rest, chunk]) if len(rest) else chunk
+        for chunk in self._chunks:
+            ids = np.concatenate([self._rest, chunk]) if len(self._rest) else chunk
             full = len(ids) // size * size
-            rest = ids[full:]
+            self._rest = ids[full:]
             if full:
-                yield PlanChunk(ids[:full], np.arange(0, full + 1, size, dtype=np.int64), empty, empty)
-        if len(rest):
-            if self.drop_last:
-                yield PlanChunk(empty, np.zeros(1, dtype=np.int64), empty, rest)
-            else:
-                yield PlanChunk(rest, np.array([0, len(rest)], dtype=np.int64), empty, empty)
+                return PlanChunk(ids[:full], np.arange(0, full + 1, size, dtype=np.int64), empty, empty)
+        if self._done or not len(self._rest):
+            raise StopIteration
+        self._done = True
+        if self.planner.drop_last:
+            return PlanChunk(empty, np.zeros(1, dtype=np.int64), empty, self._rest)
+        return PlanChunk(self._rest, np.array([0, len(self._rest)], dtype=np.int64), empty, empty)
+
+    def lower(self, pending: np.ndarray, limit: Any) -> None:
+        """Batch ``pending`` (the rest of the current chunk) and all that follows with ``limit`` items."""
+        self._rest = np.concatenate([pending, self._rest])
+        self.batch_size = int(limit)
 
 
 class SizeAwarePlanner:
@@ -141,10 +185,10 @@ class SizeAwarePlanner:
         costs: Callable[[np.ndarray], np.ndarray],
         max_total_size: Any,
         *,
-        cost: str = "sum",
+        cost: CostMode = "sum",
         max_batch_size: int | None = None,
         batch_size_multiple: int = 1,
-        oversize: str = "skip",
+        oversize: OversizePolicy = "skip",
     ) -> None:
         self.order = order
         self.costs = costs
@@ -152,11 +196,11 @@ class SizeAwarePlanner:
             "cost": cost,
             "max_batch_size": max_batch_size,
             "batch_size_multiple": batch_size_multiple,
-            "oversize": oversize,
         }
+        self.oversize: Any = oversize
         self.max_total_size = max_total_size
         k = len(max_total_size) if isinstance(max_total_size, (Sequence, np.ndarray)) else 1
-        split_batches(np.zeros((0, k)), max_total_size, **self.options)  # validates the options now
+        split_batches(np.zeros((0, k)), max_total_size, oversize=self.oversize, **self.options)  # validates now
         self._cache: tuple[int, list[PlanChunk]] | None = None
 
     def num_batches(self, epoch: int) -> int:
@@ -164,33 +208,118 @@ class SizeAwarePlanner:
         if self._cache is not None and self._cache[0] == epoch:
             return sum(chunk.num_batches for chunk in self._cache[1])
         if self.order.n <= PLAN_CACHE_ITEMS:
-            chunks = list(self._plan(epoch))
+            chunks = list(SizeAwareEpoch(self, epoch))
             self._cache = (epoch, chunks)
             return sum(chunk.num_batches for chunk in chunks)
-        return sum(chunk.num_batches for chunk in self._plan(epoch))
+        return sum(chunk.num_batches for chunk in SizeAwareEpoch(self, epoch))
 
-    def chunks(self, epoch: int) -> Iterator[PlanChunk]:
-        if self._cache is not None and self._cache[0] == epoch:
-            return iter(self._cache[1])
-        return self._plan(epoch)
+    def chunks(self, epoch: int) -> SizeAwareEpoch:
+        cached = self._cache[1] if self._cache is not None and self._cache[0] == epoch else None
+        return SizeAwareEpoch(self, epoch, cached)
 
-    def _plan(self, epoch: int) -> Iterator[PlanChunk]:
-        carry: Carry | None = None
+    @property
+    def limit(self) -> list[Any]:
+        """The configured limit: the cap of every cost column."""
+        caps = self.max_total_size
+        return list(caps) if isinstance(caps, (Sequence, np.ndarray)) else [caps]
+
+    def check_limit(self, limit: Any) -> list[Any]:
+        caps = list(limit) if isinstance(limit, (Sequence, np.ndarray)) else [limit]
+        if len(caps) != len(self.limit):
+            raise ValueError(f"limit must have {len(self.limit)} caps, got {limit!r}.")
+        return [check_positive_real("limit", cap) for cap in caps]
+
+    def smaller_limit(self, ids: np.ndarray, current: list[Any], factor: float) -> list[Any]:
+        """Caps ``factor`` times below the failed batch's cost (never above the current caps)."""
+        costs = np.asarray(self.costs(ids)).reshape(len(ids), -1)
+        spent = costs.sum(axis=0) if self.options["cost"] == "sum" else len(ids) * costs.max(axis=0)
+        return [min(cap, float(cost) / factor) for cap, cost in zip(current, spent.tolist())]
+
+    def split(self, ids: np.ndarray, limit: Any) -> list[np.ndarray]:
+        """Split ``ids`` greedily under ``limit``; an item above it gets a batch of its own."""
+        return split_batches(self.costs(ids), limit, ids=ids, oversize="own_batch", **self.options).batches()
+
+
+class SizeAwareEpoch:
+    """One epoch of a :class:`SizeAwarePlanner`, whose cap can be lowered mid-epoch.
+
+    Items above the original cap follow the planner's ``oversize`` policy; after
+    :meth:`lower`, items between the lowered and the original cap get a batch of their own,
+    so that lowering the cap never drops a sample.
+    """
+
+    def __init__(self, planner: SizeAwarePlanner, epoch: int, cached: list[PlanChunk] | None = None) -> None:
+        self.planner = planner
+        self._cached = iter(cached) if cached is not None else None
+        self._cached_list = cached
+        self._order: Any = planner.order.chunks(epoch) if cached is None else iter(())
+        self._carry: Carry | None = None
+        self._caps: Any = None  # the lowered cap(s), once lower() was called
+        self._extra_skipped = np.empty(0, dtype=np.int64)
+        self._done = False
+
+    def __iter__(self) -> SizeAwareEpoch:
+        return self
+
+    def __next__(self) -> PlanChunk:
+        if self._cached is not None:
+            return next(self._cached)
+        for ids in self._order:
+            return self._split(ids, final=False)
+        if self._done:
+            raise StopIteration
+        self._done = True
+        if (self._carry is None or not len(self._carry)) and not len(self._extra_skipped):
+            raise StopIteration
+        return self._split(np.empty(0, dtype=np.int64), final=True)
+
+    def _split(self, ids: np.ndarray, final: bool) -> PlanChunk:
+        planner = self.planner
+        costs = planner.costs(ids) if len(ids) else self._empty_costs()
+        cap, oversize = planner.max_total_size, planner.oversize
+        oversize_now: Any = oversize
+        skipped = self._extra_skipped
+        self._extra_skipped = np.empty(0, dtype=np.int64)
+        if self._caps is not None:
+            # the original cap's policy first, then the lowered cap with own batches
+            if len(ids):
+                keep = split_batches(costs, cap, ids=ids, oversize=oversize, **planner.options)
+                kept = np.isin(ids, keep.skipped, invert=True)
+                skipped = np.concatenate([skipped, keep.skipped])
+                ids, costs = ids[kept], costs[kept]
+            cap, oversize_now = self._caps, "own_batch"
+        split = split_batches(
+            costs, cap, ids=ids, carry=self._carry, final=final, oversize=oversize_now, **planner.options
+        )
+        self._carry = split.carry
         empty = np.empty(0, dtype=np.int64)
-        for ids in self.order.chunks(epoch):
-            costs = self.costs(ids)
-            split = split_batches(costs, self.max_total_size, ids=ids, carry=carry, final=False, **self.options)
-            carry = split.carry
-            yield PlanChunk(split.ids, split.offsets, split.skipped, empty)
-        if carry is not None and len(carry):
-            split = split_batches(
-                np.empty((0, carry.costs.shape[1]), dtype=carry.costs.dtype),
-                self.max_total_size,
-                carry=carry,
-                final=True,
-                **self.options,
-            )
-            yield PlanChunk(split.ids, split.offsets, split.skipped, empty)
+        return PlanChunk(split.ids, split.offsets, np.concatenate([skipped, split.skipped]), empty)
+
+    def _empty_costs(self) -> np.ndarray:
+        if self._carry is not None:
+            return np.empty((0, self._carry.costs.shape[1]), dtype=self._carry.costs.dtype)
+        caps = self.planner.max_total_size
+        return np.empty((0, len(caps) if isinstance(caps, (Sequence, np.ndarray)) else 1))
+
+    def lower(self, pending: np.ndarray, caps: Any) -> None:
+        """Re-plan ``pending`` (the rest of the current chunk) and all that follows under ``caps``."""
+        if self._cached is not None:
+            # switch from the cached plan to live planning of everything not yet yielded
+            rest = list(self._cached)
+            pending = np.concatenate([pending, *[chunk.ids for chunk in rest]])
+            self._extra_skipped = np.concatenate([self._extra_skipped, *[chunk.skipped for chunk in rest]])
+            self._cached = None
+        carry = self._carry
+        if len(pending) or carry is not None:
+            if len(pending):
+                costs = np.asarray(self.planner.costs(pending)).reshape(len(pending), -1)
+            else:
+                costs = self._empty_costs()
+            if carry is not None and len(carry):
+                costs = np.concatenate([costs.astype(carry.costs.dtype, copy=False), carry.costs])
+                pending = np.concatenate([pending, carry.ids])
+            self._carry = Carry(pending, costs, 0)
+        self._caps = caps
 
 
 def make_cost_source(sizeof: Any, n: int, features: Any = None) -> Callable[[np.ndarray], np.ndarray]:

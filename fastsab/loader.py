@@ -13,9 +13,11 @@ import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import numpy as np
 import torch
 
 from fastsab._checks import check_positive_int
+from fastsab.batching import CostMode, OversizePolicy
 from fastsab.epochs import (
     EpochOrder,
     EpochStats,
@@ -88,6 +90,18 @@ class _Loader:
         self.epoch = 0
         self.stats: EpochStats | None = None
         self.planner: FixedSizePlanner | SizeAwarePlanner
+        self.limit: Any = None  # the batch size or caps in force in the current epoch
+        self._lower_to: Any = None  # a lower limit requested by lower_limit(), not yet applied
+        self._lower_lock = threading.Lock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        del state["_lower_lock"]  # a lock does not pickle; a new one is made on load
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lower_lock = threading.Lock()
 
     # -- epochs and plans -------------------------------------------------------------
 
@@ -109,21 +123,29 @@ class _Loader:
     # -- iteration ----------------------------------------------------------------------
 
     def __iter__(self) -> Iterator[Any]:
+        return self._iterate(with_indices=False)
+
+    def iter_with_indices(self) -> Iterator[tuple[np.ndarray, Any]]:
+        """Iterate the next epoch as ``(indices, batch)`` pairs (indices: an int64 array)."""
+        return self._iterate(with_indices=True)
+
+    def _iterate(self, with_indices: bool) -> Iterator[Any]:
         epoch = self.epoch
         self.epoch = epoch + 1
         stats = EpochStats(epoch)
         self.stats = stats
+        self._lower_to = None
         produced = self._produce(epoch, stats)
         depth = self.prefetch
         if depth is None:  # in-memory gathers are cheaper than a thread hand-off
             depth = 0 if self.fetcher.kind == "gather" else 2
-        return self._consume(produced if depth == 0 else _prefetched(produced, depth), stats)
+        return self._consume(produced if depth == 0 else _prefetched(produced, depth), stats, with_indices)
 
-    def _consume(self, produced: Iterator[tuple[Any, int]], stats: EpochStats) -> Iterator[Any]:
-        for batch, n_items in produced:
+    def _consume(self, produced: Iterator[tuple[np.ndarray, Any]], stats: EpochStats, with_indices: bool) -> Any:
+        for ids, batch in produced:
             stats.num_batches += 1
-            stats.num_items += n_items
-            yield batch
+            stats.num_items += len(ids)
+            yield (ids, batch) if with_indices else batch
         if stats.num_skipped:
             warnings.warn(
                 f"{stats.num_skipped} items were larger than max_total_size and were skipped in epoch "
@@ -131,35 +153,72 @@ class _Loader:
                 stacklevel=2,
             )
 
-    def _produce(self, epoch: int, stats: EpochStats) -> Iterator[tuple[Any, int]]:
-        for chunk in self.planner.chunks(epoch):
+    def _produce(self, epoch: int, stats: EpochStats) -> Iterator[tuple[np.ndarray, Any]]:
+        plan = self.planner.chunks(epoch)
+        self.limit = self.planner.limit
+        for chunk in plan:
             stats.add(chunk)
-            if chunk.num_batches:
-                yield from self._chunk_batches(chunk)
+            offsets = chunk.offsets.tolist()
+            for b, (ids, batch) in enumerate(self._chunk_batches(chunk, offsets)):
+                yield ids, batch
+                with self._lower_lock:
+                    lower_to, self._lower_to = self._lower_to, None
+                if lower_to is not None:
+                    # re-plan the rest of this chunk, and all that follows, under the new limit
+                    stats.limit_changes.append((stats.num_batches, self.limit, lower_to))
+                    plan.lower(chunk.ids[offsets[b + 1] :], lower_to)
+                    self.limit = lower_to
+                    break
 
-    def _chunk_batches(self, chunk: PlanChunk) -> Iterator[tuple[Any, int]]:
+    def _chunk_batches(self, chunk: PlanChunk, offsets: list[int]) -> Iterator[tuple[np.ndarray, Any]]:
         fetcher = self.fetcher
-        offsets = chunk.offsets.tolist()
         ids = chunk.ids
-        move = self.device is not None or self.pin_memory
         if fetcher.kind == "gather" and fetcher.row_bytes * len(ids) <= self.chunk_bytes:
             # NOTE: one gather (and one device copy) for the whole chunk; batches are
             # slices of it. This is what makes in-memory epochs run at numpy speed.
-            rows = fetcher.take(ids)
-            if move:
-                rows = to_device(rows, self.device, non_blocking=self.non_blocking, pin_memory=self.pin_memory)
+            rows = self._move(fetcher.take(ids))
             is_tensor = isinstance(rows, torch.Tensor)
             for b in range(len(offsets) - 1):
                 lo, hi = offsets[b], offsets[b + 1]
                 part = rows[lo:hi] if is_tensor else tree_map_arrays(_slicer(lo, hi), rows)
-                yield fetcher.collate(part), hi - lo
+                yield ids[lo:hi], fetcher.collate(part)
             return
         for b in range(len(offsets) - 1):
             lo, hi = offsets[b], offsets[b + 1]
-            batch = fetcher(ids[lo:hi])
-            if move:
-                batch = to_device(batch, self.device, non_blocking=self.non_blocking, pin_memory=self.pin_memory)
-            yield batch, hi - lo
+            yield ids[lo:hi], self.fetch(ids[lo:hi])
+
+    def _move(self, batch: Any) -> Any:
+        if self.device is None and not self.pin_memory:
+            return batch
+        return to_device(batch, self.device, non_blocking=self.non_blocking, pin_memory=self.pin_memory)
+
+    # -- adapting to out-of-memory errors -------------------------------------------------
+
+    def fetch(self, indices: np.ndarray) -> Any:
+        """The batch for ``indices`` (fetched and moved like the loader's own batches)."""
+        return self._move(self.fetcher(np.asarray(indices, dtype=np.int64)))
+
+    def lower_limit(self, limit: Any) -> None:
+        """Use a smaller limit (batch size, or cap per column) for the rest of this epoch.
+
+        Applied by the planner at the next batch boundary: the items not yet planned into
+        a yielded batch are re-planned, so no sample is lost or repeated. Recorded in
+        ``stats.limit_changes``; the next epoch starts from the configured limit again.
+        """
+        checked = self.planner.check_limit(limit)
+        with self._lower_lock:
+            self._lower_to = checked
+
+    def split_indices(self, indices: np.ndarray, limit: Any) -> list[np.ndarray]:
+        """Split a batch's ``indices`` in order into batches within ``limit`` (greedy)."""
+        planner: Any = self.planner
+        return planner.split(np.asarray(indices, dtype=np.int64), planner.check_limit(limit))
+
+    def smaller_limit(self, indices: np.ndarray, factor: float) -> Any:
+        """The limit under which the batch ``indices`` splits into about ``factor`` parts."""
+        with self._lower_lock:
+            current = self.limit if self._lower_to is None else self._lower_to
+        return self.planner.smaller_limit(np.asarray(indices, dtype=np.int64), current, factor)
 
 
 def _slicer(lo: int, hi: int) -> Callable[[Any], Any]:
@@ -311,10 +370,10 @@ class FastSizeAwareLoader(_Loader):
         max_total_size: Any,
         *,
         features: Any = None,
-        cost: str = "sum",
+        cost: CostMode = "sum",
         max_batch_size: int | None = None,
         batch_size_multiple: int = 1,
-        oversize: str = "skip",
+        oversize: OversizePolicy = "skip",
         shuffle: bool = True,
         seed: int = 0,
         group_size: int = DEFAULT_GROUP_SIZE,

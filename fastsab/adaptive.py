@@ -1,0 +1,544 @@
+"""Out-of-memory adaptive execution: retry with smaller batches, remember what worked.
+
+The decorators :func:`batch`, :func:`range` and :func:`chunked` run a function with a batch
+size (or a step) and, when it runs out of memory (any device, see :mod:`fastsab.oom`),
+free what can be freed, shrink the size by ``factor`` and try again, down to a minimum.
+The size that worked is remembered by a cache, keyed by default by the call site and the
+available memory, so the next call starts there.
+
+Examples:
+    >>> @batch(initial_batch_size=64, cache=None)
+    ... def step(batch_size, limit):
+    ...     if batch_size > limit:
+    ...         raise torch.OutOfMemoryError(f"CUDA out of memory ({batch_size})")
+    ...     return batch_size
+    >>> step(20)  # 64 and 32 ran out of memory; 16 fit
+    16
+    >>> explicit.batch(step.__wrapped__, 8, 100)  # the call form, no decorator
+    8
+"""
+
+from __future__ import annotations
+
+import functools
+import gc
+import os
+import sys
+import threading
+import traceback
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import torch
+
+from fastsab._checks import check_positive_int
+from fastsab.oom import is_out_of_memory
+
+__all__ = [
+    "AdaptiveOOMError",
+    "BatchSizeCache",
+    "GlobalCache",
+    "NoCache",
+    "StackMemoryCache",
+    "batch",
+    "chunked",
+    "execute",
+    "explicit",
+    "free_memory",
+    "range",
+    "run",
+    "set_cpu_memory_limit",
+    "set_default_cache",
+]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class AdaptiveOOMError(RuntimeError):
+    """Raised when a function ran out of memory at every size down to the minimum.
+
+    Attributes:
+        tried: The sizes tried, in order.
+    """
+
+    def __init__(self, name: str, tried: list[int], minimum: int, last: BaseException) -> None:
+        sizes = ", ".join(str(size) for size in tried)
+        super().__init__(
+            f"{name} ran out of memory at every size tried ({sizes}); the minimum is {minimum}. "
+            f"Last error: {type(last).__name__}: {last}"
+        )
+        self.tried = tried
+
+
+def free_memory(error: BaseException | None = None) -> None:
+    """Give memory back after an out-of-memory error.
+
+    Clears the frames of ``error``'s traceback (their locals hold the failed attempt's
+    tensors), collects garbage and empties the caches of the devices torch has
+    initialized.
+    """
+    if error is not None and error.__traceback__ is not None:
+        traceback.clear_frames(error.__traceback__)
+    gc.collect()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+    for backend in ("mps", "xpu"):
+        module = getattr(torch, backend, None)
+        if module is not None and getattr(module, "is_available", lambda: False)():
+            module.empty_cache()
+
+
+# -- caches ---------------------------------------------------------------------------------
+
+
+@dataclass
+class _Entry:
+    size: int
+    successes: int = 0
+
+
+class BatchSizeCache:
+    """Remembers the last size that worked, per key. Subclasses choose the key.
+
+    Args:
+        grow_after: After this many successes in a row below the initial size, try the
+            next larger size again (up to the initial one). ``None`` never grows.
+    """
+
+    def __init__(self, grow_after: int | None = None) -> None:
+        self.grow_after = None if grow_after is None else check_positive_int("grow_after", grow_after)
+        self._entries: dict[Any, _Entry] = {}
+        self._lock = threading.Lock()
+
+    def key(self, frame: Any) -> Any:
+        """The key of a call whose caller's frame is ``frame``."""
+        return None
+
+    def get(self, key: Any, initial: int) -> int:
+        """The size to start with."""
+        entry = self._entries.get(key)
+        return initial if entry is None else entry.size
+
+    def success(self, key: Any, size: int, initial: int, factor: float) -> None:
+        """Record that ``size`` worked (and grow back after enough successes)."""
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None or entry.size != size:
+                entry = self._entries[key] = _Entry(size)
+            entry.successes += 1
+            if self.grow_after is not None and size < initial and entry.successes >= self.grow_after:
+                entry.size, entry.successes = min(initial, max(size + 1, int(size * factor))), 0
+
+    def clear(self) -> None:
+        """Forget every remembered size."""
+        with self._lock:
+            self._entries.clear()
+
+
+class NoCache(BatchSizeCache):
+    """Always start from the initial size."""
+
+    def get(self, key: Any, initial: int) -> int:
+        return initial
+
+    def success(self, key: Any, size: int, initial: int, factor: float) -> None:
+        return None
+
+
+class GlobalCache(BatchSizeCache):
+    """One size per decorated function, wherever it is called from."""
+
+
+class StackMemoryCache(BatchSizeCache):
+    """One size per call site (the caller's stack) and available memory bucket (default).
+
+    The available memory is that of the current CUDA device when CUDA is initialized,
+    else the host's ``MemAvailable``, counted in buckets of ``bucket_bytes``.
+    """
+
+    def __init__(self, grow_after: int | None = None, *, depth: int = 16, bucket_bytes: int = 2**28) -> None:
+        super().__init__(grow_after)
+        self.depth = check_positive_int("depth", depth)
+        self.bucket_bytes = check_positive_int("bucket_bytes", bucket_bytes)
+
+    def key(self, frame: Any) -> Any:
+        sites: list[tuple[str, int]] = []
+        while frame is not None and len(sites) < self.depth:
+            sites.append((frame.f_code.co_filename, frame.f_lineno))
+            frame = frame.f_back
+        return tuple(sites), available_memory() // self.bucket_bytes
+
+
+def available_memory() -> int:
+    """Free bytes of the current CUDA device if CUDA is initialized, else of the host."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        return int(torch.cuda.mem_get_info()[0])
+    try:
+        with open("/proc/meminfo", "rb") as meminfo:
+            for line in meminfo:
+                if line.startswith(b"MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+_default_cache: Callable[[], BatchSizeCache] = StackMemoryCache
+
+
+def set_default_cache(cache: type[BatchSizeCache] | Callable[[], BatchSizeCache]) -> None:
+    """Choose the cache of every decorated function created with ``cache="default"``.
+
+    Takes effect at once, also for functions decorated before (each decorated function
+    makes its default cache on first use after a change).
+
+    Examples:
+        >>> set_default_cache(GlobalCache)
+        >>> set_default_cache(StackMemoryCache)
+    """
+    global _default_cache
+    if not callable(cache):
+        raise TypeError(f"cache must be a BatchSizeCache class or factory, got {cache!r}.")
+    _default_cache = cache
+
+
+class _CacheSlot:
+    """The cache of one decorated function: fixed, or following the default."""
+
+    def __init__(self, cache: Any) -> None:
+        self._fixed: BatchSizeCache | None = None
+        self._follows_default = cache == "default"
+        self._default_factory: Any = None
+        self._default: BatchSizeCache | None = None
+        if not self._follows_default:
+            self.set(cache)
+
+    def set(self, cache: Any) -> None:
+        if cache is None:
+            cache = NoCache()
+        elif isinstance(cache, type) and issubclass(cache, BatchSizeCache):
+            cache = cache()
+        if not isinstance(cache, BatchSizeCache):
+            raise TypeError(f"cache must be 'default', None, a BatchSizeCache or its class, got {cache!r}.")
+        self._fixed, self._follows_default = cache, False
+
+    def get(self) -> BatchSizeCache:
+        if not self._follows_default:
+            assert self._fixed is not None
+            return self._fixed
+        if self._default is None or self._default_factory is not _default_cache:
+            self._default_factory, self._default = _default_cache, _default_cache()
+        return self._default
+
+
+# -- the retry loops --------------------------------------------------------------------------
+
+
+def _check_factor(factor: Any) -> float:
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not factor > 1:
+        raise ValueError(f"factor must be a number > 1, got {factor!r}.")
+    return float(factor)
+
+
+def _smaller(size: int, factor: float, minimum: int) -> int:
+    return max(minimum, min(size - 1, int(size / factor)))
+
+
+class _Adaptive(ABC):
+    """Shared machinery of the decorated forms: options, cache and the shrink loop."""
+
+    @abstractmethod
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the decorated function, adapting its size."""
+
+    def __init__(self, func: Callable[..., Any], initial: int, minimum: int, factor: float, cache: Any) -> None:
+        if not callable(func):
+            raise TypeError(f"func must be callable, got {type(func).__name__}.")
+        self.func = func
+        self.initial = check_positive_int("initial size", initial)
+        self.minimum = check_positive_int("minimum size", minimum)
+        if self.minimum > self.initial:
+            raise ValueError(f"the minimum size ({self.minimum}) must not exceed the initial size ({self.initial}).")
+        self.factor = _check_factor(factor)
+        self.slot = _CacheSlot(cache)
+        self.name = getattr(func, "__qualname__", repr(func))
+
+    @property
+    def cache(self) -> BatchSizeCache:
+        return self.slot.get()
+
+    @cache.setter
+    def cache(self, cache: Any) -> None:
+        self.slot.set(cache)
+
+    def attempt(self, size: int, tried: list[int], run: Callable[[], Any]) -> tuple[bool, Any]:
+        """Run once at ``size``; on out-of-memory free memory and return ``(False, smaller)``."""
+        tried.append(size)
+        try:
+            return True, run()
+        except Exception as error:
+            if not is_out_of_memory(error):
+                raise
+            free_memory(error)
+            if size <= self.minimum:
+                raise AdaptiveOOMError(self.name, tried, self.minimum, error) from None
+            return False, _smaller(size, self.factor, self.minimum)
+
+
+class _Batch(_Adaptive):
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        cache = self.cache
+        key = cache.key(sys._getframe(1))
+        size = cache.get(key, self.initial)
+        tried: list[int] = []
+        while True:
+            ok, value = self.attempt(size, tried, functools.partial(self.func, size, *args, **kwargs))
+            if ok:
+                cache.success(key, size, self.initial, self.factor)
+                return value
+            size = value
+
+
+class _Range(_Adaptive):
+    def __call__(self, start: int, end: int, *args: Any, **kwargs: Any) -> None:
+        cache = self.cache
+        key = cache.key(sys._getframe(1))
+        step = cache.get(key, self.initial)
+        position = start
+        tried: list[int] = []
+        while position < end:
+            stop = min(position + step, end)
+            ok, value = self.attempt(step, tried, functools.partial(self.func, position, stop, *args, **kwargs))
+            if not ok:
+                step = value  # retry the failed chunk with the smaller step
+                continue
+            tried.clear()
+            cache.success(key, step, self.initial, self.factor)
+            step = cache.get(key, step)  # the same step, or a grown one (grow_after)
+            position = stop
+
+
+class _Chunked(_Adaptive):
+    def __init__(self, func: Callable[..., Any], initial: int, minimum: int, factor: float, cache: Any, dim: int):
+        super().__init__(func, initial, minimum, factor, cache)
+        self.dim = dim
+
+    def __call__(self, tensor: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"the first argument must be a tensor to chunk, got {type(tensor).__name__}.")
+        dim = self.dim
+
+        def run(start: int, end: int) -> None:
+            self.func(tensor.narrow(dim, start, end - start), start, end, *args, **kwargs)
+
+        ranged = _Range(run, self.initial, self.minimum, self.factor, None)
+        ranged.slot = self.slot
+        ranged.name = self.name
+        ranged(0, tensor.shape[dim])
+
+
+def _decorate(make: Callable[[Callable[..., Any]], _Adaptive], func: Callable[..., Any] | None) -> Any:
+    def wrap(function: Callable[..., Any]) -> Any:
+        adaptive = make(function)
+
+        @functools.wraps(function)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            return adaptive(*args, **kwargs)
+
+        wrapper.adaptive = adaptive  # type: ignore[attr-defined]
+        return wrapper
+
+    return wrap if func is None else wrap(func)
+
+
+def batch(
+    func: Callable[..., Any] | None = None,
+    *,
+    initial_batch_size: int,
+    min_batch_size: int = 1,
+    factor: float = 2,
+    cache: Any = "default",
+) -> Any:
+    """Decorate ``func(batch_size, *args, **kwargs)``; call it as ``func(*args, **kwargs)``.
+
+    Runs with the cached (else the initial) batch size; on out-of-memory frees memory and
+    retries with ``batch_size / factor``, down to ``min_batch_size``, then raises
+    :class:`AdaptiveOOMError` naming every size tried. Other errors propagate unchanged.
+
+    Args:
+        func: The function (omit it to use ``@batch(...)`` with arguments).
+        initial_batch_size: The size to try first.
+        min_batch_size: The smallest size to try.
+        factor: Shrink factor (> 1) after each out-of-memory error.
+        cache: ``"default"`` (follows :func:`set_default_cache`, initially
+            :class:`StackMemoryCache`), ``None`` (no cache), a :class:`BatchSizeCache` or
+            its class. Change it later with ``func.adaptive.cache = ...``.
+    """
+    return _decorate(lambda f: _Batch(f, initial_batch_size, min_batch_size, factor, cache), func)
+
+
+def range(
+    func: Callable[..., Any] | None = None,
+    *,
+    initial_step: int,
+    min_step: int = 1,
+    factor: float = 2,
+    cache: Any = "default",
+) -> Any:
+    """Decorate ``func(start, end, *args)``; call it as ``func(range_start, range_end, *args)``.
+
+    Calls ``func`` on consecutive chunks ``[start, end)`` of ``range_start..range_end`` of
+    ``step`` items; on out-of-memory shrinks the step and retries the failed chunk, so
+    completed chunks are not repeated.
+    """
+    return _decorate(lambda f: _Range(f, initial_step, min_step, factor, cache), func)
+
+
+def chunked(
+    func: Callable[..., Any] | None = None,
+    *,
+    initial_step: int,
+    dim: int = 0,
+    min_step: int = 1,
+    factor: float = 2,
+    cache: Any = "default",
+) -> Any:
+    """Decorate ``func(chunk, start, end, *args)``; call it as ``func(tensor, *args)``.
+
+    Passes views ``tensor.narrow(dim, start, end - start)`` of consecutive chunks, with
+    their bounds, shrinking the step on out-of-memory as :func:`range` does.
+    """
+    return _decorate(lambda f: _Chunked(f, initial_step, min_step, factor, cache, dim), func)
+
+
+class explicit:
+    """Call forms that take the function and the initial size as arguments."""
+
+    @staticmethod
+    def batch(func: Callable[..., Any], initial_batch_size: int, *args: Any, **kwargs: Any) -> Any:
+        """``func(batch_size, *args, **kwargs)`` with adaptive batch size; no cache."""
+        return _Batch(func, initial_batch_size, 1, 2, None)(*args, **kwargs)
+
+    @staticmethod
+    def range(func: Callable[..., Any], start: int, end: int, initial_step: int, *args: Any, **kwargs: Any) -> None:
+        """``func(chunk_start, chunk_end, *args, **kwargs)`` over ``start..end``; no cache."""
+        _Range(func, initial_step, 1, 2, None)(start, end, *args, **kwargs)
+
+    @staticmethod
+    def chunked(func: Callable[..., Any], tensor: torch.Tensor, initial_step: int, *args: Any, **kwargs: Any) -> None:
+        """``func(chunk, start, end, *args, **kwargs)`` over ``tensor`` along dim 0; no cache."""
+        _Chunked(func, initial_step, 1, 2, None, 0)(tensor, *args, **kwargs)
+
+
+class execute:
+    """Decorators that run the decorated function at once (for blocks of code).
+
+    Examples:
+        >>> @execute.batch(initial_batch_size=8)
+        ... def result(batch_size):
+        ...     return batch_size * 2
+        >>> result
+        16
+    """
+
+    @staticmethod
+    def batch(*, initial_batch_size: int, **options: Any) -> Callable[[Callable[..., Any]], Any]:
+        return lambda func: batch(func, initial_batch_size=initial_batch_size, **options)()
+
+    @staticmethod
+    def range(start: int, end: int, *, initial_step: int, **options: Any) -> Callable[[Callable[..., Any]], Any]:
+        return lambda func: range(func, initial_step=initial_step, **options)(start, end)
+
+    @staticmethod
+    def chunked(tensor: torch.Tensor, *, initial_step: int, **options: Any) -> Callable[[Callable[..., Any]], Any]:
+        return lambda func: chunked(func, initial_step=initial_step, **options)(tensor)
+
+
+# -- loaders that survive out-of-memory errors -----------------------------------------------
+
+
+def run(loader: Any, step: Callable[[Any], Any], *, factor: float = 2) -> Iterator[Any]:
+    """Call ``step(batch)`` on every batch of the loader's next epoch, surviving OOM.
+
+    When ``step`` runs out of memory on a batch, memory is freed, the batch's indices are
+    split by the loader's own greedy plan under a limit ``factor`` times below the batch's
+    cost (its size for :class:`~fastsab.FastLoader`), the parts are fetched and run (and
+    split again if they fail too), and the loader lowers its limit to that value for the
+    rest of the epoch (``loader.stats.limit_changes``). Every sample is processed exactly
+    once; a single sample that does not fit raises :class:`AdaptiveOOMError`.
+
+    Args:
+        loader: A :class:`~fastsab.FastLoader` or :class:`~fastsab.FastSizeAwareLoader`.
+        step: The work on one batch, e.g. a training step; its results are yielded.
+        factor: How much smaller the limit gets after each out-of-memory error (> 1).
+
+    Yields:
+        What ``step`` returns, batch after batch (split batches give one result per part).
+
+    Examples:
+        >>> from fastsab import FastLoader
+        >>> def step(batch):
+        ...     if len(batch) > 3:
+        ...         raise torch.OutOfMemoryError("CUDA out of memory (fake)")
+        ...     return batch.tolist()
+        >>> loader = FastLoader(torch.arange(10), batch_size=8, shuffle=False)
+        >>> list(run(loader, step))  # 8 fails, then 4: the rest of the epoch uses batches of 2
+        [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9]]
+        >>> loader.stats.limit_changes, loader.stats.num_splits
+        ([(1, 8, 2)], 3)
+    """
+    factor = _check_factor(factor)
+    for indices, first in loader.iter_with_indices():
+        pending: list[tuple[Any, Any]] = [(indices, first)]
+        del first
+        while pending:
+            ids, batch = pending.pop()
+            if batch is None:
+                batch = loader.fetch(ids)
+            try:
+                result = step(batch)
+            except Exception as error:
+                if not is_out_of_memory(error):
+                    raise
+                del batch
+                free_memory(error)
+                if len(ids) == 1:
+                    raise AdaptiveOOMError(f"step on the sample {int(ids[0])}", [1], 1, error) from None
+                limit = loader.smaller_limit(ids, factor)
+                loader.lower_limit(limit)
+                parts = loader.split_indices(ids, limit)
+                if len(parts) == 1:  # a limit that does not split it: halve by count
+                    parts = [ids[: len(ids) // 2], ids[len(ids) // 2 :]]
+                loader.stats.num_splits += 1
+                pending.extend((part, None) for part in reversed(parts))
+                continue
+            del batch
+            yield result
+
+
+def set_cpu_memory_limit(gib: float) -> int:
+    """Limit this process's address space to ``gib`` GiB (``RLIMIT_AS``); return the old limit.
+
+    Allocations beyond it fail with an out-of-memory error instead of swapping. Unix only.
+
+    Raises:
+        ValueError: If ``gib`` is not a positive number or exceeds the hard limit.
+        RuntimeError: Where the ``resource`` module (``setrlimit``) is unavailable.
+    """
+    try:
+        import resource
+    except ImportError as err:  # pragma: no cover - Windows
+        raise RuntimeError("set_cpu_memory_limit needs resource.setrlimit, which this platform lacks.") from err
+    if isinstance(gib, bool) or not isinstance(gib, (int, float)) or not gib > 0:
+        raise ValueError(f"gib must be a positive number, got {gib!r}.")
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    limit = int(gib * 2**30)
+    if hard != resource.RLIM_INFINITY and limit > hard:
+        raise ValueError(f"gib={gib!r} is above the hard limit of {hard / 2**30:.2f} GiB.")
+    resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+    return soft

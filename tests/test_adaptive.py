@@ -1,0 +1,400 @@
+from __future__ import annotations
+
+import gc
+import subprocess
+import sys
+import textwrap
+import weakref
+
+import numpy as np
+import pytest
+import torch
+
+from fastsab import FastLoader, FastSizeAwareLoader, adaptive
+from fastsab.adaptive import AdaptiveOOMError, GlobalCache, NoCache, StackMemoryCache
+
+OOM = torch.OutOfMemoryError
+
+
+class Workload:
+    """A function that runs out of memory above a limit and records the sizes it was called with."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.sizes: list[int] = []
+
+    def __call__(self, batch_size: int, *args, **kwargs):
+        self.sizes.append(batch_size)
+        if batch_size > self.limit:
+            raise OOM(f"CUDA out of memory. Tried to allocate {batch_size} MiB")
+        return batch_size, args, kwargs
+
+
+def make(cache, limit=100, **options):
+    work = Workload(limit)
+    return work, adaptive.batch(work, initial_batch_size=512, cache=cache, **options)
+
+
+def call_site_a(fn):
+    return fn()
+
+
+def call_site_b(fn):
+    return fn()
+
+
+# --- the toma behaviours: sizes tried per cache type -------------------------------------------
+
+
+def test_no_cache_starts_from_the_initial_size_every_time():
+    work, fn = make(NoCache)
+    assert fn() == (64, (), {})
+    assert work.sizes == [512, 256, 128, 64]
+    fn()
+    assert work.sizes[4:] == [512, 256, 128, 64]
+
+
+def test_global_cache_reuses_the_last_size_everywhere():
+    work, fn = make(GlobalCache)
+    call_site_a(fn)
+    call_site_b(fn)
+    assert work.sizes == [512, 256, 128, 64, 64]
+
+
+@pytest.fixture(autouse=True)
+def steady_memory(monkeypatch):
+    # the host's available memory moves with everything else running; hold it still
+    monkeypatch.setattr(adaptive, "available_memory", lambda: 8 * 2**30)
+
+
+def test_stack_memory_cache_is_per_call_site_and_memory(monkeypatch):
+    work, fn = make("default")
+    for _ in range(2):  # one call site, as in a training loop
+        call_site_a(fn)
+    assert work.sizes == [512, 256, 128, 64, 64]
+    call_site_b(fn)  # another call site starts over
+    assert work.sizes[5:] == [512, 256, 128, 64]
+    monkeypatch.setattr(adaptive, "available_memory", lambda: 10**12)  # another memory bucket
+    call_site_a(fn)
+    assert work.sizes[9:] == [512, 256, 128, 64]
+
+
+def test_default_cache_can_be_changed_at_run_time():
+    work, fn = make("default")
+    try:
+        adaptive.set_default_cache(GlobalCache)
+        for site in (call_site_a, call_site_b):
+            site(fn)
+        assert work.sizes == [512, 256, 128, 64, 64]
+    finally:
+        adaptive.set_default_cache(StackMemoryCache)
+    fn.adaptive.cache = NoCache
+    fn()
+    assert work.sizes[5:] == [512, 256, 128, 64]
+
+
+def test_grow_back_after_successes():
+    work, fn = make(GlobalCache(grow_after=2))
+    fn()
+    fn()
+    work.limit = 1000  # memory became available
+    fn()
+    fn()
+    fn()
+    # two successes at 64 grow it to 128, two at 128 to 256
+    assert work.sizes == [512, 256, 128, 64, 64, 128, 128, 256]
+
+
+def test_arguments_are_passed_and_factor_and_minimum_apply():
+    work, fn = make(None, factor=4)
+    assert fn(1, key="v") == (32, (1,), {"key": "v"})
+    assert work.sizes == [512, 128, 32]
+    work, fn = make(None, limit=0, min_batch_size=100)
+    with pytest.raises(
+        AdaptiveOOMError, match=r"ran out of memory at every size tried \(512, 256, 128, 100\); the minimum is 100"
+    ):
+        fn()
+    assert work.sizes == [512, 256, 128, 100]
+
+
+def test_other_errors_propagate_unchanged():
+    error = ValueError("not a memory problem")
+
+    @adaptive.batch(initial_batch_size=8, cache=None)
+    def fn(batch_size):
+        raise error
+
+    with pytest.raises(ValueError) as raised:
+        fn()
+    assert raised.value is error
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        RuntimeError("CUDA error: out of memory"),
+        RuntimeError(
+            "cuDNN error: CUDNN_STATUS_NOT_SUPPORTED. This error may appear if you passed in a non-contiguous input."
+        ),
+        RuntimeError("HIP out of memory. Tried to allocate 1.00 GiB"),
+        RuntimeError("MPS backend out of memory (MPS allocated: 3.00 GB, other allocations: 1.00 GB)"),
+        RuntimeError("XPU out of memory. Tried to allocate 2.00 GiB"),
+        RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 1073741824 bytes."),
+        MemoryError(),
+        OOM("CUDA out of memory."),
+    ],
+)
+def test_every_backend_message_triggers_a_retry(error):
+    sizes = []
+
+    @adaptive.batch(initial_batch_size=4, cache=None)
+    def fn(batch_size):
+        sizes.append(batch_size)
+        if batch_size > 1:
+            raise error
+        return batch_size
+
+    assert fn() == 1 and sizes == [4, 2, 1]
+
+
+def test_the_failed_attempt_is_freed_before_the_retry():
+    refs = []
+
+    class Big:
+        pass
+
+    @adaptive.batch(initial_batch_size=2, cache=None)
+    def fn(batch_size):
+        if refs:
+            gc.disable()  # only the clearing of the failed frame can free it now
+            try:
+                alive = refs[-1]() is not None
+            finally:
+                gc.enable()
+            return alive
+        held = Big()  # a local of the failing frame, like an activation tensor
+        refs.append(weakref.ref(held))
+        raise OOM("CUDA out of memory.")
+
+    assert fn() is False
+
+
+def test_range_retries_the_failed_chunk_and_covers_everything_once():
+    chunks = []
+
+    @adaptive.range(initial_step=256, cache=None)
+    def fn(start, end, out):
+        if end - start > 100:
+            raise OOM("CUDA out of memory.")
+        chunks.append((start, end))
+        out[start:end] += 1
+
+    out = torch.zeros(1000)
+    fn(0, 1000, out)
+    assert bool((out == 1).all())
+    assert chunks[0] == (0, 64) and all(b - a <= 64 for a, b in chunks)
+    assert [a for a, _ in chunks] == sorted({a for a, _ in chunks})
+
+
+def test_chunked_along_a_dimension():
+    x = torch.arange(24.0).reshape(2, 12)
+    out = torch.zeros_like(x)
+
+    @adaptive.chunked(initial_step=8, dim=1, cache=None)
+    def double(chunk, start, end, out):
+        if chunk.shape[1] > 3:
+            raise OOM("CUDA out of memory.")
+        out[:, start:end] = 2 * chunk
+
+    double(x, out)
+    assert torch.equal(out, 2 * x)
+    with pytest.raises(TypeError, match="the first argument must be a tensor to chunk, got list"):
+        double([1], out)
+
+
+def test_explicit_and_execute_forms():
+    work = Workload(10)
+    assert adaptive.explicit.batch(work, 64, "a")[0] == 8 and work.sizes == [64, 32, 16, 8]
+    seen = []
+    adaptive.explicit.range(lambda a, b: seen.append((a, b)), 0, 5, 2)
+    assert seen == [(0, 2), (2, 4), (4, 5)]
+    parts = []
+    adaptive.explicit.chunked(lambda c, a, b: parts.append(c.tolist()), torch.arange(3), 2)
+    assert parts == [[0, 1], [2]]
+
+    @adaptive.execute.batch(initial_batch_size=16, cache=None)
+    def result(batch_size):
+        if batch_size > 5:
+            raise OOM("CUDA out of memory.")
+        return batch_size
+
+    assert result == 4
+    ranges = []
+
+    @adaptive.execute.range(0, 10, initial_step=4, cache=None)
+    def _(start, end):
+        ranges.append((start, end))
+
+    assert ranges == [(0, 4), (4, 8), (8, 10)]
+
+
+@pytest.mark.parametrize(
+    ("make_fn", "error", "message"),
+    [
+        (
+            lambda: adaptive.batch(len, initial_batch_size=0),
+            ValueError,
+            r"initial size must be a positive integer, got 0",
+        ),
+        (
+            lambda: adaptive.batch(len, initial_batch_size=4, min_batch_size=8),
+            ValueError,
+            r"the minimum size \(8\) must not exceed the initial size \(4\)",
+        ),
+        (
+            lambda: adaptive.batch(len, initial_batch_size=4, factor=1),
+            ValueError,
+            r"factor must be a number > 1, got 1",
+        ),
+        (
+            lambda: adaptive.batch(len, initial_batch_size=4, cache="lru"),
+            TypeError,
+            r"cache must be 'default', None, a BatchSizeCache or its class, got 'lru'",
+        ),
+        (lambda: adaptive.batch(3, initial_batch_size=4), TypeError, r"func must be callable, got int"),
+        (lambda: GlobalCache(grow_after=0), ValueError, r"grow_after must be a positive integer, got 0"),
+        (lambda: adaptive.set_cpu_memory_limit(0), ValueError, r"gib must be a positive number, got 0"),
+        (lambda: adaptive.set_default_cache(3), TypeError, r"cache must be a BatchSizeCache class or factory, got 3"),
+    ],
+)
+def test_bad_arguments(make_fn, error, message):
+    with pytest.raises(error, match=message):
+        make_fn()
+
+
+# --- real out-of-memory errors under an address-space limit -------------------------------------
+
+LIMITED_PRELUDE = """
+import resource
+import numpy as np
+import torch
+from fastsab import adaptive
+vsz = int(open("/proc/self/statm").read().split()[0]) * resource.getpagesize()
+adaptive.set_cpu_memory_limit((vsz + 768 * 2**20) / 2**30)
+"""
+
+
+def run_limited(body: str) -> str:
+    script = textwrap.dedent(LIMITED_PRELUDE) + textwrap.dedent(body)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip().splitlines()[-1]
+
+
+def test_real_out_of_memory_finds_a_working_batch_size():
+    last = run_limited(
+        """
+        sizes = []
+
+        @adaptive.batch(initial_batch_size=64, cache=None)
+        def step(batch_size):
+            sizes.append(batch_size)
+            block = torch.ones(batch_size, 64 * 2**20, dtype=torch.uint8)  # 64 MiB per sample
+            return int(block[:, 0].sum())
+
+        print(step(), sizes)
+        """
+    )
+    value, sizes = last.split(" ", 1)
+    tried = eval(sizes)  # a printed list of ints
+    assert tried[0] == 64 and tried[-1] == int(value) and tried[-1] <= 8 and len(tried) >= 4
+
+
+def test_real_out_of_memory_in_a_loader_epoch_processes_every_sample_once():
+    last = run_limited(
+        """
+        from fastsab import FastSizeAwareLoader
+
+        n = 400
+        sizes = np.random.default_rng(0).integers(1, 16, n)  # MiB of work per sample
+        loader = FastSizeAwareLoader(torch.arange(n), sizes, max_total_size=2048, seed=0)
+        seen = []
+
+        def step(batch):
+            work = torch.ones(int(sizes[batch.numpy()].sum()) * 2**20, dtype=torch.uint8)
+            seen.extend(batch.tolist())
+            return int(work[0])
+
+        results = list(adaptive.run(loader, step))
+        ok = sorted(seen) == list(range(n)) and all(r == 1 for r in results)
+        print(ok, len(loader.stats.limit_changes), loader.stats.num_splits)
+        """
+    )
+    ok, changes, splits = last.split()
+    assert ok == "True" and int(changes) >= 1 and int(splits) >= 1
+
+
+# --- loader integration with fake out-of-memory errors -------------------------------------------
+
+
+@pytest.mark.parametrize("prefetch", [0, 2])
+def test_size_aware_loader_survives_oom_without_loss_or_repeat(prefetch):
+    n = 2000
+    sizes = np.random.default_rng(1).integers(1, 50, n)
+
+    class Indexed(torch.utils.data.Dataset):
+        def __len__(self):
+            return n
+
+        def __getitems__(self, indices):
+            return torch.tensor(indices)
+
+    loader = FastSizeAwareLoader(Indexed(), sizes, 1000, seed=3, prefetch=prefetch, group_size=300)
+    processed = []
+
+    def step(batch):
+        cost = int(sizes[batch.numpy()].sum())
+        if cost > 300:
+            raise OOM("CUDA out of memory (fake)")
+        processed.append(batch.tolist())
+        return cost
+
+    costs = list(adaptive.run(loader, step))
+    flat = [i for b in processed for i in b]
+    assert sorted(flat) == list(range(n))  # invariant: every sample exactly once
+    assert all(c <= 300 for c in costs)
+    assert loader.stats.limit_changes and loader.stats.num_splits >= 1
+    assert all(new[0] <= old[0] for _, old, new in loader.stats.limit_changes)
+    loader.set_epoch(0)
+    assert len(list(loader)) == len(loader)  # a new epoch starts from the configured cap
+    assert loader.limit == [1000]
+
+
+def test_fixed_loader_survives_oom_and_single_sample_failure_is_an_error():
+    loader = FastLoader(torch.arange(100), 32, seed=0, group_size=40)
+    seen = []
+
+    def step(batch):
+        if len(batch) > 5:
+            raise OOM("CUDA out of memory (fake)")
+        seen.extend(batch.tolist())
+
+    list(adaptive.run(loader, step))
+    assert sorted(seen) == list(range(100))
+    assert loader.stats.limit_changes[0][1:] == (32, 4)  # 32, 16 and 8 failed before the next batch
+
+    def never(batch):
+        raise OOM("CUDA out of memory (fake)")
+
+    with pytest.raises(AdaptiveOOMError, match=r"step on the sample \d+ ran out of memory"):
+        list(adaptive.run(FastLoader(torch.arange(4), 2), never))
+
+
+def test_lower_limit_validation():
+    loader = FastSizeAwareLoader(torch.arange(10), np.ones(10), 5)
+    with pytest.raises(ValueError, match=r"limit must have 1 caps, got \[1, 2\]"):
+        loader.lower_limit([1, 2])
+    with pytest.raises(ValueError, match="limit must be a positive finite number, got 0"):
+        loader.lower_limit(0)
+    with pytest.raises(ValueError, match="limit must be a positive integer, got 0"):
+        FastLoader(torch.arange(4), 2).lower_limit(0)
