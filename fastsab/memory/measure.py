@@ -54,8 +54,39 @@ class Measurements(tuple):
         return self[1]
 
 
-def _report_skip(position: int, error: BaseException) -> None:
-    print(f"Out of memory at item {position}, skipping it: {error}", file=sys.stderr, flush=True)
+def _collect(
+    dataset: Iterable[Any],
+    measure: Callable[[Any], tuple[Any, int]],
+    cleanup: Callable[[], None] | None,
+    release: Callable[[], None],
+) -> Measurements:
+    """The loop both collectors share: measure each item, skip out-of-memory ones, clean up."""
+    features: list[Any] = []
+    peaks: list[int] = []
+    skipped: list[int] = []
+    # NOTE: no enumerate(): it keeps its last (position, item) tuple alive, which would hold
+    # the item's memory through cleanup and into the next measurement.
+    position = -1
+    for data in dataset:
+        position += 1
+        try:
+            feature, peak = measure(data)
+            features.append(feature)
+            peaks.append(peak)
+        except Exception as error:
+            if not is_out_of_memory(error):
+                raise
+            skipped.append(position)
+            print(f"Out of memory at item {position}, skipping it: {error}", file=sys.stderr, flush=True)
+        finally:
+            # drop this frame's references first, so that cleanup, gc and the device's cache
+            # give the item's memory back before the next one
+            data = feature = None
+            if cleanup is not None:
+                cleanup()
+            gc.collect()
+            release()
+    return Measurements(features, peaks, skipped)
 
 
 def collect_cuda_peak_alloc(
@@ -96,36 +127,18 @@ def collect_cuda_peak_alloc(
     if device.type != "cuda":
         raise ValueError(f"device must be a CUDA device, got {str(device)!r}; use collect_peak_alloc for the CPU.")
     check_choice("baseline", baseline, ("absolute", "subtract"))
-    features: list[Any] = []
-    peaks: list[int] = []
-    skipped: list[int] = []
-    # NOTE: no enumerate(): it keeps its last (position, item) tuple alive, which would hold
-    # the item's memory through cleanup and into the next measurement.
-    position = -1
-    for data in dataset:
-        position += 1
-        try:
-            torch.cuda.reset_peak_memory_stats(device)
-            held = torch.cuda.memory_allocated(device) if baseline == "subtract" else 0
-            feature = work(data)
-            peak = torch.cuda.memory_stats(device)["allocated_bytes.all.peak"]
-            features.append(feature)
-            peaks.append(int(peak) - held)
-        except Exception as error:
-            if not is_out_of_memory(error):
-                raise
-            skipped.append(position)
-            _report_skip(position, error)
-        finally:
-            # NOTE: drop this frame's references first, so that cleanup, gc and
-            # empty_cache can give the item's memory back before the next one.
-            data = feature = None
-            if cleanup is not None:
-                cleanup()
-            gc.collect()
-            torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats(device)
-    return Measurements(features, peaks, skipped)
+
+    def measure(data: Any) -> tuple[Any, int]:
+        torch.cuda.reset_peak_memory_stats(device)
+        held = torch.cuda.memory_allocated(device) if baseline == "subtract" else 0
+        feature = work(data)
+        return feature, int(torch.cuda.memory_stats(device)["allocated_bytes.all.peak"]) - held
+
+    def release() -> None:
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+
+    return _collect(dataset, measure, cleanup, release)
 
 
 def profile_peak_bytes(fn: Callable[[], Any]) -> tuple[Any, int]:
@@ -197,24 +210,4 @@ def collect_peak_alloc(
             "baseline='absolute' cannot be measured on the CPU (torch keeps no CPU allocator statistics); "
             "use baseline='subtract'."
         )
-    features: list[Any] = []
-    peaks: list[int] = []
-    skipped: list[int] = []
-    position = -1
-    for data in dataset:
-        position += 1
-        try:
-            feature, peak = profile_peak_bytes(partial(work, data))
-            features.append(feature)
-            peaks.append(peak)
-        except Exception as error:
-            if not is_out_of_memory(error):
-                raise
-            skipped.append(position)
-            _report_skip(position, error)
-        finally:
-            data = feature = None
-            if cleanup is not None:
-                cleanup()
-            gc.collect()
-    return Measurements(features, peaks, skipped)
+    return _collect(dataset, lambda data: profile_peak_bytes(partial(work, data)), cleanup, lambda: None)
