@@ -161,6 +161,8 @@ class _Loader:
             offsets = chunk.offsets.tolist()
             for b, (ids, batch) in enumerate(self._chunk_batches(chunk, offsets)):
                 yield ids, batch
+                if self._lower_to is None:  # the common case, without taking the lock
+                    continue
                 with self._lower_lock:
                     lower_to, self._lower_to = self._lower_to, None
                 if lower_to is not None:
@@ -177,11 +179,13 @@ class _Loader:
             # NOTE: one gather (and one device copy) for the whole chunk; batches are
             # slices of it. This is what makes in-memory epochs run at numpy speed.
             rows = self._move(fetcher.take(ids))
-            is_tensor = isinstance(rows, torch.Tensor)
-            for b in range(len(offsets) - 1):
-                lo, hi = offsets[b], offsets[b + 1]
-                part = rows[lo:hi] if is_tensor else tree_map_arrays(_slicer(lo, hi), rows)
-                yield ids[lo:hi], fetcher.collate(part)
+            collate = fetcher.collate_fn
+            if isinstance(rows, torch.Tensor):  # views made in one call, cheaper than slicing
+                parts: Any = rows.split(np.diff(offsets).tolist())
+            else:
+                parts = (tree_map_arrays(_slicer(offsets[b], offsets[b + 1]), rows) for b in range(len(offsets) - 1))
+            for b, part in enumerate(parts):
+                yield ids[offsets[b] : offsets[b + 1]], part if collate is None else collate(part)
             return
         for b in range(len(offsets) - 1):
             lo, hi = offsets[b], offsets[b + 1]
