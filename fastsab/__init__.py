@@ -1,9 +1,9 @@
 """fastsab: fast, size-aware batching for PyTorch."""
 
 from fastsab.batching import BatchSplit, Carry, size_aware_batching, split_batches
-from fastsab.epochs import EpochStats, PlannedBatchSampler
+from fastsab.epochs import EpochStats
 from fastsab.loader import FastLoader, FastSizeAwareLoader
-from fastsab.samplers import BucketBatchSampler, SizeAwareBatchSampler, create_buckets
+from fastsab.samplers import BucketBatchSampler, PlannedBatchSampler, SizeAwareBatchSampler, create_buckets
 from fastsab.shuffle import GroupedPermutation, grouped_permutation
 
 __all__ = [

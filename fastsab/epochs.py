@@ -3,8 +3,8 @@
 A planner turns ``(epoch)`` into a stream of :class:`PlanChunk` (ids in epoch order and
 batch offsets, as :class:`~fastsab.batching.BatchSplit` does), computed one shuffle group
 at a time so that memory stays bounded and the first batch is ready at once. The loaders
-fetch what a plan names; :class:`PlannedBatchSampler` hands the same plan to a
-``torch.utils.data.DataLoader``.
+fetch what a plan names; :class:`fastsab.samplers.PlannedBatchSampler` hands the same
+plan to a ``torch.utils.data.DataLoader``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import Sampler
 
 from fastsab._checks import as_numeric_array, check_positive_int, check_positive_real
 from fastsab.batching import Carry, CostMode, OversizePolicy, split_batches
@@ -27,7 +26,6 @@ __all__ = [
     "EpochStats",
     "FixedSizePlanner",
     "PlanChunk",
-    "PlannedBatchSampler",
     "SizeAwarePlanner",
     "make_cost_source",
 ]
@@ -60,11 +58,17 @@ class EpochStats:
         num_items: Items in those batches.
         num_skipped: Oversize items skipped (size-aware loaders).
         skipped: Their dataset indices.
-        num_dropped: Items of the last partial batch dropped by ``drop_last=True``.
+        num_dropped: Items left out: the last partial batch with ``drop_last=True``, or the
+            surplus batches with ``even_batches="drop"`` under ``torch.distributed``.
+        dropped: Their dataset indices.
         limit_changes: ``(batches yielded before, old limit, new limit)`` for every time
             the batch size or cap was lowered during the epoch (out-of-memory adaptation).
         num_splits: Batches split because their step ran out of memory
             (:func:`fastsab.adaptive.run`).
+        num_padded: Steps filled by repeating batches so that every rank runs the same
+            number of steps (``even_batches="pad"`` under ``torch.distributed``).
+        spread_before, spread_after: Mean per-step cost spread ``(max - min) / max`` across
+            ranks with batches dealt in plan order, and with the balanced assignment.
     """
 
     epoch: int
@@ -73,13 +77,18 @@ class EpochStats:
     num_skipped: int = 0
     skipped: list[int] = field(default_factory=list)
     num_dropped: int = 0
+    dropped: list[int] = field(default_factory=list)
     limit_changes: list[tuple[int, Any, Any]] = field(default_factory=list)
     num_splits: int = 0
+    num_padded: int = 0
+    spread_before: float = 0.0
+    spread_after: float = 0.0
 
     def add(self, chunk: PlanChunk) -> None:
         self.num_skipped += len(chunk.skipped)
         self.skipped += chunk.skipped.tolist()
         self.num_dropped += len(chunk.dropped)
+        self.dropped += chunk.dropped.tolist()
 
 
 class EpochOrder:
@@ -123,6 +132,10 @@ class FixedSizePlanner:
 
     def chunks(self, epoch: int) -> FixedSizeEpoch:
         return FixedSizeEpoch(self, epoch)
+
+    def batch_costs(self, ids: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+        """Cost of each batch ``ids[offsets[b]:offsets[b + 1]]`` for balancing: its size."""
+        return np.diff(offsets).astype(np.float64)
 
     @property
     def limit(self) -> int:
@@ -216,6 +229,22 @@ class SizeAwarePlanner:
     def chunks(self, epoch: int) -> SizeAwareEpoch:
         cached = self._cache[1] if self._cache is not None and self._cache[0] == epoch else None
         return SizeAwareEpoch(self, epoch, cached)
+
+    def batch_costs(self, ids: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+        """Cost of each batch ``ids[offsets[b]:offsets[b + 1]]`` for balancing.
+
+        The batch cost of every column (sum, or size times maximum) divided by its cap; the
+        largest column counts.
+        """
+        if len(offsets) < 2:
+            return np.empty(0, dtype=np.float64)
+        costs = np.asarray(self.costs(ids), dtype=np.float64).reshape(len(ids), -1)
+        starts = offsets[:-1]
+        if self.options["cost"] == "sum":
+            per_batch = np.add.reduceat(costs, starts, axis=0)
+        else:
+            per_batch = np.maximum.reduceat(costs, starts, axis=0) * np.diff(offsets)[:, None]
+        return (per_batch / np.asarray(self.limit, dtype=np.float64)).max(axis=1)
 
     @property
     def limit(self) -> list[Any]:
@@ -438,35 +467,6 @@ def _check_costs(values: Any, ids: np.ndarray) -> np.ndarray:
                 "sizes must be finite and non-negative."
             )
     return as_numeric_array("sizeof values", raw, ndim=(1, 2))
-
-
-class PlannedBatchSampler(Sampler[list[int]]):
-    """A loader's batch plan as a ``torch.utils.data.Sampler[list[int]]``.
-
-    Pass it as ``batch_sampler=`` to a ``DataLoader`` to use worker processes with the same
-    batches (the DataLoader then calls ``dataset.__getitems__`` when present). Like the
-    loaders, each ``iter()`` starts the next epoch unless :meth:`set_epoch` was called;
-    ``len()`` is exact.
-    """
-
-    def __init__(self, planner: FixedSizePlanner | SizeAwarePlanner, epoch: int = 0) -> None:
-        self.planner = planner
-        self.epoch = epoch
-
-    def set_epoch(self, epoch: int) -> None:
-        """Plan ``epoch`` on the next iteration."""
-        self.epoch = _check_epoch(epoch)
-
-    def __len__(self) -> int:
-        return self.planner.num_batches(self.epoch)
-
-    def __iter__(self) -> Iterator[list[int]]:
-        epoch = self.epoch
-        self.epoch = epoch + 1
-        for chunk in self.planner.chunks(epoch):
-            ids, offsets = chunk.ids, chunk.offsets.tolist()
-            for b in range(len(offsets) - 1):
-                yield ids[offsets[b] : offsets[b + 1]].tolist()
 
 
 def _check_epoch(epoch: Any) -> int:

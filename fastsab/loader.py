@@ -18,17 +18,11 @@ import torch
 
 from fastsab._checks import check_positive_int
 from fastsab.batching import CostMode, OversizePolicy
-from fastsab.epochs import (
-    EpochOrder,
-    EpochStats,
-    FixedSizePlanner,
-    PlanChunk,
-    PlannedBatchSampler,
-    SizeAwarePlanner,
-    _check_epoch,
-    make_cost_source,
-)
+from fastsab.distributed import EvenBatches, ShardedPlanner, resolve_rank
+from fastsab.epochs import EpochOrder, EpochStats, FixedSizePlanner, PlanChunk, SizeAwarePlanner, make_cost_source
 from fastsab.fetch import Fetcher
+from fastsab.resume import Resumable
+from fastsab.samplers import PlannedBatchSampler
 from fastsab.shuffle import DEFAULT_GROUP_SIZE
 from fastsab.transfer import pin_available, resolve_device, to_device, tree_map_arrays, warn_pin_unavailable
 
@@ -48,11 +42,15 @@ _SHARED_OPTIONS = (
     "non_blocking",
     "prefetch",
     "chunk_bytes",
+    "rank",
+    "world_size",
+    "even_batches",
+    "balance",
 )
 
 
-class _Loader:
-    """What both loaders share: epochs, fetching, transfer, prefetch and stats."""
+class _Loader(Resumable):
+    """What both loaders share: epochs, ranks, fetching, transfer, prefetch, stats and state."""
 
     def __init__(
         self,
@@ -67,7 +65,13 @@ class _Loader:
         non_blocking: bool,
         prefetch: int | None,
         chunk_bytes: int,
+        rank: int | None,
+        world_size: int | None,
+        even_batches: EvenBatches,
+        balance: bool,
     ) -> None:
+        self.rank, self.world_size = resolve_rank(rank, world_size)
+        self._sharding = (even_batches, balance)
         self.fetcher = Fetcher(dataset, collate_fn)
         self.dataset = dataset
         self.order = EpochOrder(self.fetcher.length, shuffle=shuffle, seed=seed, group_size=group_size)
@@ -87,7 +91,7 @@ class _Loader:
         if isinstance(chunk_bytes, bool) or not isinstance(chunk_bytes, int) or chunk_bytes < 0:
             raise ValueError(f"chunk_bytes must be a non-negative integer, got {chunk_bytes!r}.")
         self.chunk_bytes = chunk_bytes
-        self.epoch = 0
+        self._init_progress()
         self.stats: EpochStats | None = None
         self.planner: FixedSizePlanner | SizeAwarePlanner
         self.limit: Any = None  # the batch size or caps in force in the current epoch
@@ -105,20 +109,17 @@ class _Loader:
 
     # -- epochs and plans -------------------------------------------------------------
 
-    def set_epoch(self, epoch: int) -> None:
-        """Use ``epoch`` for the next iteration (the order depends only on seed and epoch)."""
-        self.epoch = _check_epoch(epoch)
-
-    def __len__(self) -> int:
-        """Exact number of batches of the next epoch."""
-        return self.planner.num_batches(self.epoch)
+    def _use_planner(self, planner: FixedSizePlanner | SizeAwarePlanner) -> None:
+        self.planner = planner
+        even_batches, balance = self._sharding
+        self.sharded = ShardedPlanner(planner, self.rank, self.world_size, even_batches, balance)
 
     def batch_sampler(self) -> PlannedBatchSampler:
         """This loader's batch plan as a ``Sampler[list[int]]`` for ``DataLoader(batch_sampler=...)``.
 
         The sampler starts at the loader's next epoch and counts epochs on its own.
         """
-        return PlannedBatchSampler(self.planner, self.epoch)
+        return PlannedBatchSampler(self.sharded, self.epoch)
 
     # -- iteration ----------------------------------------------------------------------
 
@@ -130,12 +131,11 @@ class _Loader:
         return self._iterate(with_indices=True)
 
     def _iterate(self, with_indices: bool) -> Iterator[Any]:
-        epoch = self.epoch
-        self.epoch = epoch + 1
+        epoch, plan = self._start_epoch()
         stats = EpochStats(epoch)
         self.stats = stats
         self._lower_to = None
-        produced = self._produce(epoch, stats)
+        produced = self._produce(plan, stats)
         depth = self.prefetch
         if depth is None:  # in-memory gathers are cheaper than a thread hand-off
             depth = 0 if self.fetcher.kind == "gather" else 2
@@ -145,7 +145,13 @@ class _Loader:
         for ids, batch in produced:
             stats.num_batches += 1
             stats.num_items += len(ids)
+            self._step_done()
             yield (ids, batch) if with_indices else batch
+        self._epoch_done()
+        assignment = self.sharded.assignment
+        if self.world_size > 1 and assignment is not None:
+            stats.num_padded = assignment.num_padded
+            stats.spread_before, stats.spread_after = assignment.spread_before, assignment.spread_after
         if stats.num_skipped:
             warnings.warn(
                 f"{stats.num_skipped} items were larger than max_total_size and were skipped in epoch "
@@ -153,8 +159,7 @@ class _Loader:
                 stacklevel=2,
             )
 
-    def _produce(self, epoch: int, stats: EpochStats) -> Iterator[tuple[np.ndarray, Any]]:
-        plan = self.planner.chunks(epoch)
+    def _produce(self, plan: Any, stats: EpochStats) -> Iterator[tuple[np.ndarray, Any]]:
         self.limit = self.planner.limit
         for chunk in plan:
             stats.add(chunk)
@@ -210,6 +215,11 @@ class _Loader:
         ``stats.limit_changes``; the next epoch starts from the configured limit again.
         """
         checked = self.planner.check_limit(limit)
+        if self.world_size > 1:
+            raise ValueError(
+                f"cannot lower the limit to {limit!r} on rank {self.rank} of {self.world_size}: the ranks would run "
+                "different numbers of steps and data-parallel training would hang."
+            )
         with self._lower_lock:
             self._lower_to = checked
 
@@ -329,12 +339,16 @@ class FastLoader(_Loader):
         non_blocking: bool = True,
         prefetch: int | None = None,
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        rank: int | None = None,
+        world_size: int | None = None,
+        even_batches: EvenBatches = "pad",
+        balance: bool = True,
     ) -> None:
         options = locals()
         check_positive_int("batch_size", batch_size)
         super().__init__(dataset, **{name: options[name] for name in _SHARED_OPTIONS})
         self.batch_size = batch_size
-        self.planner = FixedSizePlanner(self.order, batch_size, drop_last)
+        self._use_planner(FixedSizePlanner(self.order, batch_size, drop_last))
 
 
 class FastSizeAwareLoader(_Loader):
@@ -387,12 +401,16 @@ class FastSizeAwareLoader(_Loader):
         non_blocking: bool = True,
         prefetch: int | None = None,
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        rank: int | None = None,
+        world_size: int | None = None,
+        even_batches: EvenBatches = "pad",
+        balance: bool = True,
     ) -> None:
         options = locals()
         super().__init__(dataset, **{name: options[name] for name in _SHARED_OPTIONS})
         self.max_total_size = max_total_size
         costs = make_cost_source(sizeof, self.order.n, features)
-        self.planner = SizeAwarePlanner(
+        planner = SizeAwarePlanner(
             self.order,
             costs,
             max_total_size,
@@ -401,3 +419,4 @@ class FastSizeAwareLoader(_Loader):
             batch_size_multiple=batch_size_multiple,
             oversize=oversize,
         )
+        self._use_planner(planner)

@@ -20,6 +20,8 @@ from torch.utils.data import Sampler
 
 from fastsab._checks import as_numeric_array, check_positive_int, check_positive_real
 from fastsab.batching import report_batching, split_batches
+from fastsab.distributed import ShardedPlanner
+from fastsab.resume import Resumable
 
 __all__ = ["BucketBatchSampler", "SizeAwareBatchSampler", "create_buckets"]
 
@@ -378,3 +380,28 @@ def create_buckets(
             boundaries.append(upper)
         start = end
     return torch.tensor(boundaries), torch.tensor(bucket_sizes)
+
+
+class PlannedBatchSampler(Resumable, Sampler[list[int]]):
+    """A loader's batch plan as a ``torch.utils.data.Sampler[list[int]]``.
+
+    Made by :meth:`FastLoader.batch_sampler() <fastsab.FastLoader.batch_sampler>`. Pass it
+    as ``batch_sampler=`` to a ``DataLoader`` to use worker processes with the same batches
+    (the DataLoader then calls ``dataset.__getitems__`` when present). Like the loaders,
+    each ``iter()`` starts the next epoch unless :meth:`set_epoch` was called, ``len()`` is
+    exact, it yields this rank's share under ``torch.distributed``, and it resumes from
+    :meth:`state_dict`.
+    """
+
+    def __init__(self, sharded: ShardedPlanner, epoch: int = 0) -> None:
+        self.sharded = sharded
+        self._init_progress(epoch)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        _, chunks = self._start_epoch()
+        for chunk in chunks:
+            ids, offsets = chunk.ids, chunk.offsets.tolist()
+            for b in range(len(offsets) - 1):
+                self._step_done()  # counted as handed out, as the loaders do
+                yield ids[offsets[b] : offsets[b + 1]].tolist()
+        self._epoch_done()

@@ -1,0 +1,239 @@
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from fastsab import FastLoader, FastSizeAwareLoader
+from fastsab.distributed import assign_steps, resolve_rank
+
+N = 1000
+LENGTHS = np.random.default_rng(0).lognormal(np.log(40), 0.8, N).clip(1, 400).astype(np.int64)
+BUDGET = 1200
+
+
+def sized(rank, world_size, **options):
+    return FastSizeAwareLoader(torch.arange(N), LENGTHS, BUDGET, rank=rank, world_size=world_size, seed=7, **options)
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+@pytest.mark.parametrize("even_batches", ["pad", "drop"])
+def test_ranks_share_the_epoch_in_equal_steps(world_size, even_batches):
+    # invariant: every rank runs the same number of steps; the ranks' union covers the epoch
+    # once (pad: plus repeats of the first batches; drop: minus the counted surplus)
+    loaders = [sized(r, world_size, even_batches=even_batches) for r in range(world_size)]
+    per_rank = [[b.tolist() for b in loader] for loader in loaders]
+    assert len({len(batches) for batches in per_rank}) == 1
+    assert all(len(loader) == len(per_rank[0]) for loader in loaders)
+    seen = [i for batches in per_rank for b in batches for i in b]
+    stats = loaders[0].stats
+    global_batches = [tuple(b.tolist()) for b in sized(0, 1)]
+    if even_batches == "drop":
+        assert len(seen) == len(set(seen))
+        assert sorted(seen + stats.dropped) == list(range(N))
+        assert stats.num_dropped == len(stats.dropped) and stats.num_padded == 0
+    else:
+        assert set(seen) == set(range(N)) and stats.num_dropped == 0
+        assert stats.num_padded == (-len(global_batches)) % world_size
+        dealt = Counter(tuple(b) for batches in per_rank for b in batches)
+        repeated = [batch for batch, count in dealt.items() if count == 2]
+        assert len(repeated) == stats.num_padded and max(dealt.values()) <= 2
+        assert len(seen) - N == sum(len(b) for b in repeated)  # repeats only from padding
+    for batches in per_rank:
+        assert all(LENGTHS[b].sum() <= BUDGET for b in batches)
+
+
+def test_padding_repeats_only_the_first_batches():
+    world_size = 3
+    loaders = [sized(r, world_size, balance=False) for r in range(world_size)]
+    per_rank = [[tuple(b.tolist()) for b in loader] for loader in loaders]
+    single = [tuple(b.tolist()) for b in sized(0, 1)]
+    padded = loaders[0].stats.num_padded
+    assert padded == (-len(single)) % world_size
+    steps = list(zip(*per_rank))
+    flat = [batch for step in steps for batch in step]
+    assert flat[: len(single)] == single  # unbalanced: dealt in plan order
+    assert flat[len(single) :] == single[:padded]
+
+
+def test_balancing_lowers_the_per_step_spread():
+    loaders = [sized(r, 4) for r in range(4)]
+    for loader in loaders:
+        list(loader)
+    stats = loaders[0].stats
+    assert stats.spread_after < stats.spread_before
+    assert stats.spread_after < 0.5 * stats.spread_before
+
+
+def test_assign_steps_properties():
+    costs = np.random.default_rng(3).lognormal(0, 1, 103)
+    for world_size in (1, 2, 5, 8):
+        plan = assign_steps(costs, world_size, seed=1, epoch=2)
+        assert plan.batches.shape == (-(-103 // world_size), world_size)
+        assert sorted(set(plan.batches.ravel().tolist())) == list(range(103))
+        again = assign_steps(costs, world_size, seed=1, epoch=2)
+        assert np.array_equal(plan.batches, again.batches)
+    dropped = assign_steps(costs, 5, even_batches="drop")
+    assert dropped.batches.size == 100 and dropped.dropped.tolist() == [100, 101, 102]
+    assert assign_steps(np.empty(0), 3).num_steps == 0
+
+
+def test_fixed_size_loader_under_ranks():
+    loaders = [FastLoader(torch.arange(10), 3, rank=r, world_size=2) for r in range(2)]
+    per_rank = [[b.tolist() for b in loader] for loader in loaders]
+    assert [len(b) for b in per_rank] == [2, 2]
+    assert set(i for batches in per_rank for b in batches for i in b) == set(range(10))
+
+
+@pytest.mark.parametrize(
+    ("args", "error", "message"),
+    [
+        ((2, 2), ValueError, r"rank must be in \[0, world_size=2\), got 2"),
+        ((0, 0), ValueError, r"world_size must be a positive integer, got 0"),
+        ((0.5, 2), TypeError, r"rank must be an integer, got 0.5"),
+    ],
+)
+def test_resolve_rank_errors(args, error, message):
+    with pytest.raises(error, match=message):
+        resolve_rank(*args)
+
+
+def test_bad_even_batches_and_lowering_under_ranks():
+    with pytest.raises(ValueError, match="even_batches must be one of 'pad', 'drop', got 'repeat'"):
+        sized(0, 2, even_batches="repeat")
+    with pytest.raises(ValueError, match="cannot lower the limit to 100 on rank 1 of 2"):
+        sized(1, 2).lower_limit(100)
+
+
+# --- resume mid-epoch -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_resume_after_k_batches_yields_exactly_the_rest(world_size):
+    for rank in range(world_size):
+        whole = [b.tolist() for b in sized(rank, world_size, group_size=64)]
+        first = sized(rank, world_size, group_size=64)
+        first.set_epoch(0)
+        iterator = iter(first)
+        done = [next(iterator).tolist() for _ in range(5)]
+        state = first.state_dict()
+        assert state["epoch"] == 0 and state["steps"] == 5
+        resumed = sized(rank, world_size, group_size=64)
+        resumed.load_state_dict(json.loads(json.dumps(state)))  # a plain, small state
+        rest = [b.tolist() for b in resumed]
+        assert done + rest == whole
+        assert resumed.state_dict()["epoch"] == 1 and resumed.state_dict()["steps"] == 0
+
+
+def test_resume_in_a_new_process(tmp_path):
+    script = textwrap.dedent(
+        f"""
+        import json, sys
+        import numpy as np, torch
+        from fastsab import FastSizeAwareLoader
+        lengths = np.random.default_rng(0).lognormal(np.log(40), 0.8, {N}).clip(1, 400).astype(np.int64)
+        loader = FastSizeAwareLoader(torch.arange({N}), lengths, {BUDGET}, seed=7, prefetch=2)
+        if sys.argv[1] == "save":
+            loader.set_epoch(3)
+            it = iter(loader)
+            first = [next(it).tolist() for _ in range(4)]
+            json.dump({{"state": loader.state_dict(), "first": first}}, open(sys.argv[2], "w"))
+        else:
+            saved = json.load(open(sys.argv[2]))
+            loader.load_state_dict(saved["state"])
+            rest = [b.tolist() for b in loader]
+            loader.set_epoch(3)
+            whole = [b.tolist() for b in loader]
+            print(saved["first"] + rest == whole, len(json.dumps(saved["state"])))
+        """
+    )
+    path = tmp_path / "state.json"
+    subprocess.run([sys.executable, "-c", script, "save", str(path)], check=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", script, "load", str(path)], check=True, capture_output=True, text=True, timeout=120
+    )
+    ok, size = out.stdout.split()
+    assert ok == "True" and int(size) < 300  # O(1): seed, epoch, position, world size, fingerprint
+
+
+def test_resume_on_another_world_size_continues_the_global_plan():
+    # 2 ranks run 4 steps, then 3 ranks finish the epoch: every item exactly once (+ padding)
+    old = [sized(r, 2) for r in range(2)]
+    before = []
+    states = []
+    for loader in old:
+        iterator = iter(loader)
+        before += [i for _ in range(4) for i in next(iterator).tolist()]
+        states.append(loader.state_dict())
+    assert states[0] == states[1]  # every rank saves the same global position
+    new = [sized(r, 3) for r in range(3)]
+    after_batches = []
+    for loader in new:
+        loader.load_state_dict(states[0])
+        after_batches.append([b.tolist() for b in loader])
+    assert len({len(b) for b in after_batches}) == 1
+    after = [i for batches in after_batches for b in batches for i in b]
+    assert len(before) == len(set(before))
+    assert not set(before) & set(after)  # nothing the old ranks ran is run again
+    assert set(before) | set(after) == set(range(N))  # and nothing is lost
+    dealt = Counter(tuple(b) for batches in after_batches for b in batches)
+    repeated = [batch for batch, count in dealt.items() if count == 2]
+    assert len(repeated) == new[0].stats.num_padded
+    assert len(after) - len(set(after)) == sum(len(b) for b in repeated)  # repeats only from padding
+
+
+def test_refuse_a_state_from_another_seed_or_dataset():
+    loader = sized(0, 1)
+    state = loader.state_dict()
+    with pytest.raises(ValueError, match="state was saved with seed 7, but this object has seed 8"):
+        FastSizeAwareLoader(torch.arange(N), LENGTHS, BUDGET, seed=8).load_state_dict(state)
+    other = LENGTHS.copy()
+    other[0] += 1
+    with pytest.raises(ValueError, match="state was saved for another dataset, sizes or batching configuration"):
+        FastSizeAwareLoader(torch.arange(N), other, BUDGET, seed=7).load_state_dict(state)
+    with pytest.raises(ValueError, match="state was saved for another dataset"):
+        FastSizeAwareLoader(torch.arange(N), LENGTHS, BUDGET + 1, seed=7).load_state_dict(state)
+    with pytest.raises(ValueError, match="state is not a fastsab epoch state"):
+        loader.load_state_dict({"epoch": 1})
+    with pytest.raises(TypeError, match="state must be a dict from state_dict"):
+        loader.load_state_dict([1])
+
+
+def test_planned_batch_sampler_state_round_trip():
+    sampler = sized(0, 1).batch_sampler()
+    whole = list(sampler)
+    sampler.set_epoch(0)
+    iterator = iter(sampler)
+    first = [next(iterator) for _ in range(3)]
+    state = sampler.state_dict()
+    clone = sized(0, 1).batch_sampler()
+    clone.load_state_dict(state)
+    assert first + list(clone) == whole
+
+
+# --- real processes: torch.distributed with the gloo backend -----------------------------------
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_real_ddp_processes(world_size, tmp_path):
+    worker = str(Path(__file__).with_name("ddp_worker.py"))
+    out = subprocess.run(
+        [sys.executable, worker, str(world_size), str(tmp_path / "init")],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = out.stdout.split("\n")
+    steps = next(line for line in lines if line.startswith("STEPS")).split()
+    assert steps[1] == steps[2] and steps[4] == "True"
+    assert "TRAINED True" in lines
+    assert "RESUMED True" in lines
