@@ -314,6 +314,13 @@ class FastLoader(_Loader):
             in-memory tensor data and 2 for datasets that fetch.
         chunk_bytes: Largest in-memory gather of one shuffle group; bigger groups are
             gathered batch by batch.
+        rank, world_size: This process's share of the epoch; default from
+            ``torch.distributed`` when it is initialized, else one process. Every rank
+            plans the same global batches and runs the same number of steps.
+        even_batches: ``"pad"`` (fill the last step with repeats of the first batches) or
+            ``"drop"`` (leave the surplus batches out); counted in ``stats``.
+        balance: Deal batches of similar cost to the ranks at each step (see
+            :mod:`fastsab.distributed`); ``stats.spread_before``/``spread_after`` report it.
 
     Examples:
         >>> loader = FastLoader(torch.arange(10), batch_size=4, seed=0)
@@ -372,7 +379,7 @@ class FastSizeAwareLoader(_Loader):
         oversize: ``"skip"`` (counted in ``stats`` and warned once per epoch),
             ``"own_batch"`` or ``"error"``.
         shuffle, seed, group_size, collate_fn, device, pin_memory, non_blocking, prefetch,
-        chunk_bytes: As for :class:`FastLoader`.
+        chunk_bytes, rank, world_size, even_batches, balance: As for :class:`FastLoader`.
 
     Examples:
         >>> lengths = torch.tensor([3, 1, 2, 4, 1, 2, 2])
