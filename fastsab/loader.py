@@ -131,6 +131,8 @@ class _Loader(Resumable):
         return self._iterate(with_indices=True)
 
     def _iterate(self, with_indices: bool) -> Iterator[Any]:
+        # NOTE: a generator, so the epoch is fixed at the first next(), not at iter(): a
+        # trainer may call iter() before set_epoch(), as DataLoader's lazy samplers allow.
         epoch, plan = self._start_epoch()
         stats = EpochStats(epoch)
         self.stats = stats
@@ -139,9 +141,11 @@ class _Loader(Resumable):
         depth = self.prefetch
         if depth is None:  # in-memory gathers are cheaper than a thread hand-off
             depth = 0 if self.fetcher.kind == "gather" else 2
-        return self._consume(produced if depth == 0 else _prefetched(produced, depth), stats, with_indices)
+        yield from self._consume(produced if depth == 0 else _prefetched(produced, depth), stats, with_indices)
 
-    def _consume(self, produced: Iterator[tuple[np.ndarray, Any]], stats: EpochStats, with_indices: bool) -> Any:
+    def _consume(
+        self, produced: Iterator[tuple[np.ndarray, Any]], stats: EpochStats, with_indices: bool
+    ) -> Iterator[Any]:
         for ids, batch in produced:
             stats.num_batches += 1
             stats.num_items += len(ids)

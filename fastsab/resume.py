@@ -82,6 +82,11 @@ class Resumable:
         self._progress = [epoch, skip]
         return epoch, self.sharded.chunks(epoch, skip, saved_world)
 
+    @property
+    def position(self) -> tuple[int, int] | None:
+        """``(epoch, steps yielded)`` while an epoch is being iterated, else ``None``."""
+        return None if self._progress is None else (self._progress[0], self._progress[1])
+
     def _step_done(self) -> None:
         if self._progress is not None:
             self._progress[1] += 1

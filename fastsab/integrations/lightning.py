@@ -1,0 +1,206 @@
+"""A Lightning data module that serves the fast loaders.
+
+:class:`FastDataModule` builds a :class:`~fastsab.FastLoader` (``batch_size``) or a
+:class:`~fastsab.FastSizeAwareLoader` (``sizeof`` and ``max_total_size``) per split, with
+ranks taken from the trainer. It handles ranks itself, so pass
+``Trainer(use_distributed_sampler=False)`` (the loaders are not ``DataLoader`` objects, so
+Lightning would not add a sampler anyway; the flag makes that explicit). The trainer sets
+the epoch of the training loader every epoch, and the module's ``state_dict`` goes into
+checkpoints, so a run resumed from a mid-epoch checkpoint continues the epoch with exactly
+the batches not yet trained on.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import lightning.pytorch as pl
+
+from fastsab.loader import FastLoader, FastSizeAwareLoader
+
+__all__ = ["SPLITS", "FastDataModule"]
+
+SPLITS = ("train", "val", "test", "predict")
+
+
+class _TrainLoader:
+    """The training loader as Lightning sees it: counts the batches the loop consumed.
+
+    Lightning fetches one batch ahead of the training step, so the loader's own position
+    runs ahead of what was trained on; the data module counts consumed batches in
+    ``on_before_batch_transfer`` and saves that position instead. This wrapper has no
+    ``state_dict`` of its own, so Lightning does not save the loader's position too.
+    """
+
+    def __init__(self, loader: FastLoader | FastSizeAwareLoader) -> None:
+        self.loader = loader
+        self.epoch: int | None = None
+        self.consumed = 0
+
+    @property
+    def sampler(self) -> FastLoader | FastSizeAwareLoader:
+        """What Lightning calls ``set_epoch`` on at the start of every epoch."""
+        return self.loader
+
+    def __iter__(self) -> Iterator[Any]:
+        for count, batch in enumerate(self.loader):
+            if count == 0:  # the epoch (and a resumed start) is known once the first batch is out
+                position = self.loader.position
+                assert position is not None
+                self.epoch, self.consumed = position[0], position[1] - 1
+            yield batch
+
+
+class _SizedTrainLoader(_TrainLoader):
+    """A training loader whose length Lightning may read: exact for the coming epoch."""
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+
+class FastDataModule(pl.LightningDataModule):
+    """Fast loaders for the train, val, test and predict splits of a Lightning run.
+
+    Args:
+        train, val, test, predict: The datasets of each split (any dataset the loaders
+            accept), or ``None`` for a split that is not used.
+        batch_size: Items per batch, for fixed-size batches.
+        sizeof: Per-split sizes for size-aware batches: a mapping from split name to what
+            :class:`~fastsab.FastSizeAwareLoader` accepts as ``sizeof``.
+        max_total_size: The budget of a size-aware batch.
+        seed: Seed of the training order (evaluation splits are not shuffled).
+        **loader_options: Further options for the loaders (``cost``, ``group_size``,
+            ``collate_fn``, ``even_batches``, ...); ``device`` is left to Lightning.
+
+    Raises:
+        ValueError: If neither ``batch_size`` nor ``sizeof`` and ``max_total_size`` are
+            given, or ``sizeof`` names an unknown split.
+
+    Examples:
+        >>> import torch
+        >>> module = FastDataModule(train=torch.arange(10), val=torch.arange(4), batch_size=4)
+        >>> [batch.tolist() for batch in module.val_dataloader()]
+        [[0, 1, 2, 3]]
+    """
+
+    def __init__(
+        self,
+        *,
+        train: Any = None,
+        val: Any = None,
+        test: Any = None,
+        predict: Any = None,
+        batch_size: int | None = None,
+        sizeof: Mapping[str, Any] | None = None,
+        max_total_size: Any = None,
+        seed: int = 0,
+        **loader_options: Any,
+    ) -> None:
+        super().__init__()
+        self.datasets = {"train": train, "val": val, "test": test, "predict": predict}
+        if sizeof is not None:
+            if not isinstance(sizeof, Mapping):
+                raise TypeError(f"sizeof must map split names to sizes, got {type(sizeof).__name__}.")
+            unknown = sorted(set(sizeof) - set(SPLITS))
+            if unknown:
+                raise ValueError(f"sizeof names unknown splits {unknown!r}; splits are {SPLITS!r}.")
+            if max_total_size is None:
+                raise ValueError("max_total_size is needed with sizeof.")
+        elif batch_size is None:
+            raise ValueError("give batch_size, or sizeof and max_total_size.")
+        if "device" in loader_options:
+            raise ValueError("device is chosen by the Lightning trainer; do not pass it to FastDataModule.")
+        self.batch_size = batch_size
+        self.sizeof = dict(sizeof or {})
+        self.max_total_size = max_total_size
+        self.seed = seed
+        self.loader_options = loader_options
+        self._loaders: dict[str, Any] = {}
+        self._pending_state: dict[str, Any] | None = None
+
+    def _ranks(self) -> dict[str, int]:
+        trainer = getattr(self, "trainer", None)
+        if trainer is None:
+            return {}
+        return {"rank": trainer.global_rank, "world_size": trainer.world_size}
+
+    def _loader(self, split: str) -> Any:
+        if split in self._loaders:  # the same loader on every reload: it keeps the epoch and position
+            return self._loaders[split]
+        dataset = self.datasets[split]
+        if dataset is None:
+            raise ValueError(f"FastDataModule has no {split} dataset; pass {split}= to use this split.")
+        options = {"shuffle": split == "train", "seed": self.seed, **self._ranks(), **self.loader_options}
+        loader: Any
+        if split in self.sizeof or (self.sizeof and self.batch_size is None):
+            if split not in self.sizeof:
+                raise ValueError(f"sizeof has no sizes for the {split} split.")
+            loader = FastSizeAwareLoader(dataset, self.sizeof[split], self.max_total_size, **options)
+        else:
+            loader = FastLoader(dataset, self.batch_size, **options)  # type: ignore[arg-type]
+        if split == "train":
+            if self._pending_state is not None:
+                loader.load_state_dict(self._pending_state)
+                self._pending_state = None
+            loader = self._wrap_train(loader)
+        self._loaders[split] = loader
+        return loader
+
+    def _wrap_train(self, loader: FastLoader | FastSizeAwareLoader) -> _TrainLoader:
+        # NOTE: Lightning reads len() once per reload of the training loader and stops the
+        # epoch after that many batches. Size-aware epochs differ in length, so without a
+        # reload every epoch the length is left out (Lightning then runs each epoch to its
+        # end) rather than cutting off batches.
+        trainer = getattr(self, "trainer", None)
+        reloads = trainer is not None and trainer.reload_dataloaders_every_n_epochs == 1
+        if isinstance(loader, FastLoader) or reloads:
+            return _SizedTrainLoader(loader)
+        warnings.warn(
+            "size-aware epochs differ in their number of batches: pass "
+            "Trainer(reload_dataloaders_every_n_epochs=1) so that Lightning reads each epoch's exact length; "
+            "until then the training loader reports none and every epoch runs to its end.",
+            stacklevel=3,
+        )
+        return _TrainLoader(loader)
+
+    def train_dataloader(self) -> Any:
+        return self._loader("train")
+
+    def val_dataloader(self) -> Any:
+        return self._loader("val")
+
+    def test_dataloader(self) -> Any:
+        return self._loader("test")
+
+    def predict_dataloader(self) -> Any:
+        return self._loader("predict")
+
+    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        trainer = getattr(self, "trainer", None)
+        train = self._loaders.get("train")
+        if trainer is not None and trainer.training and train is not None:
+            train.consumed += 1
+        return batch
+
+    def state_dict(self) -> dict[str, Any]:
+        """The training loader's position, counted in batches the training loop consumed."""
+        train = self._loaders.get("train")
+        if train is None:
+            return {} if self._pending_state is None else {"train": self._pending_state}
+        state = train.loader.state_dict()
+        if train.epoch == state["epoch"]:
+            state["steps"] = train.consumed
+        return {"train": state}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Resume the training loader from :meth:`state_dict` (applied when it is built)."""
+        state = state_dict.get("train")
+        if state is None:
+            return
+        train = self._loaders.get("train")
+        if train is None:
+            self._pending_state = state
+        else:
+            train.loader.load_state_dict(state)

@@ -1,0 +1,177 @@
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import lightning.pytorch as pl
+import numpy as np
+import pytest
+import torch
+
+from fastsab.integrations.lightning import FastDataModule
+
+
+class Crash(Exception):
+    pass
+
+
+class Recorder(pl.LightningModule):
+    """Records which indices each step saw; the batch is a tensor of dataset indices."""
+
+    def __init__(self, crash_at_step: int | None = None) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(1, 1)
+        self.crash_at_step = crash_at_step
+        self.train_batches: list[tuple[int, list[int]]] = []
+        self.eval_batches: dict[str, list[list[int]]] = {"val": [], "test": [], "predict": []}
+
+    def forward(self, batch):
+        return self.layer(batch.float()[:, None]).sum()
+
+    def training_step(self, batch, batch_idx):
+        if self.crash_at_step is not None and self.global_step == self.crash_at_step:
+            raise Crash("a crash in the middle of an epoch")
+        self.train_batches.append((self.current_epoch, batch.tolist()))
+        return self(batch)
+
+    def validation_step(self, batch, batch_idx):
+        self.eval_batches["val"].append(batch.tolist())
+
+    def test_step(self, batch, batch_idx):
+        self.eval_batches["test"].append(batch.tolist())
+
+    def predict_step(self, batch, batch_idx):
+        self.eval_batches["predict"].append(batch.tolist())
+        return batch
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.0)
+
+
+def trainer(tmp_path, **options):
+    defaults = {
+        "accelerator": "cpu",
+        "devices": 1,
+        "logger": False,
+        "enable_progress_bar": False,
+        "enable_model_summary": False,
+        "use_distributed_sampler": False,
+        "default_root_dir": tmp_path,
+        "enable_checkpointing": False,
+    }
+    return pl.Trainer(**{**defaults, **options})
+
+
+def epochs(model):
+    out: dict[int, list[list[int]]] = {}
+    for epoch, batch in model.train_batches:
+        out.setdefault(epoch, []).append(batch)
+    return out
+
+
+def module(**options):
+    datasets = {
+        "train": torch.arange(60),
+        "val": torch.arange(20),
+        "test": torch.arange(30),
+        "predict": torch.arange(10),
+    }
+    return FastDataModule(**datasets, seed=5, **options)
+
+
+def flat(batches):
+    return sorted(i for b in batches for i in b)
+
+
+@pytest.mark.parametrize("kind", ["fixed", "size-aware"])
+def test_fit_validate_test_predict(tmp_path, kind):
+    if kind == "fixed":
+        data = module(batch_size=8)
+    else:
+        sizes = {
+            split: np.arange(n) % 7 + 1 for split, n in (("train", 60), ("val", 20), ("test", 30), ("predict", 10))
+        }
+        data = module(sizeof=sizes, max_total_size=20)
+    model = Recorder()
+    run = trainer(tmp_path, max_epochs=2, num_sanity_val_steps=0, reload_dataloaders_every_n_epochs=1)
+    run.fit(model, datamodule=data)
+    by_epoch = epochs(model)
+    assert flat(by_epoch[0]) == flat(by_epoch[1]) == list(range(60))  # every index once per epoch
+    assert by_epoch[0] != by_epoch[1]  # the trainer set a new epoch
+    assert flat(model.eval_batches["val"]) == sorted(list(range(20)) * 2)
+    run.validate(model, datamodule=data)
+    run.test(model, datamodule=data)
+    predictions = run.predict(model, datamodule=data)
+    assert flat(model.eval_batches["test"]) == list(range(30))
+    assert flat(model.eval_batches["predict"]) == list(range(10))
+    assert torch.cat(predictions).tolist() == list(range(10))
+
+
+def test_size_aware_without_reloading_runs_every_epoch_to_its_end(tmp_path):
+    sizes = {"train": np.arange(60) % 7 + 1}
+    model = Recorder()
+    with pytest.warns(UserWarning, match=r"pass Trainer\(reload_dataloaders_every_n_epochs=1\)"):
+        trainer(tmp_path, max_epochs=3, limit_val_batches=0).fit(
+            model, datamodule=module(sizeof=sizes, max_total_size=20)
+        )
+    assert all(flat(batches) == list(range(60)) for batches in epochs(model).values())
+    assert len(epochs(model)) == 3
+
+
+def test_resume_from_end_of_epoch_checkpoint_keeps_the_order(tmp_path):
+    whole = Recorder()
+    trainer(tmp_path / "a", max_epochs=3).fit(whole, datamodule=module(batch_size=8))
+    first = Recorder()
+    run = trainer(tmp_path / "b", max_epochs=2)
+    run.fit(first, datamodule=module(batch_size=8))
+    run.save_checkpoint(tmp_path / "epoch2.ckpt")
+    resumed = Recorder()
+    trainer(tmp_path / "c", max_epochs=3).fit(
+        resumed, datamodule=module(batch_size=8), ckpt_path=tmp_path / "epoch2.ckpt"
+    )
+    assert epochs(resumed) == {2: epochs(whole)[2]}
+
+
+def test_resume_from_mid_epoch_checkpoint_trains_each_batch_once(tmp_path):
+    whole = Recorder()
+    trainer(tmp_path / "a", max_epochs=1).fit(whole, datamodule=module(batch_size=4))
+    crashing = Recorder(crash_at_step=5)
+    checkpoints = pl.callbacks.ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=3, save_top_k=-1)
+    run = trainer(tmp_path / "b", max_epochs=1, enable_checkpointing=True, callbacks=[checkpoints])
+    with pytest.raises(Crash):
+        run.fit(crashing, datamodule=module(batch_size=4))
+    assert len(crashing.train_batches) == 5
+    saved = sorted((tmp_path / "ckpt").glob("*step=3.ckpt"))
+    assert saved, sorted(p.name for p in (tmp_path / "ckpt").iterdir())
+    resumed = Recorder()
+    trainer(tmp_path / "c", max_epochs=1).fit(resumed, datamodule=module(batch_size=4), ckpt_path=saved[0])
+    before = [batch for _, batch in crashing.train_batches[:3]]  # the steps the checkpoint covers
+    after = [batch for _, batch in resumed.train_batches]
+    assert before + after == epochs(whole)[0]
+
+
+def test_data_module_arguments():
+    with pytest.raises(ValueError, match="give batch_size, or sizeof and max_total_size"):
+        FastDataModule(train=torch.arange(3))
+    with pytest.raises(ValueError, match="max_total_size is needed with sizeof"):
+        FastDataModule(train=torch.arange(3), sizeof={"train": [1, 1, 1]})
+    with pytest.raises(ValueError, match=r"sizeof names unknown splits \['training'\]"):
+        FastDataModule(train=torch.arange(3), sizeof={"training": [1, 1, 1]}, max_total_size=2)
+    with pytest.raises(ValueError, match="device is chosen by the Lightning trainer"):
+        FastDataModule(train=torch.arange(3), batch_size=2, device="cpu")
+    with pytest.raises(ValueError, match="FastDataModule has no test dataset"):
+        FastDataModule(train=torch.arange(3), batch_size=2).test_dataloader()
+
+
+def test_two_process_ddp_with_lightning(tmp_path):
+    script = Path(__file__).with_name("lightning_ddp_worker.py")
+    out = subprocess.run(
+        [sys.executable, str(script), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=script.parent.parent,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "DDP OK" in out.stdout, out.stdout[-2000:]
