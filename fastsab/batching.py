@@ -433,6 +433,8 @@ def size_aware_batching(
     collate_fn: Callable[[list[Data]], Any] | None = None,
     info_logger: Callable[[str], None] | None = None,
     warn_logger: Callable[[str], None] | None = None,
+    *,
+    max_batch_size: int | None = None,
 ) -> Iterator[Any]:
     """Batch an iterable so that no batch's total size exceeds ``max_total_size``.
 
@@ -449,6 +451,8 @@ def size_aware_batching(
         info_logger: Optional function called with a summary at the end.
         warn_logger: Optional function called for each skipped oversize element and with
             a count of the skipped ones at the end.
+        max_batch_size: Optional cap on the number of elements of a batch (an extension of
+            the bionemo API; the batch being filled is the generator's only buffer).
 
     Yields:
         Batches (lists of elements, or what ``collate_fn`` returns).
@@ -476,7 +480,8 @@ def size_aware_batching(
     max_total_size = check_positive_real("max_total_size", max_total_size)
     if collate_fn is not None and not callable(collate_fn):
         raise TypeError(f"collate_fn must be callable or None, got {type(collate_fn).__name__}.")
-    return _size_aware_batches(dataset, sizeof, max_total_size, collate_fn, info_logger, warn_logger)
+    max_items = check_optional_positive_int("max_batch_size", max_batch_size)
+    return _size_aware_batches(dataset, sizeof, max_total_size, collate_fn, info_logger, warn_logger, max_items)
 
 
 def _size_aware_batches(
@@ -486,6 +491,7 @@ def _size_aware_batches(
     collate_fn: Callable[[list[Data]], Any] | None,
     info_logger: Callable[[str], None] | None,
     warn_logger: Callable[[str], None] | None,
+    max_items: int | None,
 ) -> Iterator[Any]:
     batch: list[Data] = []
     total: Any = 0
@@ -500,7 +506,7 @@ def _size_aware_batches(
             if warn_logger is not None:
                 warn_logger(f"Size of element {data} exceeds max_total_size ({size} > {max_total_size}), skipping")
             continue
-        if batch and size + total > max_total_size:
+        if batch and (size + total > max_total_size or len(batch) == max_items):
             n_batches += 1
             yield batch if collate_fn is None else collate_fn(batch)
             batch, total = [], 0
