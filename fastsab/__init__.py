@@ -2,6 +2,7 @@
 
 from fastsab.batching import BatchSplit, Carry, size_aware_batching, split_batches
 from fastsab.epochs import EpochStats
+from fastsab.feeder import OutOfCoreDataset
 from fastsab.loader import FastLoader, FastSizeAwareLoader
 from fastsab.samplers import BucketBatchSampler, PlannedBatchSampler, SizeAwareBatchSampler, create_buckets
 from fastsab.shuffle import GroupedPermutation, grouped_permutation
@@ -14,6 +15,7 @@ __all__ = [
     "FastLoader",
     "FastSizeAwareLoader",
     "GroupedPermutation",
+    "OutOfCoreDataset",
     "PlannedBatchSampler",
     "SizeAwareBatchSampler",
     "create_buckets",

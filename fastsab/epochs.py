@@ -99,14 +99,22 @@ class EpochOrder:
         [[0, 1], [2, 3], [4]]
     """
 
-    def __init__(self, n: int, *, shuffle: bool, seed: int = 0, group_size: int = DEFAULT_GROUP_SIZE) -> None:
+    def __init__(
+        self, n: int, *, shuffle: bool, seed: int = 0, group_size: int = DEFAULT_GROUP_SIZE, rotate: bool = True
+    ) -> None:
         if not isinstance(shuffle, bool):
             raise TypeError(f"shuffle must be a bool, got {shuffle!r}.")
         self.n = n
         self.shuffle = shuffle
         self.group_size = check_positive_int("group_size", group_size)
-        self.permutation = GroupedPermutation(n, self.group_size, seed)
+        self.permutation = GroupedPermutation(n, self.group_size, seed, rotate=rotate)
         self.seed = self.permutation.seed
+
+    def group_order(self, epoch: int) -> np.ndarray:
+        """The order in which ``epoch`` visits the blocks ``[k * group_size, (k + 1) * group_size)``."""
+        if self.shuffle:
+            return self.permutation.group_order(epoch)
+        return np.arange(self.permutation.num_groups, dtype=np.int64)
 
     def chunks(self, epoch: int) -> Iterator[np.ndarray]:
         if self.shuffle:

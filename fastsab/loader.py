@@ -58,7 +58,7 @@ class _Loader(Resumable):
         *,
         shuffle: bool,
         seed: int,
-        group_size: int,
+        group_size: int | None,
         collate_fn: Callable[[Any], Any] | None,
         device: Any,
         pin_memory: bool,
@@ -74,7 +74,15 @@ class _Loader(Resumable):
         self._sharding = (even_batches, balance)
         self.fetcher = Fetcher(dataset, collate_fn)
         self.dataset = dataset
-        self.order = EpochOrder(self.fetcher.length, shuffle=shuffle, seed=seed, group_size=group_size)
+        chunk_size: Any = getattr(dataset, "chunk_size", None)
+        self._chunked = isinstance(chunk_size, int) and callable(getattr(dataset, "set_chunk_order", None))
+        if group_size is None:
+            # NOTE: a chunked dataset (OutOfCoreDataset) is shuffled with its chunks as the
+            # groups, unrotated, so every chunk is read once per epoch
+            group_size = chunk_size if self._chunked else DEFAULT_GROUP_SIZE
+        self.order = EpochOrder(
+            self.fetcher.length, shuffle=shuffle, seed=seed, group_size=group_size, rotate=not self._chunked
+        )
         self.device = resolve_device(device)
         for name, value in (("pin_memory", pin_memory), ("non_blocking", non_blocking)):
             if not isinstance(value, bool):
@@ -134,6 +142,8 @@ class _Loader(Resumable):
         # NOTE: a generator, so the epoch is fixed at the first next(), not at iter(): a
         # trainer may call iter() before set_epoch(), as DataLoader's lazy samplers allow.
         epoch, plan = self._start_epoch()
+        if self._chunked:
+            self.dataset.set_chunk_order(self.order.group_order(epoch))
         stats = EpochStats(epoch)
         self.stats = stats
         self._lower_to = None
@@ -308,7 +318,9 @@ class FastLoader(_Loader):
         shuffle: Shuffle every epoch (grouped permutation); otherwise sequential order.
         seed: Seed of the epoch orders: the order depends only on ``(seed, epoch)``.
         drop_last: Drop the last partial batch (counted in ``stats.num_dropped``).
-        group_size: Items per shuffle group, the unit of planning and of in-memory gathers.
+        group_size: Items per shuffle group, the unit of planning and of in-memory gathers;
+            by default 2**16, or the chunks of a chunked dataset such as
+            :class:`~fastsab.OutOfCoreDataset` (then read once per epoch each).
         collate_fn: Applied to what is fetched for a batch (see :mod:`fastsab.fetch`).
         device: Move each batch (pytree) there; ``None`` leaves batches where they are.
         pin_memory: Pin host memory before copying to an accelerator (ignored, with a
@@ -343,7 +355,7 @@ class FastLoader(_Loader):
         shuffle: bool = True,
         seed: int = 0,
         drop_last: bool = False,
-        group_size: int = DEFAULT_GROUP_SIZE,
+        group_size: int | None = None,
         collate_fn: Callable[[Any], Any] | None = None,
         device: Any = None,
         pin_memory: bool = False,
@@ -405,7 +417,7 @@ class FastSizeAwareLoader(_Loader):
         oversize: OversizePolicy = "skip",
         shuffle: bool = True,
         seed: int = 0,
-        group_size: int = DEFAULT_GROUP_SIZE,
+        group_size: int | None = None,
         collate_fn: Callable[[Any], Any] | None = None,
         device: Any = None,
         pin_memory: bool = False,

@@ -77,6 +77,11 @@ class GroupedPermutation:
         shift = int(rng.integers(0, self.n)) if self.rotate and self.n else 0
         return order, seeds, shift
 
+    def group_order(self, epoch: int) -> np.ndarray:
+        """The groups in the order ``epoch`` visits them (group ``k`` starts at ``k * group_size``,
+        plus the epoch's rotation when ``rotate``)."""
+        return self._plan(epoch)[0]
+
     def _group_size(self, group: int) -> int:
         return min(self.group_size, self.n - group * self.group_size)
 

@@ -231,9 +231,10 @@ def test_real_ddp_processes(world_size, tmp_path):
         timeout=240,
         cwd=Path(__file__).resolve().parent.parent,
     )
-    assert out.returncode == 0, out.stderr[-3000:]
+    report = f"stdout:\n{out.stdout[-2000:]}\nstderr:\n{out.stderr[-3000:]}"
+    assert out.returncode == 0, report
     lines = out.stdout.split("\n")
     steps = next(line for line in lines if line.startswith("STEPS")).split()
-    assert steps[1] == steps[2] and steps[4] == "True"
-    assert "TRAINED True" in lines
-    assert "RESUMED True" in lines
+    assert steps[1] == steps[2] and steps[4] == "True", report
+    assert "TRAINED True" in lines, report
+    assert "RESUMED True" in lines, report

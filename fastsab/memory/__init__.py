@@ -3,15 +3,22 @@
 from fastsab.memory.fit import MemoryFit, fit_memory_model, module_work
 from fastsab.memory.measure import Measurements, collect_cuda_peak_alloc, collect_peak_alloc, profile_peak_bytes
 from fastsab.memory.model import FitReport, PolynomialRegression
+from fastsab.memory.plan import GiB, KiB, MemoryPlan, MiB, plan_memory, sample_nbytes
 
 __all__ = [
     "FitReport",
+    "GiB",
+    "KiB",
     "Measurements",
     "MemoryFit",
+    "MemoryPlan",
+    "MiB",
     "PolynomialRegression",
     "collect_cuda_peak_alloc",
     "collect_peak_alloc",
     "fit_memory_model",
     "module_work",
+    "plan_memory",
     "profile_peak_bytes",
+    "sample_nbytes",
 ]

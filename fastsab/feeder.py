@@ -1,0 +1,312 @@
+"""Feeding more data than fits in RAM: chunks read by identity, shuffled chunk by chunk.
+
+:class:`OutOfCoreDataset` reads samples by their identity (a file name, a row number)
+into CPU-resident chunks sized from a CPU memory budget, and serves ``__getitems__`` from
+them. The fast loaders recognize it and shuffle with groups equal to its chunks, so each
+chunk is read once per epoch; the dataset reads the next chunk of the epoch in the
+background while the current one is served.
+
+Memory: at most two chunks are held (the one served and the one read ahead, or the two a
+batch spans), each of at most ``cpu_memory_limit / 2`` bytes of samples, in mappings of
+their own that go back to the system when dropped. On top of that come the batches in
+flight (the loader's ``prefetch`` plus two, as gathered copies) and the allocations of the
+interpreter, torch and the C heap: the documented overhead is ``OVERHEAD_BYTES`` plus the
+batches in flight. A test measures the peak resident set of a 256 MiB file fed within a
+32 MiB budget against exactly this bound.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import optree
+import torch
+
+from fastsab._checks import check_positive_int
+from fastsab.memory.plan import sample_nbytes
+from fastsab.transfer import tree_map_arrays
+
+__all__ = ["OVERHEAD_BYTES", "OutOfCoreDataset"]
+
+#: Host memory beyond the two chunks that a feeding process may use (allocator slack,
+#: index arrays, Python objects), besides the batches in flight.
+OVERHEAD_BYTES = 32 * 2**20
+
+ChunkLoader = Callable[[int, int], Any]  # (first read, end read) -> pytree of stacked arrays
+
+
+class OutOfCoreDataset:
+    """Samples read by identity into CPU chunks that fit a memory budget.
+
+    Args:
+        ids: The identities of the reads, e.g. file paths.
+        read_input: ``read_input(id)`` returns a sample (a tensor, an array or a pytree of
+            them); with ``one_read_count > 1``, an iterable (list, generator) of that many
+            samples, e.g. a sample and its augmented copies.
+        cpu_memory_limit: Bytes the held chunks may use: each chunk gets half of it.
+        one_read_count: Samples per read; item ``i`` is sample ``i % one_read_count`` of the
+            read ``ids[i // one_read_count]``.
+        sample_bytes: Bytes of one sample (measured on the first read if omitted).
+        read_ahead: Read the next chunk of the epoch in a background thread.
+
+    Raises:
+        ValueError: If the budget cannot hold two chunks of one read each, or a read gives
+            the wrong number of samples.
+
+    Examples:
+        >>> dataset = OutOfCoreDataset(range(10), lambda i: np.full(4, i, dtype=np.float32),
+        ...                            cpu_memory_limit=128)
+        >>> dataset.chunk_size, len(dataset), dataset.__getitems__([7, 2]).tolist()
+        (4, 10, [[7.0, 7.0, 7.0, 7.0], [2.0, 2.0, 2.0, 2.0]])
+    """
+
+    def __init__(
+        self,
+        ids: Iterable[Any],
+        read_input: Callable[[Any], Any],
+        *,
+        cpu_memory_limit: int,
+        one_read_count: int = 1,
+        sample_bytes: int | None = None,
+        read_ahead: bool = True,
+    ) -> None:
+        if not callable(read_input):
+            raise TypeError(f"read_input must be callable, got {type(read_input).__name__}.")
+        self.ids = list(ids)
+        self.read_input = read_input
+        self.one_read_count = check_positive_int("one_read_count", one_read_count)
+        self._setup(self._load_reads, cpu_memory_limit, sample_bytes, read_ahead)
+
+    def _setup(self, loader: ChunkLoader, cpu_memory_limit: int, sample_bytes: int | None, read_ahead: bool) -> None:
+        self.cpu_memory_limit = check_positive_int("cpu_memory_limit", cpu_memory_limit)
+        if not isinstance(read_ahead, bool):
+            raise TypeError(f"read_ahead must be a bool, got {read_ahead!r}.")
+        self._load_chunk_reads = loader
+        if sample_bytes is None:
+            sample_bytes = sample_nbytes(loader(0, 1)) // self.one_read_count if self.ids else 1
+        self.sample_bytes = max(1, check_positive_int("sample_bytes", max(1, sample_bytes)))
+        reads_per_chunk = (self.cpu_memory_limit // 2) // (self.sample_bytes * self.one_read_count)
+        if reads_per_chunk < 1:
+            raise ValueError(
+                f"cpu_memory_limit={self.cpu_memory_limit} bytes cannot hold two chunks of one read "
+                f"({self.one_read_count} samples of {self.sample_bytes} bytes each)."
+            )
+        self.reads_per_chunk = reads_per_chunk
+        self.chunk_size = reads_per_chunk * self.one_read_count
+        self.read_ahead = read_ahead
+        self._chunks: OrderedDict[int, Any] = OrderedDict()
+        self._pending: dict[int, Future[Any]] = {}
+        self._order: list[int] = []
+        self._lock = threading.Lock()
+        self._executor: ThreadPoolExecutor | None = None
+        self.chunk_reads = 0  # chunks read so far (read-ahead included)
+
+    # -- constructors -------------------------------------------------------------------
+
+    @classmethod
+    def from_memmap(cls, array: np.memmap, *, cpu_memory_limit: int, read_ahead: bool = True) -> OutOfCoreDataset:
+        """Rows of a file-backed numpy memmap, read a chunk of contiguous rows at a time.
+
+        Chunks are read with plain file reads (not through the mapping), so the pages of the
+        file do not pile up in the process's resident memory.
+        """
+        if not isinstance(array, np.memmap) or not isinstance(getattr(array, "filename", None), (str, os.PathLike)):
+            raise TypeError(f"array must be a file-backed numpy.memmap, got {type(array).__name__}.")
+        if not array.flags.c_contiguous or array.ndim < 1:
+            raise ValueError("array must be a C-contiguous memmap with at least one dimension.")
+        path, offset, dtype, row_shape = os.fspath(str(array.filename)), array.offset, array.dtype, array.shape[1:]
+        row_items = int(np.prod(row_shape, dtype=np.int64))
+
+        def load_rows(first: int, end: int) -> torch.Tensor:
+            rows = _empty((end - first, *row_shape), dtype)
+            with open(path, "rb") as file:
+                file.seek(offset + first * row_items * dtype.itemsize)
+                if file.readinto(rows.data.cast("B")) != rows.nbytes:
+                    raise ValueError(f"{path} ended before row {end}: is the memmap's shape right?")
+            return torch.from_numpy(rows)
+
+        dataset = cls.__new__(cls)
+        dataset.ids = list(range(len(array)))
+        dataset.read_input = lambda row: load_rows(row, row + 1)[0]  # one row by its number
+        dataset.one_read_count = 1
+        dataset._setup(load_rows, cpu_memory_limit, row_items * dtype.itemsize, read_ahead)
+        return dataset
+
+    @classmethod
+    def from_files(
+        cls,
+        paths: Sequence[str | os.PathLike[str]],
+        *,
+        cpu_memory_limit: int,
+        load: Callable[[str], Any] | None = None,
+        **options: Any,
+    ) -> OutOfCoreDataset:
+        """One sample per file (``.npy`` by default, read without pickle; or ``load(path)``)."""
+
+        def load_npy(path: str) -> Any:
+            return np.load(path, allow_pickle=False)
+
+        return cls([os.fspath(p) for p in paths], load or load_npy, cpu_memory_limit=cpu_memory_limit, **options)
+
+    # -- reading ------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self.ids) * self.one_read_count
+
+    @property
+    def num_chunks(self) -> int:
+        return -(-len(self) // self.chunk_size)
+
+    def _samples(self, read: int) -> list[Any]:
+        value = self.read_input(self.ids[read])
+        if self.one_read_count == 1:
+            return [value]  # the value is the sample, whatever its structure
+        samples = list(value)
+        if len(samples) != self.one_read_count:
+            raise ValueError(
+                f"read_input({self.ids[read]!r}) gave {len(samples)} samples; one_read_count is {self.one_read_count}."
+            )
+        return samples
+
+    def _load_reads(self, first: int, end: int) -> Any:
+        """Read ``ids[first:end]`` into one pytree of stacked arrays (preallocated)."""
+        rows = (end - first) * self.one_read_count
+        stacked: list[np.ndarray] | None = None
+        spec = None
+        row = 0
+        for read in range(first, end):
+            for sample in self._samples(read):
+                leaves, this_spec = optree.tree_flatten(tree_map_arrays(_as_numpy, sample))
+                if stacked is None:
+                    spec = this_spec
+                    stacked = [_empty((rows, *np.shape(leaf)), np.asarray(leaf).dtype) for leaf in leaves]
+                for target, leaf in zip(stacked, leaves):
+                    target[row] = leaf
+                row += 1
+        assert stacked is not None and spec is not None
+        return optree.tree_unflatten(spec, [torch.from_numpy(a) for a in stacked])
+
+    def _read_chunk(self, chunk: int) -> Any:
+        first = chunk * self.reads_per_chunk
+        end = min(first + self.reads_per_chunk, len(self.ids))
+        data = self._load_chunk_reads(first, end)
+        with self._lock:
+            self.chunk_reads += 1
+        return data
+
+    def set_chunk_order(self, order: Sequence[int]) -> None:
+        """The order in which an epoch visits the chunks (sent by the loaders), for read-ahead."""
+        with self._lock:
+            self._order = [int(c) for c in order]
+
+    def _held(self, needed: list[int]) -> dict[int, Any]:
+        """The data of the ``needed`` chunks: held, read ahead, or read now.
+
+        Afterwards only the needed chunks and the one after the last of them (in the
+        epoch's order, being read ahead) are held.
+        """
+        with self._lock:
+            held = {chunk: self._chunks.get(chunk) for chunk in needed}
+            pending = {chunk: self._pending.pop(chunk) for chunk in needed if chunk in self._pending}
+        for chunk in needed:
+            if held[chunk] is None:
+                held[chunk] = pending[chunk].result() if chunk in pending else self._read_chunk(chunk)
+        with self._lock:
+            self._chunks.update(held)
+            position = {chunk: i for i, chunk in enumerate(self._order)}
+            last = max(needed, key=lambda chunk: position.get(chunk, chunk))
+            nxt = self._next_chunk(last)
+            keep = set(needed) | ({nxt} if nxt is not None and len(needed) == 1 else set())
+            for old in [chunk for chunk in self._chunks if chunk not in keep]:
+                del self._chunks[old]
+            # NOTE: read ahead only while one chunk is served; a batch across two chunks
+            # holds both, and a third would pass the budget
+            ahead = self.read_ahead and len(needed) == 1
+            if ahead and nxt is not None and nxt not in self._chunks and nxt not in self._pending:
+                if self._executor is None:
+                    self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fastsab-read-ahead")
+                self._pending[nxt] = self._executor.submit(self._read_chunk, nxt)
+        return held
+
+    def _next_chunk(self, chunk: int) -> int | None:
+        order = self._order
+        if chunk in order:
+            position = order.index(chunk)
+            return order[position + 1] if position + 1 < len(order) else None
+        return chunk + 1 if chunk + 1 < self.num_chunks else None
+
+    def __getitems__(self, indices: Sequence[int]) -> Any:
+        """The samples at ``indices`` as one batch (a pytree of tensors with a first batch dim)."""
+        index = np.asarray(indices, dtype=np.int64)
+        if index.size and (index.min() < 0 or index.max() >= len(self)):
+            bad = index[(index < 0) | (index >= len(self))][0]
+            raise IndexError(f"index {bad} is out of range for {len(self)} samples.")
+        chunks = index // self.chunk_size
+        unique = np.unique(chunks).tolist()
+        held = self._held(unique)
+        if len(unique) == 1:
+            rows = torch.from_numpy(index - unique[0] * self.chunk_size)
+            return tree_map_arrays(_rows(rows), held[unique[0]])
+        parts = []
+        for chunk in unique:
+            mask = chunks == chunk
+            rows = torch.from_numpy(index[mask] - chunk * self.chunk_size)
+            parts.append((np.flatnonzero(mask), tree_map_arrays(_rows(rows), held[chunk])))
+        positions = torch.from_numpy(np.argsort(np.concatenate([p for p, _ in parts]), kind="stable"))
+        leaves = [optree.tree_flatten(part)[0] for _, part in parts]
+        spec = optree.tree_structure(parts[0][1])
+        merged = [torch.cat(group)[positions] for group in zip(*leaves)]
+        return optree.tree_unflatten(spec, merged)
+
+    def __getitem__(self, index: int) -> Any:
+        return tree_map_arrays(lambda leaf: leaf[0], self.__getitems__([index]))
+
+    def close(self) -> None:
+        """Stop the read-ahead thread and drop the held chunks."""
+        with self._lock:
+            executor, self._executor = self._executor, None
+            self._chunks.clear()
+            self._pending.clear()
+        if executor is not None:
+            executor.shutdown(wait=True)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        for name in ("_lock", "_executor", "_pending", "_chunks"):
+            state.pop(name)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+        self._executor = None
+        self._pending = {}
+        self._chunks = OrderedDict()
+
+
+def _empty(shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
+    """An uninitialized array; large ones in their own anonymous mapping.
+
+    NOTE: a chunk freed from the C heap often stays in the process (the allocator keeps
+    it for reuse), so the resident set would creep past the budget; a mapping of its own
+    goes back to the system as soon as the chunk is dropped.
+    """
+    nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+    if nbytes < 2**20:
+        return np.empty(shape, dtype=dtype)
+    return np.frombuffer(mmap.mmap(-1, nbytes), dtype=dtype).reshape(shape)
+
+
+def _rows(rows: torch.Tensor) -> Callable[[Any], Any]:
+    return lambda leaf: leaf[rows]
+
+
+def _as_numpy(leaf: Any) -> np.ndarray:
+    return leaf.detach().cpu().numpy() if isinstance(leaf, torch.Tensor) else np.asarray(leaf)
