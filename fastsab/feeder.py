@@ -17,6 +17,7 @@ batches in flight. A test measures the peak resident set of a 256 MiB file fed w
 
 from __future__ import annotations
 
+import glob
 import mmap
 import os
 import threading
@@ -154,6 +155,16 @@ class OutOfCoreDataset:
             return np.load(path, allow_pickle=False)
 
         return cls([os.fspath(p) for p in paths], load or load_npy, cpu_memory_limit=cpu_memory_limit, **options)
+
+    @classmethod
+    def from_directory(
+        cls, directory: str | os.PathLike[str], pattern: str = "*.npy", **options: Any
+    ) -> OutOfCoreDataset:
+        """One sample per file of ``directory`` matching ``pattern``, in sorted order (see :meth:`from_files`)."""
+        paths = sorted(glob.glob(os.path.join(os.fspath(directory), pattern)))
+        if not paths:
+            raise ValueError(f"no files match {pattern!r} in {os.fspath(directory)!r}.")
+        return cls.from_files(paths, **options)
 
     # -- reading ------------------------------------------------------------------------
 

@@ -82,8 +82,8 @@ def test_from_memmap_and_from_files(tmp_path):
     for i in range(20):
         np.save(tmp_path / f"s{i:02d}.npy", np.full(3, i))
         paths.append(tmp_path / f"s{i:02d}.npy")
-    files = OutOfCoreDataset.from_files(paths, cpu_memory_limit=2 * 5 * 24)
-    assert files.chunk_size == 5
+    files = OutOfCoreDataset.from_directory(tmp_path, "s*.npy", cpu_memory_limit=2 * 5 * 24)
+    assert files.chunk_size == 5 and files.ids == [str(p) for p in paths]
     assert sorted(torch.cat([b[:, 0] for b in FastLoader(files, 4)]).tolist()) == list(range(20))
     pickled = tmp_path / "obj.npy"
     np.save(pickled, np.array([{"a": 1}], dtype=object), allow_pickle=True)
@@ -100,6 +100,8 @@ def test_pickles_without_threads_and_bad_arguments():
         OutOfCoreDataset(range(10), reader, cpu_memory_limit=100)
     with pytest.raises(TypeError, match="read_input must be callable, got int"):
         OutOfCoreDataset(range(10), 3, cpu_memory_limit=100)
+    with pytest.raises(ValueError, match="no files match 'none-\\*' in"):
+        OutOfCoreDataset.from_directory(".", "none-*", cpu_memory_limit=100)
     with pytest.raises(TypeError, match=r"array must be a file-backed numpy\.memmap, got ndarray"):
         OutOfCoreDataset.from_memmap(np.zeros((3, 3)), cpu_memory_limit=100)
 
