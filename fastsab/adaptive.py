@@ -470,7 +470,9 @@ def run(loader: Any, step: Callable[[Any], Any], *, factor: float = 2) -> Iterat
     cost (its size for :class:`~fastsab.FastLoader`), the parts are fetched and run (and
     split again if they fail too), and the loader lowers its limit to that value for the
     rest of the epoch (``loader.stats.limit_changes``). Every sample is processed exactly
-    once; a single sample that does not fit raises :class:`AdaptiveOOMError`.
+    once; a single sample that does not fit raises :class:`AdaptiveOOMError`. Under data
+    parallelism (``world_size > 1``) batches are split but the limit is kept, so that every
+    rank still runs the same number of loader steps (accumulate the parts' gradients).
 
     Args:
         loader: A :class:`~fastsab.FastLoader` or :class:`~fastsab.FastSizeAwareLoader`.
@@ -510,7 +512,10 @@ def run(loader: Any, step: Callable[[Any], Any], *, factor: float = 2) -> Iterat
                 if len(ids) == 1:
                     raise AdaptiveOOMError(f"step on the sample {int(ids[0])}", [1], 1, error) from None
                 limit = loader.smaller_limit(ids, factor)
-                loader.lower_limit(limit)
+                if loader.world_size == 1:
+                    # NOTE: under data parallelism the limit stays: a rank that planned more
+                    # batches than the others would hang the job; the parts are still run
+                    loader.lower_limit(limit)
                 parts = loader.split_indices(ids, limit)
                 if len(parts) == 1:  # a limit that does not split it: halve by count
                     parts = [ids[: len(ids) // 2], ids[len(ids) // 2 :]]

@@ -390,6 +390,30 @@ def test_fixed_loader_survives_oom_and_single_sample_failure_is_an_error():
         list(adaptive.run(FastLoader(torch.arange(4), 2), never))
 
 
+def test_ranks_split_failing_batches_but_keep_their_limit():
+    sizes = np.random.default_rng(2).integers(1, 20, 300)
+    loaders = [
+        FastSizeAwareLoader(torch.arange(300), sizes, 200, rank=r, world_size=2, seed=1, even_batches="drop")
+        for r in range(2)
+    ]
+    seen = []
+
+    def step(batch):
+        if int(sizes[batch.numpy()].sum()) > 60:
+            raise OOM("CUDA out of memory (fake)")
+        seen.extend(batch.tolist())
+
+    steps = []
+    for loader in loaders:
+        list(adaptive.run(loader, step))
+        steps.append(loader.stats.num_batches)
+        assert loader.stats.num_splits > 0 and loader.stats.limit_changes == []
+    assert steps[0] == steps[1]  # the same number of loader steps on every rank
+    # invariant: every sample once, except the surplus batches "drop" leaves out (counted)
+    assert len(seen) == len(set(seen))
+    assert sorted(seen + loaders[0].stats.dropped) == list(range(300))
+
+
 def test_lower_limit_validation():
     loader = FastSizeAwareLoader(torch.arange(10), np.ones(10), 5)
     with pytest.raises(ValueError, match=r"limit must have 1 caps, got \[1, 2\]"):
