@@ -10,12 +10,22 @@ import numpy as np
 import torch
 
 __all__ = [
+    "NotANumberError",
     "as_numeric_array",
     "check_choice",
     "check_optional_positive_int",
     "check_positive_int",
     "check_positive_real",
 ]
+
+
+class NotANumberError(TypeError, ValueError):
+    """A size or budget that is not a number at all.
+
+    A ``TypeError`` (the house rule for wrong types) that is also a ``ValueError``: bionemo's
+    samplers raise ``ValueError`` for a non-numeric ``max_total_size``, and code written for
+    them keeps working.
+    """
 
 
 def check_optional_positive_int(name: str, value: Any) -> int | None:
@@ -57,7 +67,7 @@ def check_positive_real(name: str, value: Any) -> int | float:
     if isinstance(value, (np.ndarray, torch.Tensor)) and value.ndim == 0:
         value = value.item()
     if isinstance(value, bool) or not isinstance(value, Real):
-        raise TypeError(f"{name} must be a real number, got {value!r} of type {type(value).__name__}.")
+        raise NotANumberError(f"{name} must be a real number, got {value!r} of type {type(value).__name__}.")
     if isinstance(value, Integral):
         value = int(value)
     else:

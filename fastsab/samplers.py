@@ -23,7 +23,13 @@ from fastsab.batching import report_batching, split_batches
 from fastsab.distributed import ShardedPlanner
 from fastsab.resume import Resumable
 
-__all__ = ["BucketBatchSampler", "SizeAwareBatchSampler", "create_buckets"]
+__all__ = [
+    "BucketBatchSampler",
+    "NoElementInBucketsError",
+    "PlannedBatchSampler",
+    "SizeAwareBatchSampler",
+    "create_buckets",
+]
 
 #: Indices taken from the underlying sampler per vectorized split.
 CHUNK_SIZE = 2**16
@@ -268,7 +274,9 @@ class BucketBatchSampler(Sampler[list[int]]):
         self.num_samples = int(self.bucket_sizes.sum())
         self.num_skipped = len(size_array) - self.num_samples
         if self.num_samples == 0:
-            raise ValueError(f"all {len(size_array)} sizes lie outside the bucket ranges {boundaries.tolist()!r}.")
+            raise NoElementInBucketsError(
+                f"all {len(size_array)} sizes lie outside the bucket ranges {boundaries.tolist()!r}."
+            )
         if self.num_skipped:
             warnings.warn(
                 f"{self.num_skipped} elements are outside the buckets provided and will be skipped", stacklevel=2
@@ -301,6 +309,11 @@ class BucketBatchSampler(Sampler[list[int]]):
             remaining[bucket] -= len(batch)
             total -= len(batch)
             yield batch
+
+
+class NoElementInBucketsError(ValueError, RuntimeError):
+    """Every size lies outside the buckets: a ``ValueError`` that is also the
+    ``RuntimeError`` bionemo's ``BucketBatchSampler`` raises, for code written for it."""
 
 
 def _as_real_tensor(name: str, values: Any) -> torch.Tensor:

@@ -163,6 +163,15 @@ def test_early_break_leaves_no_thread():
     assert not prefetch_threads()
 
 
+def test_error_in_the_loop_body_stops_the_thread():
+    loader = FastLoader(GetItems(N, delay=0.001), 8, prefetch=3)
+    with pytest.raises(RuntimeError, match="the step failed"):
+        for i, _ in enumerate(loader):
+            if i == 2:
+                raise RuntimeError("the step failed")
+    assert not prefetch_threads()
+
+
 def test_error_in_fetch_propagates_and_stops_thread():
     loader = FastLoader(GetItems(100, fail_at=50), 10, shuffle=False, prefetch=2)
     with pytest.raises(KeyError, match="cannot read 50"):

@@ -106,6 +106,12 @@ def test_bad_constructor_arguments(args, error, message):
         SizeAwareBatchSampler(*args)
 
 
+def test_non_numeric_budget_is_a_type_error_and_a_value_error_as_in_bionemo():
+    for error in (TypeError, ValueError):
+        with pytest.raises(error, match=r"max_total_size must be a real number, got '4'"):
+            SizeAwareBatchSampler(range(3), [1, 1, 1], "4")
+
+
 def test_bad_indices_and_sizes_during_iteration():
     with pytest.raises(IndexError, match=r"sampler yielded index 5, outside the 2 sizes of sizeof"):
         list(SizeAwareBatchSampler([0, 5], [1, 1], 3))
@@ -185,6 +191,8 @@ def test_bucket_out_of_range_warns_and_all_out_raises():
         sampler = bucket_sampler(sizes=torch.tensor([1, 2, 30, 40]))
     assert sampler.num_skipped == 2 and list(sampler) == [[0, 1]]
     with pytest.raises(ValueError, match=r"all 2 sizes lie outside the bucket ranges \[0, 6, 15, 25\]"):
+        bucket_sampler(sizes=torch.tensor([30, 40]))
+    with pytest.raises(RuntimeError, match="outside the bucket ranges"):  # as bionemo raises it
         bucket_sampler(sizes=torch.tensor([30, 40]))
 
 
