@@ -205,7 +205,8 @@ def print_plain(rows: list[bench.Row]) -> None:
     for row in rows:
         if row.suite != suite:
             suite = row.suite
-            print(f"\n{suite}  (ratio = time / {row.baseline}; speed-up = DataLoader time / time)")
+            speedups = "; speed-up = DataLoader time / time" if row.speedup is not None else ""
+            print(f"\n{suite}  (ratio = time / {row.baseline}{speedups})")
         speedup = f"speed-up {row.speedup:6.1f}x" if row.speedup is not None else ""
         line = (
             f"  {row.workload:<12} {row.method:<{width}} {row.seconds * 1e3:>10.2f} ms  {row.ratio:>8.2f}x  {speedup}"
