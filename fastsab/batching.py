@@ -410,15 +410,22 @@ def _float_column_counter(prefix: memoryview, column: np.ndarray, cap: float) ->
 
 def _padded_counter(c: np.ndarray, caps: np.ndarray) -> Callable[[int, int, int], int]:
     """Counter for ``cost="padded"``: ``len * running max`` is monotone, so count the fits."""
-    steps = np.arange(1, len(c) + 1, dtype=c.dtype)[:, None]
+    steps = np.arange(1, len(c) + 1, dtype=c.dtype)
+    single = c.shape[1] == 1
+    column = np.ascontiguousarray(c[:, 0]) if single else c
+    cap = caps[0] if single else caps
+    columns = steps if single else steps[:, None]
 
     def count(i: int, hi: int, guess: int) -> int:
         width = max(2 * guess, 16)
         while True:
             stop = min(i + width, hi)
-            running_max = np.maximum.accumulate(c[i:stop], axis=0)
-            fits = (running_max * steps[: stop - i] <= caps).all(axis=1)
-            n_fit = int(np.count_nonzero(fits))
+            padded = np.maximum.accumulate(column[i:stop], axis=0)
+            padded *= columns[: stop - i]
+            if single:  # one cap: a binary search in the (non-decreasing) padded costs
+                n_fit = int(padded.searchsorted(cap, side="right"))
+            else:
+                n_fit = int(np.count_nonzero((padded <= cap).all(axis=1)))
             if n_fit < stop - i or stop == hi:
                 return n_fit
             width *= 2
