@@ -17,7 +17,7 @@ START, END = "<!-- bench:start -->", "<!-- bench:end -->"
 
 
 def main() -> int:
-    command = [sys.executable, "-m", "fastsab", "bench", "--suite", "all", "--markdown", "--quiet"]
+    command = [sys.executable, "-m", "fastsab", "bench", "--suite", "all", "--epochs", "10", "--markdown", "--quiet"]
     tables = subprocess.run(command, check=True, capture_output=True, text=True).stdout.strip()
     text = README.read_text()
     if START not in text or END not in text:

@@ -170,18 +170,32 @@ def _identity(batch: Any) -> Any:
     return batch
 
 
-def _epoch_time(make_iterable: Callable[[], Iterable[Any]], epochs: int) -> tuple[float, int]:
-    """Best seconds per epoch over ``epochs`` timed epochs (after one warm-up) and batches."""
-    iterable = make_iterable()
-    n_batches = sum(1 for _ in iterable)
-    times = []
+def _epoch_times(
+    cases: list[tuple[str, Callable[[], Iterable[Any]]]],
+    epochs: int,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, tuple[float, int]]:
+    """Best seconds per epoch of each case, and its batches.
+
+    After one warm-up epoch each, the cases run one epoch in turn, ``epochs`` rounds, so
+    that a slow spell of a shared machine hits all of them alike.
+    """
+    iterables = {}
+    batches = {}
+    for name, make in cases:
+        if progress is not None:
+            progress(name)
+        iterables[name] = make()
+        batches[name] = sum(1 for _ in iterables[name])
+    best = dict.fromkeys(iterables, float("inf"))
     for _ in range(epochs):
-        gc.collect()
-        start = time.perf_counter()
-        for _ in iterable:
-            pass
-        times.append(time.perf_counter() - start)
-    return min(times), n_batches
+        for name, iterable in iterables.items():
+            gc.collect()
+            start = time.perf_counter()
+            for _ in iterable:
+                pass
+            best[name] = min(best[name], time.perf_counter() - start)
+    return {name: (best[name], batches[name]) for name in iterables}
 
 
 def loader_rows(
@@ -227,13 +241,9 @@ def loader_rows(
         ("FastSizeAwareLoader", lambda: FastSizeAwareLoader(data, lengths, budget)),
     ]
     rows: list[Row] = []
-    floor = 0.0
-    for name, make in cases:
-        if progress is not None:
-            progress(name)
-        seconds, n_batches = _epoch_time(make, epochs)
-        if not rows:
-            floor = seconds
+    measured = _epoch_times(cases, epochs, progress)
+    floor = measured[cases[0][0]][0]
+    for name, (seconds, n_batches) in measured.items():
         workload = "seed loop" if "Size" not in name else "size-aware"
         base = "numpy permutation+reshape (floor)"
         rows.append(Row("loaders", workload, name, seconds, base, seconds / floor, f"{n_batches:,} batches"))
@@ -265,7 +275,7 @@ def _first_group(perm: GroupedPermutation) -> np.ndarray:
     return next(perm.groups(1))
 
 
-def adaptive_rows(calls: int = 200, repeat: int = 5) -> list[Row]:
+def adaptive_rows(calls: int = 200, repeat: int = 9) -> list[Row]:
     """Overhead of the adaptive batch decorator on its cached fast path (no OOM).
 
     Two workloads: a no-op (the wrapper's own cost per call, in isolation) and matrix
