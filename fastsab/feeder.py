@@ -90,9 +90,11 @@ class OutOfCoreDataset:
         if not isinstance(read_ahead, bool):
             raise TypeError(f"read_ahead must be a bool, got {read_ahead!r}.")
         self._load_chunk_reads = loader
-        if sample_bytes is None:
-            sample_bytes = sample_nbytes(loader(0, 1)) // self.one_read_count if self.ids else 1
-        self.sample_bytes = max(1, check_positive_int("sample_bytes", max(1, sample_bytes)))
+        if sample_bytes is None:  # measured on the first read (a sample of 0 bytes counts as 1)
+            measured = sample_nbytes(loader(0, 1)) // self.one_read_count if self.ids else 1
+            self.sample_bytes = max(1, measured)
+        else:
+            self.sample_bytes = check_positive_int("sample_bytes", sample_bytes)
         reads_per_chunk = (self.cpu_memory_limit // 2) // (self.sample_bytes * self.one_read_count)
         if reads_per_chunk < 1:
             raise ValueError(

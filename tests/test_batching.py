@@ -101,7 +101,19 @@ def test_every_item_once_and_no_batch_over_budget(problem):
     assert seen == list(range(len(rows)))
     assert all(len(b) > 0 for b in split.batches())
     if options["max_batch_size"] is not None:
-        assert all(len(b) <= options["max_batch_size"] for b in split.batches() if len(b) > 1)
+        assert all(len(b) <= options["max_batch_size"] for b in split.batches())
+    for batch in split.batches():
+        members = [rows[p] for p in batch.tolist()]
+        if len(members) == 1 and any(v > c for v, c in zip(members[0], caps)):
+            continue  # an oversize item in a batch of its own (oversize="own_batch")
+        for j, cap_j in enumerate(caps):
+            if options["cost"] == "sum":
+                total = 0
+                for row in members:  # in item order, as the loop accumulates
+                    total += row[j]
+            else:
+                total = len(members) * max(row[j] for row in members)
+            assert total <= cap_j
 
 
 def test_large_float_costs_match_running_loop():

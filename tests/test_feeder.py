@@ -98,6 +98,10 @@ def test_pickles_without_threads_and_bad_arguments():
     assert clone.__getitems__([3])["y"].tolist() == [3]
     with pytest.raises(ValueError, match=r"cpu_memory_limit=100 bytes cannot hold two chunks of one read"):
         OutOfCoreDataset(range(10), reader, cpu_memory_limit=100)
+    with pytest.raises(ValueError, match="sample_bytes must be a positive integer, got 0"):
+        OutOfCoreDataset(range(10), reader, cpu_memory_limit=10_000, sample_bytes=0)
+    with pytest.raises(TypeError, match="sample_bytes must be an integer, got 'x'"):
+        OutOfCoreDataset(range(10), reader, cpu_memory_limit=10_000, sample_bytes="x")
     with pytest.raises(TypeError, match="read_input must be callable, got int"):
         OutOfCoreDataset(range(10), 3, cpu_memory_limit=100)
     with pytest.raises(ValueError, match="no files match 'none-\\*' in"):

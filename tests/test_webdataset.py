@@ -110,9 +110,12 @@ def test_web_data_module_reads_every_sample_with_workers(tmp_path):
 def test_epoch_length_from_global_batch_size(tmp_path):
     write_shards(tmp_path / "train", 40, 4)
     write_shards(tmp_path / "val", 20, 2)
-    module = make_module(tmp_path, workers=0, batch=5)
+    module = make_module(tmp_path, workers=0, batch=8)
     module.setup("fit")
-    assert len(list(module.val_dataloader())) == 20 // 5
+    assert len(list(module.train_dataloader())) == 40 // 8  # the training epoch length
+    val = list(module.val_dataloader())  # 8 + 8 + 4: a full pass, not cut at 20 // 8 batches
+    assert [len(batch) for batch in val] == [8, 8, 4]
+    assert sorted(label for batch in val for _, label in batch) == list(range(20))
 
 
 def test_fewer_shards_than_workers_is_an_error(tmp_path):

@@ -151,9 +151,11 @@ class WebDataModule(pl.LightningDataModule):
             (a single key gives the field itself).
         global_batch_size: Batch size summed over ranks, used for the epoch length only:
             batching is a stage of ``pipeline_prebatch_wld`` (e.g. :func:`size_aware_batched`).
-            With size-aware batches the number of batches of a pass varies, so, as in
-            bionemo, an epoch is about ``n_samples // global_batch_size`` batches: the loader
-            starts the next pass of the shards when a pass ends early.
+            It applies to the ``train`` split: its epochs are ``n_samples // global_batch_size``
+            batches, as in bionemo (a pass that ends early is followed by a new one, a pass
+            that runs longer is cut there, and the next epoch starts a new reshuffled pass).
+            With size-aware batches a pass's batch count varies, so pick the count from the
+            plan. The ``val``/``test`` splits run one full pass per epoch: every sample once.
         prefix_tars_wds: Shards are globbed as ``{dir}/{prefix}-*.tar``.
         pipeline_wds: Split -> stage(s) applied to the dataset, in its workers.
         pipeline_prebatch_wld: Split -> stage(s) applied to the loader's stream (batching).
@@ -257,6 +259,8 @@ class WebDataModule(pl.LightningDataModule):
         loader = wds.WebLoader(self._datasets[split], batch_size=None, **self.kwargs_wld.get(split, {}))
         for stage in _stages(self.pipeline_prebatch_wld.get(split)):
             loader = loader.compose(stage)
+        if split != Split.train:
+            return loader  # evaluation sees every sample once: one full pass, never cut
         batches = self.n_samples[split] // self.global_batch_size
         return loader.with_epoch(batches) if batches else loader
 
