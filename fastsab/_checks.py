@@ -12,7 +12,9 @@ import torch
 __all__ = [
     "NotANumberError",
     "as_numeric_array",
+    "as_python_number",
     "check_choice",
+    "check_nonnegative_int",
     "check_optional_positive_int",
     "check_positive_int",
     "check_positive_real",
@@ -49,6 +51,27 @@ def check_positive_int(name: str, value: Any) -> int:
     if value < 1:
         raise ValueError(f"{name} must be a positive integer, got {value!r}.")
     return int(value)
+
+
+def check_nonnegative_int(name: str, value: Any) -> int:
+    """Return ``value`` as an ``int`` if it is an integer >= 0, else raise.
+
+    Examples:
+        >>> check_nonnegative_int("epoch", -1)
+        Traceback (most recent call last):
+        ...
+        ValueError: epoch must be a non-negative integer, got -1.
+    """
+    if isinstance(value, bool) or not isinstance(value, (Integral, np.integer)):
+        raise TypeError(f"{name} must be an integer, got {value!r} of type {type(value).__name__}.")
+    if value < 0:
+        raise ValueError(f"{name} must be a non-negative integer, got {value!r}.")
+    return int(value)
+
+
+def as_python_number(value: Any) -> Any:
+    """A size returned as a tensor or numpy scalar, as a Python number; anything else as it is."""
+    return value.item() if isinstance(value, (torch.Tensor, np.ndarray, np.generic)) else value
 
 
 def check_positive_real(name: str, value: Any) -> int | float:

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fastsab._checks import as_numeric_array, check_positive_int, check_positive_real
+from fastsab._checks import as_numeric_array, as_python_number, check_positive_int, check_positive_real
 from fastsab.batching import Carry, CostMode, OversizePolicy, split_batches
 from fastsab.shuffle import DEFAULT_GROUP_SIZE, GroupedPermutation
 
@@ -438,7 +438,7 @@ class _IndexCosts:
 
     def __call__(self, ids: np.ndarray) -> np.ndarray:
         if self.per_item:
-            return _check_costs([_scalar(self.fn(i)) for i in ids.tolist()], ids)
+            return _check_costs([as_python_number(self.fn(i)) for i in ids.tolist()], ids)
         return _check_costs(self.fn(ids), ids)
 
 
@@ -451,10 +451,6 @@ def _is_vectorized(sizeof: Callable[[Any], Any], probe: np.ndarray) -> bool:
     return shape is not None and len(shape) in (1, 2) and shape[0] == len(probe)
 
 
-def _scalar(value: Any) -> Any:
-    return value.item() if isinstance(value, (torch.Tensor, np.ndarray, np.generic)) else value
-
-
 def _check_costs(values: Any, ids: np.ndarray) -> np.ndarray:
     """Validate the sizes computed for a chunk, naming the dataset index of a bad one."""
     if isinstance(values, torch.Tensor):
@@ -465,21 +461,17 @@ def _check_costs(values: Any, ids: np.ndarray) -> np.ndarray:
             f"sizeof returned shape {tuple(raw.shape)} for {len(ids)} indices; "
             "expected one size (or row of sizes) each."
         )
-    if raw.dtype.kind in "fiu":
+    try:
+        return as_numeric_array("sizeof values", raw, ndim=(1, 2))
+    except ValueError:
+        if raw.dtype.kind not in "fiu":
+            raise
         rows = raw.reshape(len(raw), -1)
         bad = np.flatnonzero(~(np.isfinite(rows) & (rows >= 0)).all(axis=1))
-        if len(bad):
-            value = rows[bad[0]].tolist()
-            raise ValueError(
-                f"sizeof gave {value[0] if len(value) == 1 else value!r} for dataset index {ids[bad[0]]}; "
-                "sizes must be finite and non-negative."
-            )
-    return as_numeric_array("sizeof values", raw, ndim=(1, 2))
-
-
-def _check_epoch(epoch: Any) -> int:
-    if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)):
-        raise TypeError(f"epoch must be an integer, got {epoch!r}.")
-    if epoch < 0:
-        raise ValueError(f"epoch must be a non-negative integer, got {epoch!r}.")
-    return int(epoch)
+        if not len(bad):
+            raise
+        value = rows[bad[0]].tolist()
+        raise ValueError(
+            f"sizeof gave {value[0] if len(value) == 1 else value!r} for dataset index {ids[bad[0]]}; "
+            "sizes must be finite and non-negative."
+        ) from None

@@ -15,8 +15,9 @@ from typing import Any
 
 import numpy as np
 
+from fastsab._checks import check_nonnegative_int
 from fastsab.distributed import ShardedPlanner
-from fastsab.epochs import FixedSizePlanner, SizeAwarePlanner, _ArrayCosts, _check_epoch
+from fastsab.epochs import FixedSizePlanner, SizeAwarePlanner, _ArrayCosts
 
 __all__ = ["Resumable", "plan_fingerprint"]
 
@@ -65,7 +66,7 @@ class Resumable:
 
     def set_epoch(self, epoch: int) -> None:
         """Use ``epoch`` for the next iteration (the order depends only on seed and epoch)."""
-        self.epoch = _check_epoch(epoch)
+        self.epoch = check_nonnegative_int("epoch", epoch)
 
     def __len__(self) -> int:
         """Exact number of batches (steps) of the next epoch."""
@@ -138,7 +139,8 @@ class Resumable:
                 "state was saved for another dataset, sizes or batching configuration "
                 f"(fingerprint {state['fingerprint']!r}, this object's is {self.fingerprint()!r})."
             )
-        epoch, steps, world = _check_epoch(state["epoch"]), int(state["steps"]), int(state["world_size"])
+        epoch = check_nonnegative_int("epoch", state["epoch"])
+        steps, world = int(state["steps"]), int(state["world_size"])
         if steps < 0 or world < 1:
             raise ValueError(f"state has steps={steps!r} and world_size={world!r}; both must be valid counts.")
         self.epoch = epoch

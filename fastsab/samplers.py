@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch.utils.data import Sampler
 
-from fastsab._checks import as_numeric_array, check_positive_int, check_positive_real
+from fastsab._checks import as_numeric_array, as_python_number, check_positive_int, check_positive_real
 from fastsab.batching import report_batching, split_batches
 from fastsab.distributed import ShardedPlanner
 from fastsab.resume import Resumable
@@ -128,7 +128,7 @@ class SizeAwareBatchSampler(Sampler[list[int]]):
                 raise RuntimeError(f"sizeof raised an error for index {index!r}: {err}") from err
         ids = np.empty(len(chunk), dtype=object)
         ids[:] = chunk
-        return ids, as_numeric_array("sizeof values", [_as_number(s) for s in sizes])
+        return ids, as_numeric_array("sizeof values", [as_python_number(s) for s in sizes])
 
     def __iter__(self) -> Iterator[list[int]]:
         """Yield batches of indices, planning 2**16 indices at a time."""
@@ -161,12 +161,6 @@ class SizeAwareBatchSampler(Sampler[list[int]]):
         self.skipped = skipped
         self.num_skipped = len(skipped)
         report_batching(n_samples, n_batched, n_batches, self._max_total_size, self._info_logger, self._warn_logger)
-
-
-def _as_number(value: Any) -> Any:
-    if isinstance(value, (torch.Tensor, np.ndarray, np.generic)):
-        return value.item()
-    return value
 
 
 class BucketBatchSampler(Sampler[list[int]]):

@@ -17,19 +17,11 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
-from fastsab._checks import check_positive_int
+from fastsab._checks import check_nonnegative_int, check_positive_int
 
 __all__ = ["GroupedPermutation", "grouped_permutation"]
 
 DEFAULT_GROUP_SIZE = 2**16
-
-
-def _check_nonnegative_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an integer, got {value!r} of type {type(value).__name__}.")
-    if value < 0:
-        raise ValueError(f"{name} must be a non-negative integer, got {value!r}.")
-    return int(value)
 
 
 class GroupedPermutation:
@@ -56,9 +48,9 @@ class GroupedPermutation:
     """
 
     def __init__(self, n: int, group_size: int = DEFAULT_GROUP_SIZE, seed: int = 0, *, rotate: bool = True) -> None:
-        self.n = _check_nonnegative_int("n", n)
+        self.n = check_nonnegative_int("n", n)
         self.group_size = check_positive_int("group_size", group_size)
-        self.seed = _check_nonnegative_int("seed", seed)
+        self.seed = check_nonnegative_int("seed", seed)
         if not isinstance(rotate, bool):
             raise TypeError(f"rotate must be a bool, got {rotate!r}.")
         self.rotate = rotate
@@ -70,7 +62,7 @@ class GroupedPermutation:
 
     def _plan(self, epoch: int) -> tuple[np.ndarray, np.ndarray, int]:
         """Group order, per-group seeds and rotation of an epoch."""
-        epoch = _check_nonnegative_int("epoch", epoch)
+        epoch = check_nonnegative_int("epoch", epoch)
         rng = np.random.default_rng([self.seed, epoch])
         order = rng.permutation(self.num_groups)
         seeds = rng.integers(0, 2**63 - 1, size=self.num_groups, dtype=np.int64)
@@ -107,7 +99,7 @@ class GroupedPermutation:
 
     def group(self, epoch: int, slot: int) -> np.ndarray:
         """The indices at group position ``slot`` of the epoch order (random access)."""
-        slot = _check_nonnegative_int("slot", slot)
+        slot = check_nonnegative_int("slot", slot)
         if slot >= self.num_groups:
             raise ValueError(f"slot must be below num_groups={self.num_groups}, got {slot!r}.")
         order, seeds, shift = self._plan(epoch)

@@ -134,12 +134,12 @@ class FastDataModule(pl.LightningDataModule):
             raise ValueError(f"FastDataModule has no {split} dataset; pass {split}= to use this split.")
         options = {"shuffle": split == "train", "seed": self.seed, **self._ranks(), **self.loader_options}
         loader: Any
-        if split in self.sizeof or (self.sizeof and self.batch_size is None):
-            if split not in self.sizeof:
-                raise ValueError(f"sizeof has no sizes for the {split} split.")
+        if split in self.sizeof:
             loader = FastSizeAwareLoader(dataset, self.sizeof[split], self.max_total_size, **options)
+        elif self.batch_size is None:
+            raise ValueError(f"sizeof has no sizes for the {split} split.")
         else:
-            loader = FastLoader(dataset, self.batch_size, **options)  # type: ignore[arg-type]
+            loader = FastLoader(dataset, self.batch_size, **options)
         if split == "train":
             if self._pending_state is not None:
                 loader.load_state_dict(self._pending_state)
