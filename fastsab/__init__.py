@@ -4,7 +4,13 @@ from fastsab.batching import BatchSplit, Carry, size_aware_batching, split_batch
 from fastsab.epochs import EpochStats
 from fastsab.feeder import OutOfCoreDataset
 from fastsab.loader import FastLoader, FastSizeAwareLoader
-from fastsab.samplers import BucketBatchSampler, PlannedBatchSampler, SizeAwareBatchSampler, create_buckets
+from fastsab.samplers import (
+    BucketBatchSampler,
+    PlannedBatchSampler,
+    PlannedDataLoader,
+    SizeAwareBatchSampler,
+    create_buckets,
+)
 from fastsab.shuffle import GroupedPermutation, grouped_permutation
 
 __all__ = [
@@ -17,6 +23,7 @@ __all__ = [
     "GroupedPermutation",
     "OutOfCoreDataset",
     "PlannedBatchSampler",
+    "PlannedDataLoader",
     "SizeAwareBatchSampler",
     "create_buckets",
     "grouped_permutation",

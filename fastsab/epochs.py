@@ -19,33 +19,19 @@ import torch
 
 from fastsab._checks import as_numeric_array, as_python_number, check_positive_int, check_positive_real
 from fastsab.batching import Carry, CostMode, OversizePolicy, split_batches
+from fastsab.plans import _EMPTY_IDS, PlanChunk
 from fastsab.shuffle import DEFAULT_GROUP_SIZE, GroupedPermutation
 
 __all__ = [
     "EpochOrder",
     "EpochStats",
     "FixedSizePlanner",
-    "PlanChunk",
     "SizeAwarePlanner",
     "make_cost_source",
 ]
 
 #: Epochs of at most this many items keep their whole plan after ``len()`` computed it.
 PLAN_CACHE_ITEMS = 2**22
-
-
-@dataclass(frozen=True)
-class PlanChunk:
-    """Batches planned from one chunk of the epoch order: batch b is ``ids[offsets[b]:offsets[b+1]]``."""
-
-    ids: np.ndarray
-    offsets: np.ndarray
-    skipped: np.ndarray
-    dropped: np.ndarray
-
-    @property
-    def num_batches(self) -> int:
-        return len(self.offsets) - 1
 
 
 @dataclass
@@ -66,7 +52,9 @@ class EpochStats:
         num_splits: Batches split because their step ran out of memory
             (:func:`fastsab.adaptive.run`).
         num_padded: Steps filled by repeating batches so that every rank runs the same
-            number of steps (``even_batches="pad"`` under ``torch.distributed``).
+            number of steps (``even_batches="pad"`` under ``torch.distributed``), over all ranks.
+        padded: The indices this rank yields a second time in the epoch: its share of those
+            repeated batches.
         spread_before, spread_after: Mean per-step cost spread ``(max - min) / max`` across
             ranks with batches dealt in plan order, and with the balanced assignment.
     """
@@ -81,6 +69,7 @@ class EpochStats:
     limit_changes: list[tuple[int, Any, Any]] = field(default_factory=list)
     num_splits: int = 0
     num_padded: int = 0
+    padded: list[int] = field(default_factory=list)
     spread_before: float = 0.0
     spread_after: float = 0.0
 
@@ -89,6 +78,7 @@ class EpochStats:
         self.skipped += chunk.skipped.tolist()
         self.num_dropped += len(chunk.dropped)
         self.dropped += chunk.dropped.tolist()
+        self.padded += chunk.padded.tolist()
 
 
 class EpochOrder:
@@ -138,6 +128,10 @@ class FixedSizePlanner:
         n, size = self.order.n, self.batch_size
         return n // size if self.drop_last else -(-n // size)
 
+    def fingerprint_options(self) -> dict[str, Any]:
+        """What besides the order decides the batches."""
+        return {"batch_size": self.batch_size, "drop_last": self.drop_last}
+
     def chunks(self, epoch: int) -> FixedSizeEpoch:
         return FixedSizeEpoch(self, epoch)
 
@@ -163,33 +157,42 @@ class FixedSizePlanner:
 
 
 class FixedSizeEpoch:
-    """One epoch of a :class:`FixedSizePlanner`, whose batch size can be lowered mid-epoch."""
+    """One epoch of a :class:`FixedSizePlanner`, whose batch size can be lowered mid-epoch.
+
+    With ``drop_last`` the last ``n % batch_size`` items of the order are dropped, as
+    planned at the start of the epoch: lowering the batch size never changes which items
+    the epoch covers (a last partial batch after a lowering is kept).
+    """
 
     def __init__(self, planner: FixedSizePlanner, epoch: int) -> None:
         self.planner = planner
         self.batch_size = planner.batch_size
+        n = planner.order.n
+        self._keep = n - n % planner.batch_size if planner.drop_last else n  # items batched at all
+        self._seen = 0
         self._chunks = planner.order.chunks(epoch)
-        self._rest = np.empty(0, dtype=np.int64)
+        self._rest = _EMPTY_IDS
         self._done = False
 
     def __iter__(self) -> FixedSizeEpoch:
         return self
 
     def __next__(self) -> PlanChunk:
-        empty = np.empty(0, dtype=np.int64)
         size = self.batch_size
         for chunk in self._chunks:
-            ids = np.concatenate([self._rest, chunk]) if len(self._rest) else chunk
+            kept = max(0, min(len(chunk), self._keep - self._seen))
+            self._seen += len(chunk)
+            dropped = chunk[kept:]
+            ids = np.concatenate([self._rest, chunk[:kept]]) if len(self._rest) else chunk[:kept]
             full = len(ids) // size * size
             self._rest = ids[full:]
-            if full:
-                return PlanChunk(ids[:full], np.arange(0, full + 1, size, dtype=np.int64), empty, empty)
+            if full or len(dropped):
+                return PlanChunk(ids[:full], np.arange(0, full + 1, size, dtype=np.int64), dropped=dropped)
         if self._done or not len(self._rest):
             raise StopIteration
         self._done = True
-        if self.planner.drop_last:
-            return PlanChunk(empty, np.zeros(1, dtype=np.int64), empty, self._rest)
-        return PlanChunk(self._rest, np.array([0, len(self._rest)], dtype=np.int64), empty, empty)
+        rest = self._rest
+        return PlanChunk(rest, np.append(np.arange(0, len(rest), size, dtype=np.int64), len(rest)))
 
     def lower(self, pending: np.ndarray, limit: Any) -> None:
         """Batch ``pending`` (the rest of the current chunk) and all that follows with ``limit`` items."""
@@ -254,6 +257,10 @@ class SizeAwarePlanner:
             per_batch = np.maximum.reduceat(costs, starts, axis=0) * np.diff(offsets)[:, None]
         return (per_batch / np.asarray(self.limit, dtype=np.float64)).max(axis=1)
 
+    def fingerprint_options(self) -> dict[str, Any]:
+        """What besides the order and the sizes decides the batches."""
+        return {"limit": self.limit, "oversize": self.oversize, **self.options}
+
     @property
     def limit(self) -> list[Any]:
         """The configured limit: the cap of every cost column."""
@@ -267,10 +274,13 @@ class SizeAwarePlanner:
         return [check_positive_real("limit", cap) for cap in caps]
 
     def smaller_limit(self, ids: np.ndarray, current: list[Any], factor: float) -> list[Any]:
-        """Caps ``factor`` times below the failed batch's cost (never above the current caps)."""
+        """Caps ``factor`` times below the failed batch's cost (never above the current caps).
+
+        A column the batch spent nothing of keeps its cap: it cannot have caused the error.
+        """
         costs = np.asarray(self.costs(ids)).reshape(len(ids), -1)
         spent = costs.sum(axis=0) if self.options["cost"] == "sum" else len(ids) * costs.max(axis=0)
-        return [min(cap, float(cost) / factor) for cap, cost in zip(current, spent.tolist())]
+        return [min(cap, float(cost) / factor) if cost > 0 else cap for cap, cost in zip(current, spent.tolist())]
 
     def split(self, ids: np.ndarray, limit: Any) -> list[np.ndarray]:
         """Split ``ids`` greedily under ``limit``; an item above it gets a batch of its own."""
@@ -292,7 +302,8 @@ class SizeAwareEpoch:
         self._order: Any = planner.order.chunks(epoch) if cached is None else iter(())
         self._carry: Carry | None = None
         self._caps: Any = None  # the lowered cap(s), once lower() was called
-        self._extra_skipped = np.empty(0, dtype=np.int64)
+        self._prefix: tuple[np.ndarray, np.ndarray] | None = None  # items re-planned by lower()
+        self._extra_skipped = _EMPTY_IDS
         self._done = False
 
     def __iter__(self) -> SizeAwareEpoch:
@@ -306,7 +317,7 @@ class SizeAwareEpoch:
         if self._done:
             raise StopIteration
         self._done = True
-        if (self._carry is None or not len(self._carry)) and not len(self._extra_skipped):
+        if (self._carry is None or not len(self._carry)) and not len(self._extra_skipped) and self._prefix is None:
             raise StopIteration
         return self._split(np.empty(0, dtype=np.int64), final=True)
 
@@ -316,7 +327,7 @@ class SizeAwareEpoch:
         cap, oversize = planner.max_total_size, planner.oversize
         oversize_now: Any = oversize
         skipped = self._extra_skipped
-        self._extra_skipped = np.empty(0, dtype=np.int64)
+        self._extra_skipped = _EMPTY_IDS
         if self._caps is not None:
             # the original cap's policy first, then the lowered cap with own batches
             if len(ids):
@@ -324,13 +335,18 @@ class SizeAwareEpoch:
                 kept = np.isin(ids, keep.skipped, invert=True)
                 skipped = np.concatenate([skipped, keep.skipped])
                 ids, costs = ids[kept], costs[kept]
+            if self._prefix is not None:
+                # NOTE: the items lower() took back are split as items of this chunk, not as
+                # a carry, so that each is checked against the lowered cap
+                (prefix_ids, prefix_costs), self._prefix = self._prefix, None
+                ids = np.concatenate([prefix_ids, ids])
+                costs = np.concatenate([prefix_costs, np.asarray(costs).reshape(len(costs), prefix_costs.shape[1])])
             cap, oversize_now = self._caps, "own_batch"
         split = split_batches(
             costs, cap, ids=ids, carry=self._carry, final=final, oversize=oversize_now, **planner.options
         )
         self._carry = split.carry
-        empty = np.empty(0, dtype=np.int64)
-        return PlanChunk(split.ids, split.offsets, np.concatenate([skipped, split.skipped]), empty)
+        return PlanChunk(split.ids, split.offsets, np.concatenate([skipped, split.skipped]))
 
     def _empty_costs(self) -> np.ndarray:
         if self._carry is not None:
@@ -346,16 +362,12 @@ class SizeAwareEpoch:
             pending = np.concatenate([pending, *[chunk.ids for chunk in rest]])
             self._extra_skipped = np.concatenate([self._extra_skipped, *[chunk.skipped for chunk in rest]])
             self._cached = None
-        carry = self._carry
-        if len(pending) or carry is not None:
-            if len(pending):
-                costs = np.asarray(self.planner.costs(pending)).reshape(len(pending), -1)
-            else:
-                costs = self._empty_costs()
-            if carry is not None and len(carry):
-                costs = np.concatenate([costs.astype(carry.costs.dtype, copy=False), carry.costs])
-                pending = np.concatenate([pending, carry.ids])
-            self._carry = Carry(pending, costs, 0)
+        costs = np.asarray(self.planner.costs(pending)).reshape(len(pending), -1) if len(pending) else None
+        carry, self._carry = self._carry, None
+        if carry is not None and len(carry):
+            pending = np.concatenate([pending, carry.ids])
+            costs = carry.costs if costs is None else np.concatenate([costs, carry.costs])
+        self._prefix = None if costs is None else (pending, costs)
         self._caps = caps
 
 

@@ -18,11 +18,12 @@ import torch
 
 from fastsab._checks import check_positive_int
 from fastsab.batching import CostMode, OversizePolicy
-from fastsab.distributed import EvenBatches, ShardedPlanner, resolve_rank
-from fastsab.epochs import EpochOrder, EpochStats, FixedSizePlanner, PlanChunk, SizeAwarePlanner, make_cost_source
+from fastsab.cursor import EpochCursor, Stream
+from fastsab.distributed import EvenBatches, resolve_rank
+from fastsab.epochs import EpochOrder, EpochStats, FixedSizePlanner, SizeAwarePlanner, make_cost_source
 from fastsab.fetch import Fetcher
-from fastsab.resume import Resumable
-from fastsab.samplers import PlannedBatchSampler
+from fastsab.plans import PlanChunk
+from fastsab.samplers import PlannedBatchSampler, PlannedDataLoader
 from fastsab.shuffle import DEFAULT_GROUP_SIZE
 from fastsab.transfer import pin_available, resolve_device, to_device, tree_map_arrays, warn_pin_unavailable
 
@@ -49,7 +50,7 @@ _SHARED_OPTIONS = (
 )
 
 
-class _Loader(Resumable):
+class _Loader(EpochCursor):
     """What both loaders share: epochs, ranks, fetching, transfer, prefetch, stats and state."""
 
     def __init__(
@@ -99,7 +100,6 @@ class _Loader(Resumable):
         if isinstance(chunk_bytes, bool) or not isinstance(chunk_bytes, int) or chunk_bytes < 0:
             raise ValueError(f"chunk_bytes must be a non-negative integer, got {chunk_bytes!r}.")
         self.chunk_bytes = chunk_bytes
-        self._init_progress()
         self.stats: EpochStats | None = None
         self.planner: FixedSizePlanner | SizeAwarePlanner
         self.limit: Any = None  # the batch size or caps in force in the current epoch
@@ -118,16 +118,25 @@ class _Loader(Resumable):
     # -- epochs and plans -------------------------------------------------------------
 
     def _use_planner(self, planner: FixedSizePlanner | SizeAwarePlanner) -> None:
-        self.planner = planner
         even_batches, balance = self._sharding
-        self.sharded = ShardedPlanner(planner, self.rank, self.world_size, even_batches, balance)
+        self._init_cursor(planner, self.rank, self.world_size, even_batches, balance)
 
     def batch_sampler(self) -> PlannedBatchSampler:
         """This loader's batch plan as a ``Sampler[list[int]]`` for ``DataLoader(batch_sampler=...)``.
 
         The sampler starts at the loader's next epoch and counts epochs on its own.
         """
-        return PlannedBatchSampler(self.sharded, self.epoch)
+        return PlannedBatchSampler(self.planner, self.rank, self.world_size, *self._sharding, epoch=self.epoch)
+
+    def data_loader(self, **options: Any) -> PlannedDataLoader:
+        """A ``DataLoader`` with this loader's batch plan, e.g. for worker processes.
+
+        ``options`` go to ``DataLoader`` (``num_workers``, ``collate_fn``, ...). Its
+        ``state_dict`` counts the batches the training loop received, not those the
+        workers fetched ahead. The dataset, device transfer and ``collate_fn`` of this
+        loader are not used: pass what ``DataLoader`` needs.
+        """
+        return PlannedDataLoader(self.dataset, self.batch_sampler(), **options)
 
     # -- iteration ----------------------------------------------------------------------
 
@@ -141,13 +150,13 @@ class _Loader(Resumable):
     def _iterate(self, with_indices: bool) -> Iterator[Any]:
         # NOTE: a generator, so the epoch is fixed at the first next(), not at iter(): a
         # trainer may call iter() before set_epoch(), as DataLoader's lazy samplers allow.
-        epoch, plan = self._start_epoch()
+        stats = EpochStats(self.epoch)
+        epoch, stream = self._start_epoch(stats)
         if self._chunked:
             self.dataset.set_chunk_order(self.order.group_order(epoch))
-        stats = EpochStats(epoch)
         self.stats = stats
         self._lower_to = None
-        produced = self._produce(plan, stats)
+        produced = self._produce(stream, stats)
         depth = self.prefetch
         if depth is None:  # in-memory gathers are cheaper than a thread hand-off
             depth = 0 if self.fetcher.kind == "gather" else 2
@@ -162,10 +171,6 @@ class _Loader(Resumable):
             self._step_done()
             yield (ids, batch) if with_indices else batch
         self._epoch_done()
-        assignment = self.sharded.assignment
-        if self.world_size > 1 and assignment is not None:
-            stats.num_padded = assignment.num_padded
-            stats.spread_before, stats.spread_after = assignment.spread_before, assignment.spread_after
         if stats.num_skipped:
             warnings.warn(
                 f"{stats.num_skipped} items were larger than max_total_size and were skipped in epoch "
@@ -173,10 +178,12 @@ class _Loader(Resumable):
                 stacklevel=2,
             )
 
-    def _produce(self, plan: Any, stats: EpochStats) -> Iterator[tuple[np.ndarray, Any]]:
+    def _produce(self, stream: Stream, stats: EpochStats) -> Iterator[tuple[np.ndarray, Any]]:
         self.limit = self.planner.limit
-        for chunk in plan:
-            stats.add(chunk)
+        for position, limit in stream.lowered:  # lowered before the resumed position
+            if position <= stream.skip:
+                self.limit = limit
+        for chunk in stream:
             offsets = chunk.offsets.tolist()
             for b, (ids, batch) in enumerate(self._chunk_batches(chunk, offsets)):
                 yield ids, batch
@@ -187,7 +194,7 @@ class _Loader(Resumable):
                 if lower_to is not None:
                     # re-plan the rest of this chunk, and all that follows, under the new limit
                     stats.limit_changes.append((stats.num_batches, self.limit, lower_to))
-                    plan.lower(chunk.ids[offsets[b + 1] :], lower_to)
+                    stream.lower(b + 1, lower_to)
                     self.limit = lower_to
                     break
 
@@ -195,16 +202,18 @@ class _Loader(Resumable):
         fetcher = self.fetcher
         ids = chunk.ids
         if fetcher.kind == "gather" and fetcher.row_bytes * len(ids) <= self.chunk_bytes:
-            # NOTE: one gather (and one device copy) for the whole chunk; batches are
-            # slices of it. This is what makes in-memory epochs run at numpy speed.
-            rows = self._move(fetcher.take(ids))
+            # NOTE: one gather for the whole chunk; batches are slices of it. This is what
+            # makes in-memory epochs run at numpy speed. Each batch is collated, then moved,
+            # as on every other path; without a collate_fn the whole chunk is moved at once
+            # (the same result in one copy).
             collate = fetcher.collate_fn
+            rows = fetcher.take(ids) if collate is not None else self._move(fetcher.take(ids))
             if isinstance(rows, torch.Tensor):  # views made in one call, cheaper than slicing
                 parts: Any = rows.split(np.diff(offsets).tolist())
             else:
                 parts = (tree_map_arrays(_slicer(offsets[b], offsets[b + 1]), rows) for b in range(len(offsets) - 1))
             for b, part in enumerate(parts):
-                yield ids[offsets[b] : offsets[b + 1]], part if collate is None else collate(part)
+                yield ids[offsets[b] : offsets[b + 1]], part if collate is None else self._move(collate(part))
             return
         for b in range(len(offsets) - 1):
             lo, hi = offsets[b], offsets[b + 1]

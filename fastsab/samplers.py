@@ -10,23 +10,24 @@ derives bucket boundaries from the sizes.
 from __future__ import annotations
 
 import itertools
+import sys
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import Sampler
+from torch.utils.data import DataLoader, Sampler
 
 from fastsab._checks import as_numeric_array, as_python_number, check_positive_int, check_positive_real
 from fastsab.batching import report_batching, split_batches
-from fastsab.distributed import ShardedPlanner
-from fastsab.resume import Resumable
+from fastsab.cursor import EpochCursor
 
 __all__ = [
     "BucketBatchSampler",
     "NoElementInBucketsError",
     "PlannedBatchSampler",
+    "PlannedDataLoader",
     "SizeAwareBatchSampler",
     "create_buckets",
 ]
@@ -389,26 +390,114 @@ def create_buckets(
     return torch.tensor(boundaries), torch.tensor(bucket_sizes)
 
 
-class PlannedBatchSampler(Resumable, Sampler[list[int]]):
+class PlannedBatchSampler(EpochCursor, Sampler[list[int]]):
     """A loader's batch plan as a ``torch.utils.data.Sampler[list[int]]``.
 
-    Made by :meth:`FastLoader.batch_sampler() <fastsab.FastLoader.batch_sampler>`. Pass it
-    as ``batch_sampler=`` to a ``DataLoader`` to use worker processes with the same batches
-    (the DataLoader then calls ``dataset.__getitems__`` when present). Like the loaders,
-    each ``iter()`` starts the next epoch unless :meth:`set_epoch` was called, ``len()`` is
-    exact, it yields this rank's share under ``torch.distributed``, and it resumes from
-    :meth:`state_dict`.
+    Made by :meth:`FastLoader.batch_sampler() <fastsab.FastLoader.batch_sampler>`. Like the
+    loaders, each ``iter()`` starts the next epoch unless :meth:`set_epoch` was called,
+    ``len()`` is exact, it yields this rank's share under ``torch.distributed``, and it
+    resumes from :meth:`state_dict`.
+
+    Its position counts the batches it handed out. A ``DataLoader`` with worker processes
+    takes batches ahead of the training loop (``prefetch_factor * num_workers``), so the
+    sampler's position is ahead of what was trained on: use
+    :class:`~fastsab.PlannedDataLoader` (``loader.data_loader(num_workers=...)``), whose
+    ``state_dict`` counts the batches the loop received. :meth:`state_dict` refuses to
+    answer when it sees this sampler iterated by a ``DataLoader`` with workers.
     """
 
-    def __init__(self, sharded: ShardedPlanner, epoch: int = 0) -> None:
-        self.sharded = sharded
-        self._init_progress(epoch)
+    def __init__(
+        self, planner: Any, rank: int, world_size: int, even_batches: Any, balance: Any, *, epoch: int = 0
+    ) -> None:
+        self._init_cursor(planner, rank, world_size, even_batches, balance, epoch)
+        self._ahead = False  # iterated by a DataLoader whose workers fetch ahead
+        self._counted_by: object | None = None  # the PlannedDataLoader that counts received batches
 
     def __iter__(self) -> Iterator[list[int]]:
-        _, chunks = self._start_epoch()
-        for chunk in chunks:
-            ids, offsets = chunk.ids, chunk.offsets.tolist()
-            for b in range(len(offsets) - 1):
-                self._step_done()  # counted as handed out, as the loaders do
-                yield ids[offsets[b] : offsets[b + 1]].tolist()
+        self._ahead = self._counted_by is None and _called_by_worker_loader(sys._getframe(1))
+        _, stream = self._start_epoch()
+        for chunk in stream:
+            for batch in chunk.batches():
+                self._step_done()  # counted as handed out
+                yield batch.tolist()
         self._epoch_done()
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the iteration stands, counted in batches handed out (see the class docstring).
+
+        Raises:
+            RuntimeError: If a ``DataLoader`` with worker processes iterates this sampler:
+                the count would include batches never trained on.
+        """
+        if self._ahead and self._progress is not None:
+            raise RuntimeError(
+                "this PlannedBatchSampler is iterated by a DataLoader with worker processes, which takes batches "
+                "ahead of the training loop, so its position would skip batches never trained on; use "
+                "loader.data_loader(num_workers=...) (a PlannedDataLoader) and its state_dict() instead."
+            )
+        return super().state_dict()
+
+
+class PlannedDataLoader(DataLoader):  # type: ignore[type-arg]
+    """A ``DataLoader`` over a :class:`PlannedBatchSampler` whose state counts received batches.
+
+    Worker processes fetch whole batches (``dataset.__getitems__`` when it exists) ahead of
+    the loop; :meth:`state_dict` counts only the batches this loader's iterator returned, so
+    a resume yields exactly the batches not trained on. ``len()``, :meth:`set_epoch` and
+    :meth:`load_state_dict` act on the sampler. Made by ``loader.data_loader(...)``.
+
+    Args:
+        dataset: The dataset to fetch from.
+        batch_sampler: The plan, from ``loader.batch_sampler()``.
+        **options: Further ``DataLoader`` options (``num_workers``, ``collate_fn``,
+            ``pin_memory``, ``prefetch_factor``, ``persistent_workers``, ...).
+    """
+
+    def __init__(self, dataset: Any, batch_sampler: PlannedBatchSampler, **options: Any) -> None:
+        if not isinstance(batch_sampler, PlannedBatchSampler):
+            raise TypeError(f"batch_sampler must be a PlannedBatchSampler, got {type(batch_sampler).__name__}.")
+        for name in ("batch_size", "shuffle", "sampler", "drop_last"):
+            if name in options:
+                raise ValueError(f"{name} is decided by the batch plan; do not pass it to PlannedDataLoader.")
+        super().__init__(dataset, batch_sampler=batch_sampler, **options)
+        batch_sampler._counted_by = self
+        self.plan = batch_sampler
+        self._received: tuple[int, int] | None = None  # (epoch, steps) counted in received batches
+
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        return self._counted(super().__iter__())
+
+    def _counted(self, batches: Iterator[Any]) -> Iterator[Any]:
+        received = 0
+        for batch in batches:
+            if received == 0:
+                start = self.plan.start_position
+                assert start is not None  # the sampler started its epoch before the first batch
+                self._received = start
+            received += 1
+            self._received = (self._received[0], self._received[1] + 1)
+            yield batch
+        self._received = None
+
+    def set_epoch(self, epoch: int) -> None:
+        """Use ``epoch`` for the next iteration."""
+        self.plan.set_epoch(epoch)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The plan's state, counted in batches this loader returned to the loop."""
+        if self._received is None:
+            return self.plan.state_dict()
+        return self.plan._state(*self._received)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state`` (see :meth:`PlannedBatchSampler.load_state_dict`)."""
+        self._received = None
+        self.plan.load_state_dict(state)
+
+
+def _called_by_worker_loader(frame: Any) -> bool:
+    """Whether ``frame`` (the caller of ``iter()``) belongs to a DataLoader iterator with workers."""
+    from torch.utils.data import dataloader
+
+    owner = frame.f_locals.get("self") if frame is not None else None
+    return isinstance(owner, getattr(dataloader, "_MultiProcessingDataLoaderIter", ()))

@@ -54,10 +54,14 @@ class _TrainLoader:
 
 
 class _SizedTrainLoader(_TrainLoader):
-    """A training loader whose length Lightning may read: exact for the coming epoch."""
+    """A training loader whose length Lightning may read: exact for the coming epoch.
+
+    Lightning counts a resumed epoch's batches from the step it saved, so the length is
+    the whole epoch's: the batches left plus those run before the state was saved.
+    """
 
     def __len__(self) -> int:
-        return len(self.loader)
+        return len(self.loader) + self.loader.resumed_steps
 
 
 class FastDataModule(pl.LightningDataModule):

@@ -1,0 +1,305 @@
+"""Epochs, positions and resuming: states across world sizes, dealing options, lowered limits."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from fastsab import FastLoader, FastSizeAwareLoader, adaptive
+
+N = 1000
+LENGTHS = np.random.default_rng(0).lognormal(np.log(40), 0.8, N).clip(1, 400).astype(np.int64)
+BUDGET = 1200
+
+
+def sized(rank=0, world_size=1, **options):
+    options = {"seed": 7, **options}
+    return FastSizeAwareLoader(torch.arange(N), LENGTHS, BUDGET, rank=rank, world_size=world_size, **options)
+
+
+def run_steps(loaders, steps):
+    """Every rank runs ``steps`` batches in lockstep; returns the indices and the (common) state."""
+    seen = []
+    states = []
+    for loader in loaders:
+        iterator = iter(loader)
+        seen += [i for _ in range(steps) for i in next(iterator).tolist()]
+        states.append(loader.state_dict())
+    assert all(state == states[0] for state in states)  # every rank saves the same state
+    return seen, states[0]
+
+
+def run_rest(loaders, state):
+    seen = []
+    for loader in loaders:
+        loader.load_state_dict(json.loads(json.dumps(state)))
+        seen += [i for batch in loader for i in batch.tolist()]
+    assert len({loader.stats.num_batches for loader in loaders}) == 1  # equal steps
+    return seen
+
+
+# --- chains of resumes over world sizes and dealing options ------------------------------------
+
+
+@pytest.mark.parametrize("chain", [[(3, 2), (1, 3), (1, None)], [(2, 4), (3, 2), (1, 5), (2, None)]])
+def test_resume_chains_over_world_sizes_yield_every_index_once(chain):
+    # invariant: a job preempted and resumed on any sequence of world sizes runs every index once
+    # (the steps stop before any padding, so no repeats are expected)
+    seen = []
+    state = None
+    for world, steps in chain:
+        loaders = [sized(r, world, even_batches="drop") for r in range(world)]
+        if state is not None:
+            for loader in loaders:
+                loader.load_state_dict(state)
+        if steps is None:
+            seen += [i for loader in loaders for batch in loader for i in batch.tolist()]
+            dropped = loaders[0].stats.dropped
+        else:
+            part, state = run_steps(loaders, steps)
+            seen += part
+    counts = Counter(seen)
+    assert max(counts.values()) == 1
+    assert sorted(seen + dropped) == list(range(N))
+
+
+@pytest.mark.parametrize(
+    ("saved", "loaded"),
+    [({"balance": True}, {"balance": False}), ({"even_batches": "drop"}, {"even_batches": "pad"})],
+)
+def test_a_state_resumes_exactly_under_other_dealing_options(saved, loaded):
+    # invariant: the state keeps how its steps were dealt, so other options deal only the rest
+    before, state = run_steps([sized(r, 2, **saved) for r in range(2)], 5)
+    after_loaders = [sized(r, 2, **loaded) for r in range(2)]
+    after = run_rest(after_loaders, state)
+    stats = after_loaders[0].stats
+    repeats = sum(len(loader.stats.padded) for loader in after_loaders)
+    assert len(before) + len(after) == N - stats.num_dropped + repeats
+    assert set(before) | set(after) | set(stats.dropped) == set(range(N))
+    assert not set(before) & set(after)
+
+
+def test_state_is_the_same_for_any_spelling_of_the_configuration():
+    state = sized(max_batch_size=50).state_dict()
+    spelled = FastSizeAwareLoader(
+        torch.arange(N), LENGTHS, np.int64(BUDGET), seed=np.int64(7), max_batch_size=np.int64(50)
+    )
+    spelled.load_state_dict(state)
+    as_float = FastSizeAwareLoader(torch.arange(N), LENGTHS, float(BUDGET), seed=7, max_batch_size=50)
+    as_float.load_state_dict(state)
+
+
+# --- malformed states ---------------------------------------------------------------------------
+
+
+def saved_state():
+    loader = sized()
+    iterator = iter(loader)
+    next(iterator)
+    return loader.state_dict()
+
+
+@pytest.mark.parametrize(
+    ("change", "error", "message"),
+    [
+        ({"steps": 10**6}, ValueError, r"state has steps=1000000, past the \d+ steps of epoch 0"),
+        ({"steps": 2.0}, TypeError, r"state\['steps'\] must be an integer, got 2.0"),
+        ({"steps": "abc"}, TypeError, r"state\['steps'\] must be an integer, got 'abc'"),
+        ({"steps": None}, TypeError, r"state\['steps'\] must be an integer, got None"),
+        ({"steps": True}, TypeError, r"state\['steps'\] must be an integer, got True"),
+        ({"steps": -1}, ValueError, r"state\['steps'\] must be a non-negative integer, got -1"),
+        (
+            {"world_size": 10**6, "steps": 2, "even_batches": "pad", "balance": True},
+            ValueError,
+            r"state has steps=2, past the 1 steps of epoch 0 on 1000000 ranks",
+        ),
+        ({"world_size": 0}, ValueError, r"state has world_size=0"),
+        ({"epoch": -2}, ValueError, r"state\['epoch'\] must be a non-negative integer, got -2"),
+        ({"lowered": [[0, -5]]}, ValueError, r"limit must be a positive finite number, got -5"),
+        ({"lowered": [[3, 100], [2, 50]]}, ValueError, r"state\['lowered'\] positions must increase"),
+        ({"history": [{"world_size": 2}]}, ValueError, r"state has no 'steps' entry"),
+    ],
+)
+def test_malformed_states_are_refused_with_the_key_named(change, error, message):
+    state = {**saved_state(), **change}
+    with pytest.raises(error, match=message):
+        sized().load_state_dict(state)
+
+
+@pytest.mark.parametrize("key", ["steps", "world_size", "epoch", "seed", "fingerprint", "history", "lowered"])
+def test_a_state_missing_a_key_names_it(key):
+    state = saved_state()
+    del state[key]
+    with pytest.raises(ValueError, match=f"state has no '{key}' entry"):
+        sized().load_state_dict(state)
+
+
+# --- lengths and stats of a resumed epoch -------------------------------------------------------
+
+
+def test_len_after_a_resume_is_the_number_of_batches_left():
+    loader = sized(group_size=64)
+    total = len(loader)
+    iterator = iter(loader)
+    for _ in range(2):
+        next(iterator)
+    resumed = sized(group_size=64)
+    resumed.load_state_dict(loader.state_dict())
+    assert len(resumed) == total - 2
+    assert len(list(resumed)) == total - 2
+    sampler = sized(group_size=64).batch_sampler()
+    sampler.load_state_dict(loader.state_dict())
+    assert len(sampler) == total - 2
+
+
+def test_a_resumed_epoch_reports_the_oversize_items_of_the_chunks_it_skipped_over():
+    sizes = np.ones(200, dtype=np.int64)
+    sizes[[3, 150]] = 100  # oversize, in the first and in a late chunk
+    make = lambda: FastSizeAwareLoader(torch.arange(200), sizes, 10, shuffle=False, group_size=16)  # noqa: E731
+    loader = make()
+    iterator = iter(loader)
+    for _ in range(8):  # past the first chunk
+        next(iterator)
+    resumed = make()
+    resumed.load_state_dict(loader.state_dict())
+    with pytest.warns(UserWarning, match="2 items were larger than max_total_size"):
+        list(resumed)
+    assert resumed.stats.skipped == [3, 150]
+
+
+def test_drop_last_under_ranks_reports_the_dropped_items():
+    loaders = [FastLoader(torch.arange(103), 10, drop_last=True, rank=r, world_size=2, seed=1) for r in range(2)]
+    seen = [i for loader in loaders for batch in loader for i in batch.tolist()]
+    assert len(seen) == 100 and len(set(seen)) == 100
+    assert loaders[0].stats.num_dropped == 3
+    assert sorted(seen + loaders[0].stats.dropped) == list(range(103))
+
+
+# --- lowering the limit -------------------------------------------------------------------------
+
+
+def test_lowering_after_a_resume_from_another_world_size():
+    # invariant: a one-rank loader resumed from a 2-rank state can still lower its limit
+    before, state = run_steps([sized(r, 2) for r in range(2)], 3)
+    loader = sized()
+    loader.load_state_dict(state)
+    after = []
+    for count, batch in enumerate(loader):
+        after += batch.tolist()
+        if count == 2:
+            loader.lower_limit(300)
+    assert sorted(before + after) == list(range(N))
+    assert loader.stats.limit_changes[0][2] == [300]
+
+
+def test_lowering_below_an_item_that_is_still_pending_ends_and_keeps_every_item():
+    sizes = np.full(100, 50, dtype=np.int64)
+    loader = FastSizeAwareLoader(torch.arange(100), sizes, 1000, shuffle=False, group_size=7)
+    seen = []
+    for count, batch in enumerate(loader):
+        seen += batch.tolist()
+        if count == 0:
+            loader.lower_limit(10)  # every pending item (cost 50) is now above the cap
+        assert count < 200
+    assert seen == list(range(100))
+    assert loader.stats.num_batches == 1 + 80  # the first batch of 20, then one batch each
+
+
+def test_lowering_a_fixed_batch_size_splits_the_rest_of_a_single_group():
+    loader = FastLoader(torch.arange(1000), 64, seed=0)
+    sizes = []
+    for batch in loader:
+        sizes.append(len(batch))
+        if len(sizes) == 1:
+            loader.lower_limit(16)
+    assert sizes[0] == 64 and max(sizes[1:]) == 16 and sum(sizes) == 1000
+
+
+def test_lowering_keeps_drop_last_to_the_items_planned_at_the_start():
+    loader = FastLoader(torch.arange(100), 30, drop_last=True, seed=0, group_size=8)
+    seen = []
+    for batch in loader:
+        seen += batch.tolist()
+        if len(seen) == 30:
+            loader.lower_limit(7)
+    assert len(seen) == 90 and len(set(seen)) == 90
+    assert sorted(seen + loader.stats.dropped) == list(range(100))
+
+
+@pytest.mark.parametrize("prefetch", [0, 2])
+def test_resume_after_lowering_the_limit_runs_the_rest_exactly(prefetch):
+    def make():
+        return sized(prefetch=prefetch, group_size=128)
+
+    whole = []
+    loader = make()
+    for count, batch in enumerate(loader):
+        whole.append(batch.tolist())
+        if count == 2:
+            loader.lower_limit(100)
+    interrupted = make()
+    done = []
+    for count, batch in enumerate(interrupted):
+        done.append(batch.tolist())
+        if count == 2:
+            interrupted.lower_limit(100)
+        if count == 12:
+            break
+    state = json.loads(json.dumps(interrupted.state_dict()))
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert len(resumed) == len(whole) - 13
+    rest = [batch.tolist() for batch in resumed]
+    assert done + rest == whole
+    assert sorted(i for batch in whole for i in batch) == list(range(N))
+
+
+@pytest.mark.parametrize("columns", [1, 2])
+def test_adaptive_run_splits_batches_that_cost_nothing(columns):
+    sizes = np.zeros((N, columns), dtype=np.int64)
+    if columns == 2:
+        sizes[:, 0] = 1  # one column costs, the other is all zero
+    loader = FastSizeAwareLoader(torch.arange(N), sizes if columns == 2 else sizes[:, 0], [N] * columns, seed=3)
+
+    def step(batch):
+        if len(batch) > 100:
+            raise torch.OutOfMemoryError("CUDA out of memory (fake)")
+        return batch.tolist()
+
+    seen = [i for part in adaptive.run(loader, step) for i in part]
+    assert sorted(seen) == list(range(N))
+
+
+# --- DataLoader with worker processes ----------------------------------------------------------
+
+
+def test_a_sampler_under_a_dataloader_with_workers_refuses_a_position_it_cannot_know():
+    loader = FastLoader(torch.arange(200), 10, seed=2)
+    sampler = loader.batch_sampler()
+    data = DataLoader(TensorDataset(torch.arange(200)), batch_sampler=sampler, num_workers=2)
+    iterator = iter(data)
+    for _ in range(3):
+        next(iterator)
+    with pytest.raises(RuntimeError, match="DataLoader with worker processes"):
+        sampler.state_dict()
+    del iterator
+
+
+def test_data_loader_counts_the_batches_the_loop_received():
+    loader = FastLoader(torch.arange(200), 10, seed=2)
+    whole = [batch.tolist() for batch in loader.data_loader(num_workers=0)]
+    data = loader.data_loader(num_workers=2)
+    iterator = iter(data)
+    done = [next(iterator).tolist() for _ in range(3)]
+    state = data.state_dict()
+    assert state["steps"] == 3
+    del iterator
+    resumed = FastLoader(torch.arange(200), 10, seed=2).data_loader(num_workers=2)
+    resumed.load_state_dict(state)
+    assert len(resumed) == 17
+    assert done + [batch.tolist() for batch in resumed] == whole
