@@ -133,9 +133,8 @@ def test_other_errors_propagate_unchanged():
     "error",
     [
         RuntimeError("CUDA error: out of memory"),
-        RuntimeError(
-            "cuDNN error: CUDNN_STATUS_NOT_SUPPORTED. This error may appear if you passed in a non-contiguous input."
-        ),
+        RuntimeError("cuDNN error: CUDNN_STATUS_ALLOC_FAILED"),
+        RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"),
         RuntimeError("HIP out of memory. Tried to allocate 1.00 GiB"),
         RuntimeError("MPS backend out of memory (MPS allocated: 3.00 GB, other allocations: 1.00 GB)"),
         RuntimeError("XPU out of memory. Tried to allocate 2.00 GiB"),
@@ -155,6 +154,26 @@ def test_every_backend_message_triggers_a_retry(error):
         return batch_size
 
     assert fn() == 1 and sizes == [4, 2, 1]
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        "not enough memory in my cache",
+        "cuDNN error: CUDNN_STATUS_NOT_SUPPORTED. This error may appear if you passed in a non-contiguous input.",
+    ],
+)
+def test_errors_that_only_mention_memory_are_not_retried(message):
+    sizes = []
+
+    @adaptive.batch(initial_batch_size=4, cache=None)
+    def fn(batch_size):
+        sizes.append(batch_size)
+        raise RuntimeError(message)
+
+    with pytest.raises(RuntimeError) as raised:
+        fn()
+    assert str(raised.value) == message and sizes == [4]
 
 
 def test_the_failed_attempt_is_freed_before_the_retry():
