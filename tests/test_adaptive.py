@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import gc
+import resource
 import subprocess
 import sys
 import textwrap
@@ -331,7 +332,8 @@ async def agen(batch_size):
             r"dim must be an integer, got '1' of type str\.",
         ),
         (lambda: GlobalCache(grow_after=0), ValueError, r"grow_after must be a positive integer, got 0"),
-        (lambda: adaptive.set_cpu_memory_limit(0), ValueError, r"gib must be a positive number, got 0"),
+        (lambda: adaptive.set_cpu_memory_limit(0), ValueError, r"gib must be a positive number or math\.inf"),
+        (lambda: adaptive.set_cpu_memory_limit("4"), TypeError, r"gib must be a number, got '4' of type str\."),
         (lambda: adaptive.set_default_cache(3), TypeError, r"cache must be a BatchSizeCache class or factory, got 3"),
         (
             lambda: adaptive.set_default_cache(dict),
@@ -537,6 +539,68 @@ def test_adaptive_oom_error_survives_pickling():
     error = AdaptiveOOMError("fn", [4, 2], 2, OOM("CUDA out of memory."))
     copy = pickle.loads(pickle.dumps(error))
     assert type(copy) is AdaptiveOOMError and str(copy) == str(error) and copy.tried == [4, 2]
+
+
+# --- set_cpu_memory_limit, in child processes (the limit is per process) ----------------------------
+
+
+def run_script(body: str) -> str:
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(body)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+
+def test_set_cpu_memory_limit_round_trips_and_inf_means_no_limit():
+    script = """
+        import math, resource
+        from fastsab import adaptive
+        AS = resource.RLIMIT_AS
+        resource.setrlimit(AS, (resource.RLIM_INFINITY, resource.getrlimit(AS)[1]))
+        assert adaptive.set_cpu_memory_limit(64.25) == math.inf  # there was no limit
+        assert resource.getrlimit(AS)[0] == int(64.25 * 2**30)
+        assert adaptive.set_cpu_memory_limit(math.inf) == 64.25
+        assert resource.getrlimit(AS)[0] == resource.RLIM_INFINITY
+        odd = 3 * 2**30 + 4096  # a limit set by other means, not a whole number of GiB
+        resource.setrlimit(AS, (odd, resource.getrlimit(AS)[1]))
+        old = adaptive.set_cpu_memory_limit(100)
+        adaptive.set_cpu_memory_limit(old)
+        assert resource.getrlimit(AS)[0] == odd
+        print("ok")
+    """
+    if resource.getrlimit(resource.RLIMIT_AS)[1] != resource.RLIM_INFINITY:
+        pytest.skip("the hard address-space limit of this machine is finite")
+    assert run_script(script) == "ok"
+
+
+def test_set_cpu_memory_limit_rejects_what_it_cannot_set():
+    script = """
+        import math, resource
+        from fastsab import adaptive
+        AS = resource.RLIMIT_AS
+        before = resource.getrlimit(AS)
+        for gib in (float("nan"), -1.0, 1e-12, 1e30, float("-inf")):
+            try:
+                adaptive.set_cpu_memory_limit(gib)
+            except ValueError as error:
+                print(error)
+        resource.setrlimit(AS, (2**40, 2**41))  # a finite hard limit: it cannot be lifted
+        for gib in (math.inf, 2**11 + 1):
+            try:
+                adaptive.set_cpu_memory_limit(gib)
+            except ValueError as error:
+                print(error)
+        assert resource.getrlimit(AS) == (2**40, 2**41)
+    """
+    lines = run_script(script).splitlines()
+    assert lines == [
+        "gib must be a positive number or math.inf (no limit), got nan.",
+        "gib must be a positive number or math.inf (no limit), got -1.0.",
+        "gib=1e-12 is less than one byte.",
+        "gib=1e+30 is too large for an address-space limit; pass math.inf for no limit.",
+        "gib must be a positive number or math.inf (no limit), got -inf.",
+        "gib=inf is above the hard limit of 2048.00 GiB, which this process cannot raise.",
+        "gib=2049 is above the hard limit of 2048.00 GiB, which this process cannot raise.",
+    ]
 
 
 # --- real out-of-memory errors under an address-space limit -------------------------------------
