@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import functools
 import gc
+import inspect
+import math
 import os
 import sys
 import threading
@@ -29,6 +31,7 @@ import traceback
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from numbers import Integral, Real
 from typing import Any, TypeVar
 
 import torch
@@ -70,6 +73,15 @@ class AdaptiveOOMError(RuntimeError):
             f"Last error: {type(last).__name__}: {last}"
         )
         self.tried = tried
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # NOTE: rebuilt from the message, not by __init__ (whose arguments are not kept), so that
+        # the error crosses process boundaries (multiprocessing, DataLoader workers) intact
+        return _restore_error, (type(self), str(self)), self.__dict__
+
+
+def _restore_error(cls: type[AdaptiveOOMError], message: str) -> AdaptiveOOMError:
+    return cls.__new__(cls, message)
 
 
 def free_memory(error: BaseException | None = None) -> None:
@@ -197,12 +209,16 @@ def set_default_cache(cache: type[BatchSizeCache] | Callable[[], BatchSizeCache]
     Takes effect at once, also for functions decorated before (each decorated function
     makes its default cache on first use after a change).
 
+    Args:
+        cache: A :class:`BatchSizeCache` subclass, or a function without arguments that
+            returns a :class:`BatchSizeCache` (checked when it is used).
+
     Examples:
         >>> set_default_cache(GlobalCache)
         >>> set_default_cache(StackMemoryCache)
     """
     global _default_cache
-    if not callable(cache):
+    if (isinstance(cache, type) and not issubclass(cache, BatchSizeCache)) or not callable(cache):
         raise TypeError(f"cache must be a BatchSizeCache class or factory, got {cache!r}.")
     _default_cache = cache
 
@@ -211,28 +227,33 @@ class _CacheSlot:
     """The cache of one decorated function: fixed, or following the default."""
 
     def __init__(self, cache: Any) -> None:
-        self._fixed: BatchSizeCache | None = None
-        self._follows_default = cache == "default"
+        self._fixed: BatchSizeCache | None = None  # None: follow the default
         self._default_factory: Any = None
         self._default: BatchSizeCache | None = None
-        if not self._follows_default:
-            self.set(cache)
+        self.set(cache)
 
     def set(self, cache: Any) -> None:
+        # NOTE: isinstance first: ``==`` on an array or a tensor answers elementwise
+        if isinstance(cache, str) and cache == "default":
+            self._fixed = None
+            return
         if cache is None:
             cache = NoCache()
         elif isinstance(cache, type) and issubclass(cache, BatchSizeCache):
             cache = cache()
         if not isinstance(cache, BatchSizeCache):
             raise TypeError(f"cache must be 'default', None, a BatchSizeCache or its class, got {cache!r}.")
-        self._fixed, self._follows_default = cache, False
+        self._fixed = cache
 
     def get(self) -> BatchSizeCache:
-        if not self._follows_default:
-            assert self._fixed is not None
+        if self._fixed is not None:
             return self._fixed
         if self._default is None or self._default_factory is not _default_cache:
-            self._default_factory, self._default = _default_cache, _default_cache()
+            factory = _default_cache
+            made = factory()
+            if not isinstance(made, BatchSizeCache):
+                raise TypeError(f"the default cache factory {factory!r} made {made!r}, not a BatchSizeCache.")
+            self._default_factory, self._default = factory, made
         return self._default
 
 
@@ -240,33 +261,117 @@ class _CacheSlot:
 
 
 def _check_factor(factor: Any) -> float:
-    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not factor > 1:
-        raise ValueError(f"factor must be a number > 1, got {factor!r}.")
-    return float(factor)
+    if isinstance(factor, bool) or not isinstance(factor, Real):
+        raise TypeError(f"factor must be a number, got {factor!r} of type {type(factor).__name__}.")
+    try:
+        value = float(factor)
+    except OverflowError:  # an integer beyond float range
+        value = math.inf
+    if not (value > 1 and math.isfinite(value)):
+        raise ValueError(f"factor must be a finite number > 1, got {factor!r}.")
+    return value
+
+
+def _check_integer(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, Integral):
+        raise TypeError(f"{name} must be an integer, got {value!r} of type {type(value).__name__}.")
+    return int(value)
+
+
+_BATCH_NAMES = ("initial_batch_size", "min_batch_size")
+_STEP_NAMES = ("initial_step", "min_step")
 
 
 def _smaller(size: int, factor: float, minimum: int) -> int:
     return max(minimum, min(size - 1, int(size / factor)))
 
 
+# What runs after a call has returned, outside any retry: how each kind of function or result is named.
+_LAZY_FUNCTIONS = (
+    (inspect.isgeneratorfunction, "a generator function"),
+    (inspect.isasyncgenfunction, "an async generator function"),
+    (inspect.iscoroutinefunction, "a coroutine function (async def)"),
+)
+_LAZY_RESULTS = (
+    (inspect.isgenerator, "a generator"),
+    (inspect.isasyncgen, "an async generator"),
+    (inspect.iscoroutine, "a coroutine"),
+)
+_LAZY_ADVICE = (
+    "its work runs only when the caller iterates or awaits the result, after the call has returned and outside "
+    "the retry, and rerunning it at a smaller size would repeat the items already yielded. Return a list (or "
+    "another finished result) instead, or use adaptive.range or adaptive.chunked, which retry only the chunk "
+    "that ran out of memory."
+)
+
+
+def _lazy_kind(func: Callable[..., Any]) -> str | None:
+    """How ``func`` is named if it is a generator or async function (or a callable object whose call is one)."""
+    targets = [func]
+    if not (inspect.isroutine(func) or isinstance(func, (type, functools.partial))):
+        targets.append(type(func).__call__)  # a callable object: what its call runs
+    for target in targets:
+        for test, kind in _LAZY_FUNCTIONS:
+            if test(target):
+                return kind
+    return None
+
+
+def _check_finished(name: str, form: str, value: Any) -> None:
+    """Raise if a call returned lazy work (a generator or coroutine) instead of its result; close that work."""
+    for test, kind in _LAZY_RESULTS:
+        if test(value):
+            close = getattr(value, "close", None)  # a generator or coroutine; an async generator cannot be closed here
+            if close is not None:
+                close()
+            raise TypeError(f"{name} returned {kind}; {form} cannot retry it: {_LAZY_ADVICE}")
+
+
 class _Adaptive(ABC):
-    """Shared machinery of the decorated forms: options, cache and the shrink loop."""
+    """Shared machinery of the decorated forms: options, cache and the shrink loop.
+
+    Args:
+        func: The function to run.
+        initial: The size to try first.
+        minimum: The smallest size to try.
+        factor: Shrink factor (> 1) after each out-of-memory error.
+        cache: See :func:`batch`.
+        form: The public name of the form, for messages (``"adaptive.batch"``).
+        names: The names of the ``initial`` and ``minimum`` arguments, for messages.
+    """
 
     @abstractmethod
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Run the decorated function, adapting its size."""
 
-    def __init__(self, func: Callable[..., Any], initial: int, minimum: int, factor: float, cache: Any) -> None:
+    def __init__(
+        self,
+        func: Callable[..., Any],
+        initial: int,
+        minimum: int,
+        factor: float,
+        cache: Any,
+        *,
+        form: str,
+        names: tuple[str, str],
+    ) -> None:
         if not callable(func):
-            raise TypeError(f"func must be callable, got {type(func).__name__}.")
+            raise TypeError(f"func must be callable, got {func!r} of type {type(func).__name__}.")
         self.func = func
-        self.initial = check_positive_int("initial size", initial)
-        self.minimum = check_positive_int("minimum size", minimum)
+        self.form = form
+        self.name = getattr(func, "__qualname__", None) or repr(func)
+        kind = _lazy_kind(func)
+        if kind is not None:
+            raise TypeError(f"{self.name} is {kind}; {form} cannot retry it: {_LAZY_ADVICE}")
+        self.initial = check_positive_int(names[0], initial)
+        self.minimum = check_positive_int(names[1], minimum)
         if self.minimum > self.initial:
-            raise ValueError(f"the minimum size ({self.minimum}) must not exceed the initial size ({self.initial}).")
+            raise ValueError(f"{names[1]} ({self.minimum}) must not exceed {names[0]} ({self.initial}).")
         self.factor = _check_factor(factor)
         self.slot = _CacheSlot(cache)
-        self.name = getattr(func, "__qualname__", repr(func))
+        # NOTE: the function's own token in every key: a cache instance shared by several functions
+        # (or a default factory that returns one) must not start one function at another's size
+        self._token = object()
 
     @property
     def cache(self) -> BatchSizeCache:
@@ -276,11 +381,26 @@ class _Adaptive(ABC):
     def cache(self, cache: Any) -> None:
         self.slot.set(cache)
 
+    def key(self, cache: BatchSizeCache, frame: Any) -> Any:
+        """This function's key in ``cache`` for a call from ``frame``."""
+        return self._token, cache.key(frame)
+
+    def cached_size(self, cache: BatchSizeCache, key: Any, default: int) -> int:
+        """The size ``cache`` remembers for ``key`` (else ``default``), within this function's bounds."""
+        size = cache.get(key, default)
+        if isinstance(size, bool) or not isinstance(size, Integral):
+            raise TypeError(
+                f"{type(cache).__name__}.get returned {size!r} of type {type(size).__name__}; "
+                "a cache must return an integer size."
+            )
+        # NOTE: a custom cache may answer anything; never run above the initial or below the minimum size
+        return min(self.initial, max(self.minimum, int(size)))
+
     def attempt(self, size: int, tried: list[int], run: Callable[[], Any]) -> tuple[bool, Any]:
         """Run once at ``size``; on out-of-memory free memory and return ``(False, smaller)``."""
         tried.append(size)
         try:
-            return True, run()
+            value = run()
         except Exception as error:
             if not is_out_of_memory(error):
                 raise
@@ -288,13 +408,15 @@ class _Adaptive(ABC):
             if size <= self.minimum:
                 raise AdaptiveOOMError(self.name, tried, self.minimum, error) from None
             return False, _smaller(size, self.factor, self.minimum)
+        _check_finished(self.name, self.form, value)
+        return True, value
 
 
 class _Batch(_Adaptive):
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         cache = self.cache
-        key = cache.key(sys._getframe(1))
-        size = cache.get(key, self.initial)
+        key = self.key(cache, sys._getframe(1))
+        size = self.cached_size(cache, key, self.initial)
         tried: list[int] = []
         while True:
             ok, value = self.attempt(size, tried, functools.partial(self.func, size, *args, **kwargs))
@@ -305,41 +427,58 @@ class _Batch(_Adaptive):
 
 
 class _Range(_Adaptive):
-    def __call__(self, start: int, end: int, *args: Any, **kwargs: Any) -> None:
+    def __call__(self, start: int, end: int, /, *args: Any, **kwargs: Any) -> None:
+        start, end = _check_integer("start", start), _check_integer("end", end)
+        if end < start:
+            raise ValueError(f"end must not be below start, got start={start!r} and end={end!r}.")
+        self.steps(sys._getframe(1), start, end, lambda first, stop: self.func(first, stop, *args, **kwargs))
+
+    def steps(self, frame: Any, start: int, end: int, run: Callable[[int, int], Any]) -> None:
+        """Call ``run(first, stop)`` on consecutive chunks of ``start..end``, shrinking the failed one."""
         cache = self.cache
-        key = cache.key(sys._getframe(1))
-        step = cache.get(key, self.initial)
+        key = self.key(cache, frame)
+        step = self.cached_size(cache, key, self.initial)
         position = start
         tried: list[int] = []
         while position < end:
             stop = min(position + step, end)
-            ok, value = self.attempt(step, tried, functools.partial(self.func, position, stop, *args, **kwargs))
+            # NOTE: the chunk's own length, not the step: a short last chunk that fails shrinks
+            # from its length instead of being rerun unchanged at every step above it
+            ok, value = self.attempt(stop - position, tried, functools.partial(run, position, stop))
             if not ok:
                 step = value  # retry the failed chunk with the smaller step
                 continue
             tried.clear()
             cache.success(key, step, self.initial, self.factor)
-            step = cache.get(key, step)  # the same step, or a grown one (grow_after)
+            step = self.cached_size(cache, key, step)  # the same step, or a grown one (grow_after)
             position = stop
 
 
-class _Chunked(_Adaptive):
-    def __init__(self, func: Callable[..., Any], initial: int, minimum: int, factor: float, cache: Any, dim: int):
-        super().__init__(func, initial, minimum, factor, cache)
-        self.dim = dim
+class _Chunked(_Range):
+    def __init__(
+        self,
+        func: Callable[..., Any],
+        initial: int,
+        minimum: int,
+        factor: float,
+        cache: Any,
+        dim: int,
+        form: str = "adaptive.chunked",
+    ) -> None:
+        super().__init__(func, initial, minimum, factor, cache, form=form, names=_STEP_NAMES)
+        self.dim = _check_integer("dim", dim)
 
-    def __call__(self, tensor: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+    def __call__(self, tensor: torch.Tensor, /, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"the first argument must be a tensor to chunk, got {type(tensor).__name__}.")
         dim = self.dim
+        if not -tensor.dim() <= dim < tensor.dim():
+            raise ValueError(f"dim={dim!r} is out of range for a tensor of shape {tuple(tensor.shape)}.")
 
-        def run(start: int, end: int) -> None:
-            self.func(tensor.narrow(dim, start, end - start), start, end, *args, **kwargs)
+        def run(start: int, end: int) -> Any:
+            return self.func(tensor.narrow(dim, start, end - start), start, end, *args, **kwargs)
 
-        ranged = _Range(run, self.initial, self.minimum, self.factor, None)
-        ranged.slot = self.slot
-        ranged.name = self.name
-        ranged(0, tensor.shape[dim])
+        self.steps(sys._getframe(1), 0, tensor.shape[dim], run)
 
 
 def _decorate(make: Callable[[Callable[..., Any]], _Adaptive], func: Callable[..., Any] | None) -> Any:
@@ -370,16 +509,36 @@ def batch(
     retries with ``batch_size / factor``, down to ``min_batch_size``, then raises
     :class:`AdaptiveOOMError` naming every size tried. Other errors propagate unchanged.
 
+    A retry reruns ``func`` from the start: what a failed attempt changed before it ran out
+    of memory (appended results, updated state) stays changed, so ``func`` should make its
+    changes only once its work has succeeded.
+
+    Generator functions and ``async`` functions are refused with a ``TypeError`` (and so is
+    a call that returns a generator or a coroutine): their work runs only when the result
+    is iterated or awaited, after the call has returned and outside the retry, and a rerun
+    at a smaller size would repeat the items already yielded. Return a list instead, or
+    stream the work chunk by chunk with :func:`range` or :func:`chunked`, which retry only
+    the chunk that ran out of memory.
+
     Args:
         func: The function (omit it to use ``@batch(...)`` with arguments).
         initial_batch_size: The size to try first.
         min_batch_size: The smallest size to try.
-        factor: Shrink factor (> 1) after each out-of-memory error.
+        factor: Shrink factor (a finite number > 1) after each out-of-memory error.
         cache: ``"default"`` (follows :func:`set_default_cache`, initially
             :class:`StackMemoryCache`), ``None`` (no cache), a :class:`BatchSizeCache` or
-            its class. Change it later with ``func.adaptive.cache = ...``.
+            its class. Change it later with ``func.adaptive.cache = ...`` (``"default"``
+            included). A cache instance may be shared: each function keeps its own sizes.
+
+    Raises:
+        TypeError: If ``func`` is not callable, or is a generator or ``async`` function.
     """
-    return _decorate(lambda f: _Batch(f, initial_batch_size, min_batch_size, factor, cache), func)
+    return _decorate(
+        lambda f: _Batch(
+            f, initial_batch_size, min_batch_size, factor, cache, form="adaptive.batch", names=_BATCH_NAMES
+        ),
+        func,
+    )
 
 
 def range(
@@ -392,11 +551,15 @@ def range(
 ) -> Any:
     """Decorate ``func(start, end, *args)``; call it as ``func(range_start, range_end, *args)``.
 
-    Calls ``func`` on consecutive chunks ``[start, end)`` of ``range_start..range_end`` of
-    ``step`` items; on out-of-memory shrinks the step and retries the failed chunk, so
-    completed chunks are not repeated.
+    Calls ``func`` on consecutive chunks ``[start, end)`` of ``range_start..range_end``
+    (integers, ``range_end >= range_start``) of ``step`` items; on out-of-memory shrinks the
+    step and retries the failed chunk, so completed chunks are not repeated. A failed chunk
+    is rerun from its start: ``func`` should write a chunk's results only once its work has
+    succeeded. Generator and ``async`` functions are refused, as by :func:`batch`.
     """
-    return _decorate(lambda f: _Range(f, initial_step, min_step, factor, cache), func)
+    return _decorate(
+        lambda f: _Range(f, initial_step, min_step, factor, cache, form="adaptive.range", names=_STEP_NAMES), func
+    )
 
 
 def chunked(
@@ -411,28 +574,35 @@ def chunked(
     """Decorate ``func(chunk, start, end, *args)``; call it as ``func(tensor, *args)``.
 
     Passes views ``tensor.narrow(dim, start, end - start)`` of consecutive chunks, with
-    their bounds, shrinking the step on out-of-memory as :func:`range` does.
+    their bounds, shrinking the step on out-of-memory as :func:`range` does. ``dim`` may be
+    negative, counted from the last dimension. Generator and ``async`` functions are
+    refused, as by :func:`batch`.
     """
     return _decorate(lambda f: _Chunked(f, initial_step, min_step, factor, cache, dim), func)
 
 
 class explicit:
-    """Call forms that take the function and the initial size as arguments."""
+    """Call forms that take the function and the initial size as arguments (no cache, ``factor`` 2)."""
 
     @staticmethod
-    def batch(func: Callable[..., Any], initial_batch_size: int, *args: Any, **kwargs: Any) -> Any:
+    def batch(func: Callable[..., Any], initial_batch_size: int, /, *args: Any, **kwargs: Any) -> Any:
         """``func(batch_size, *args, **kwargs)`` with adaptive batch size; no cache."""
-        return _Batch(func, initial_batch_size, 1, 2, None)(*args, **kwargs)
+        adaptive = _Batch(func, initial_batch_size, 1, 2, None, form="adaptive.explicit.batch", names=_BATCH_NAMES)
+        return adaptive(*args, **kwargs)
 
     @staticmethod
-    def range(func: Callable[..., Any], start: int, end: int, initial_step: int, *args: Any, **kwargs: Any) -> None:
+    def range(func: Callable[..., Any], start: int, end: int, initial_step: int, /, *args: Any, **kwargs: Any) -> None:
         """``func(chunk_start, chunk_end, *args, **kwargs)`` over ``start..end``; no cache."""
-        _Range(func, initial_step, 1, 2, None)(start, end, *args, **kwargs)
+        _Range(func, initial_step, 1, 2, None, form="adaptive.explicit.range", names=_STEP_NAMES)(
+            start, end, *args, **kwargs
+        )
 
     @staticmethod
-    def chunked(func: Callable[..., Any], tensor: torch.Tensor, initial_step: int, *args: Any, **kwargs: Any) -> None:
+    def chunked(
+        func: Callable[..., Any], tensor: torch.Tensor, initial_step: int, /, *args: Any, **kwargs: Any
+    ) -> None:
         """``func(chunk, start, end, *args, **kwargs)`` over ``tensor`` along dim 0; no cache."""
-        _Chunked(func, initial_step, 1, 2, None, 0)(tensor, *args, **kwargs)
+        _Chunked(func, initial_step, 1, 2, None, 0, form="adaptive.explicit.chunked")(tensor, *args, **kwargs)
 
 
 class execute:
@@ -526,24 +696,58 @@ def run(loader: Any, step: Callable[[Any], Any], *, factor: float = 2) -> Iterat
             yield result
 
 
-def set_cpu_memory_limit(gib: float) -> int:
+def set_cpu_memory_limit(gib: float) -> float:
     """Limit this process's address space to ``gib`` GiB (``RLIMIT_AS``); return the old limit.
 
     Allocations beyond it fail with an out-of-memory error instead of swapping. Unix only.
+    ``math.inf`` lifts the limit (as far as the hard limit allows). The old limit is returned
+    in GiB, ``math.inf`` if there was none, so that ``set_cpu_memory_limit(old)`` restores it:
+
+    ``old = set_cpu_memory_limit(8); ...; set_cpu_memory_limit(old)``
+
+    Args:
+        gib: The limit in GiB (1 GiB = 2**30 bytes), or ``math.inf`` for no limit.
+
+    Returns:
+        The previous (soft) limit in GiB, ``math.inf`` if there was none.
 
     Raises:
-        ValueError: If ``gib`` is not a positive number or exceeds the hard limit.
+        TypeError: If ``gib`` is not a number.
+        ValueError: If ``gib`` is not positive (or NaN), is below one byte or too large for
+            the system, or is above the hard limit (which an unprivileged process cannot raise).
         RuntimeError: Where the ``resource`` module (``setrlimit``) is unavailable.
     """
     try:
         import resource
     except ImportError as err:  # pragma: no cover - Windows
         raise RuntimeError("set_cpu_memory_limit needs resource.setrlimit, which this platform lacks.") from err
-    if isinstance(gib, bool) or not isinstance(gib, (int, float)) or not gib > 0:
-        raise ValueError(f"gib must be a positive number, got {gib!r}.")
+    limit = _limit_bytes(gib, resource.RLIM_INFINITY)
     soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-    limit = int(gib * 2**30)
-    if hard != resource.RLIM_INFINITY and limit > hard:
-        raise ValueError(f"gib={gib!r} is above the hard limit of {hard / 2**30:.2f} GiB.")
+    if hard != resource.RLIM_INFINITY and (limit == resource.RLIM_INFINITY or limit > hard):
+        raise ValueError(
+            f"gib={gib!r} is above the hard limit of {hard / 2**30:.2f} GiB, which this process cannot raise."
+        )
     resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
-    return soft
+    # NOTE: soft / 2**30 * 2**30 gives soft back exactly for every limit below 2**53 bytes (8 PiB)
+    return math.inf if soft == resource.RLIM_INFINITY else soft / 2**30
+
+
+def _limit_bytes(gib: Any, unlimited: int) -> int:
+    """``gib`` GiB in bytes for ``setrlimit``; ``unlimited`` for ``math.inf``."""
+    if isinstance(gib, bool) or not isinstance(gib, Real):
+        raise TypeError(f"gib must be a number, got {gib!r} of type {type(gib).__name__}.")
+    try:
+        value = float(gib)
+    except OverflowError:  # an integer beyond float range
+        raise ValueError(f"gib={gib!r} is too large for an address-space limit; pass math.inf for no limit.") from None
+    if not value > 0:
+        raise ValueError(f"gib must be a positive number or math.inf (no limit), got {gib!r}.")
+    if math.isinf(value):
+        return unlimited
+    limit = int(value * 2**30)
+    if limit < 1:
+        raise ValueError(f"gib={gib!r} is less than one byte.")
+    # NOTE: setrlimit takes a signed 64-bit number here (the unsigned 2**64 - 1 is RLIM_INFINITY)
+    if limit >= 2**63 - 1:
+        raise ValueError(f"gib={gib!r} is too large for an address-space limit; pass math.inf for no limit.")
+    return limit

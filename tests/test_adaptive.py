@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import gc
+import resource
 import subprocess
 import sys
 import textwrap
@@ -133,9 +134,8 @@ def test_other_errors_propagate_unchanged():
     "error",
     [
         RuntimeError("CUDA error: out of memory"),
-        RuntimeError(
-            "cuDNN error: CUDNN_STATUS_NOT_SUPPORTED. This error may appear if you passed in a non-contiguous input."
-        ),
+        RuntimeError("cuDNN error: CUDNN_STATUS_ALLOC_FAILED"),
+        RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"),
         RuntimeError("HIP out of memory. Tried to allocate 1.00 GiB"),
         RuntimeError("MPS backend out of memory (MPS allocated: 3.00 GB, other allocations: 1.00 GB)"),
         RuntimeError("XPU out of memory. Tried to allocate 2.00 GiB"),
@@ -155,6 +155,26 @@ def test_every_backend_message_triggers_a_retry(error):
         return batch_size
 
     assert fn() == 1 and sizes == [4, 2, 1]
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        "not enough memory in my cache",
+        "cuDNN error: CUDNN_STATUS_NOT_SUPPORTED. This error may appear if you passed in a non-contiguous input.",
+    ],
+)
+def test_errors_that_only_mention_memory_are_not_retried(message):
+    sizes = []
+
+    @adaptive.batch(initial_batch_size=4, cache=None)
+    def fn(batch_size):
+        sizes.append(batch_size)
+        raise RuntimeError(message)
+
+    with pytest.raises(RuntimeError) as raised:
+        fn()
+    assert str(raised.value) == message and sizes == [4]
 
 
 def test_the_failed_attempt_is_freed_before_the_retry():
@@ -238,38 +258,349 @@ def test_explicit_and_execute_forms():
     assert ranges == [(0, 4), (4, 8), (8, 10)]
 
 
+def gen(batch_size):
+    yield batch_size
+
+
+async def coro(batch_size):
+    return batch_size
+
+
+async def agen(batch_size):
+    yield batch_size
+
+
 @pytest.mark.parametrize(
     ("make_fn", "error", "message"),
     [
         (
             lambda: adaptive.batch(len, initial_batch_size=0),
             ValueError,
-            r"initial size must be a positive integer, got 0",
+            r"initial_batch_size must be a positive integer, got 0\.",
         ),
         (
             lambda: adaptive.batch(len, initial_batch_size=4, min_batch_size=8),
             ValueError,
-            r"the minimum size \(8\) must not exceed the initial size \(4\)",
+            r"min_batch_size \(8\) must not exceed initial_batch_size \(4\)\.",
         ),
+        (
+            lambda: adaptive.range(len, initial_step=4, min_step=0),
+            ValueError,
+            r"min_step must be a positive integer, got 0\.",
+        ),
+        (
+            lambda: adaptive.chunked(len, initial_step=2.5),
+            TypeError,
+            r"initial_step must be an integer, got 2\.5 of type float\.",
+        ),
+        (lambda: adaptive.explicit.batch(len, 0), ValueError, r"initial_batch_size must be a positive integer, got 0"),
+        (lambda: adaptive.explicit.range(len, 0, 4, 0), ValueError, r"initial_step must be a positive integer, got 0"),
         (
             lambda: adaptive.batch(len, initial_batch_size=4, factor=1),
             ValueError,
-            r"factor must be a number > 1, got 1",
+            r"factor must be a finite number > 1, got 1\.",
+        ),
+        (
+            lambda: adaptive.batch(len, initial_batch_size=4, factor=float("inf")),
+            ValueError,
+            r"factor must be a finite number > 1, got inf\.",
+        ),
+        (
+            lambda: adaptive.batch(len, initial_batch_size=4, factor=float("nan")),
+            ValueError,
+            r"factor must be a finite number > 1, got nan\.",
+        ),
+        (
+            lambda: adaptive.batch(len, initial_batch_size=4, factor="2"),
+            TypeError,
+            r"factor must be a number, got '2' of type str\.",
         ),
         (
             lambda: adaptive.batch(len, initial_batch_size=4, cache="lru"),
             TypeError,
             r"cache must be 'default', None, a BatchSizeCache or its class, got 'lru'",
         ),
-        (lambda: adaptive.batch(3, initial_batch_size=4), TypeError, r"func must be callable, got int"),
+        (
+            lambda: adaptive.batch(len, initial_batch_size=4, cache=np.array([1, 2])),
+            TypeError,
+            r"cache must be 'default', None, a BatchSizeCache or its class, got array\(\[1, 2\]\)",
+        ),
+        (lambda: adaptive.batch(3, initial_batch_size=4), TypeError, r"func must be callable, got 3 of type int\."),
+        (
+            lambda: adaptive.chunked(len, initial_step=4, dim="1"),
+            TypeError,
+            r"dim must be an integer, got '1' of type str\.",
+        ),
         (lambda: GlobalCache(grow_after=0), ValueError, r"grow_after must be a positive integer, got 0"),
-        (lambda: adaptive.set_cpu_memory_limit(0), ValueError, r"gib must be a positive number, got 0"),
+        (lambda: adaptive.set_cpu_memory_limit(0), ValueError, r"gib must be a positive number or math\.inf"),
+        (lambda: adaptive.set_cpu_memory_limit("4"), TypeError, r"gib must be a number, got '4' of type str\."),
         (lambda: adaptive.set_default_cache(3), TypeError, r"cache must be a BatchSizeCache class or factory, got 3"),
+        (
+            lambda: adaptive.set_default_cache(dict),
+            TypeError,
+            r"cache must be a BatchSizeCache class or factory, got <class 'dict'>",
+        ),
     ],
 )
 def test_bad_arguments(make_fn, error, message):
     with pytest.raises(error, match=message):
         make_fn()
+
+
+# --- lazy work: generators and coroutines run after the call returns, outside the retry ------------
+
+
+@pytest.mark.parametrize(
+    ("decorate", "what"),
+    [
+        (lambda f: adaptive.batch(f, initial_batch_size=4), "adaptive.batch"),
+        (lambda f: adaptive.range(f, initial_step=4), "adaptive.range"),
+        (lambda f: adaptive.chunked(f, initial_step=4), "adaptive.chunked"),
+        (lambda f: adaptive.explicit.batch(f, 4), "adaptive.explicit.batch"),
+        (lambda f: adaptive.explicit.range(f, 0, 8, 4), "adaptive.explicit.range"),
+        (lambda f: adaptive.explicit.chunked(f, torch.zeros(8), 4), "adaptive.explicit.chunked"),
+        (lambda f: adaptive.execute.batch(initial_batch_size=4)(f), "adaptive.batch"),
+        (lambda f: adaptive.execute.range(0, 8, initial_step=4)(f), "adaptive.range"),
+    ],
+)
+@pytest.mark.parametrize(
+    ("func", "kind"),
+    [(gen, "a generator function"), (agen, "an async generator function"), (coro, r"a coroutine function")],
+)
+def test_generator_and_async_functions_are_refused(decorate, what, func, kind):
+    with pytest.raises(TypeError, match=rf"^{func.__qualname__} is {kind}.*; {what} cannot retry it"):
+        decorate(func)
+
+
+def test_the_refusal_says_what_to_do_instead():
+    with pytest.raises(TypeError) as raised:
+        adaptive.batch(gen, initial_batch_size=4)
+    message = str(raised.value)
+    assert "would repeat the items already yielded" in message
+    assert "Return a list" in message and "adaptive.range" in message
+
+
+def test_a_generator_returned_by_a_plain_function_is_refused_and_not_run():
+    started = []
+
+    def lazy(batch_size):
+        def items():
+            started.append(batch_size)
+            yield batch_size
+
+        return items()
+
+    fn = adaptive.batch(lazy, initial_batch_size=4, cache=None)
+    with pytest.raises(TypeError, match=r"lazy returned a generator; adaptive\.batch cannot retry"):
+        fn()
+    ranged = adaptive.range(lambda start, end: lazy(end - start), initial_step=4, cache=None)
+    with pytest.raises(TypeError, match=r"returned a generator; adaptive\.range cannot retry"):
+        ranged(0, 8)  # the chunk's work would silently never run
+    assert started == []
+
+
+def test_a_callable_object_whose_call_is_a_generator_is_refused():
+    class Steps:
+        def __call__(self, batch_size):
+            yield batch_size
+
+    with pytest.raises(TypeError, match=r"is a generator function"):
+        adaptive.batch(Steps(), initial_batch_size=4)
+
+
+# --- caches ---------------------------------------------------------------------------------------
+
+
+def test_a_cache_shared_by_two_functions_keeps_their_sizes_apart():
+    shared = GlobalCache()
+    big = adaptive.batch(Workload(1000), initial_batch_size=512, cache=shared)
+    small_work = Workload(1000)
+    small = adaptive.batch(small_work, initial_batch_size=8, cache=shared)
+    big()
+    small()
+    assert small_work.sizes == [8]  # not the 512 that worked for the other function
+
+
+def test_sizes_a_custom_cache_returns_are_kept_within_the_bounds():
+    class Wild(adaptive.BatchSizeCache):
+        def __init__(self, size):
+            super().__init__()
+            self.size = size
+
+        def get(self, key, initial):
+            return self.size
+
+    work = Workload(1000)
+    fn = adaptive.batch(work, initial_batch_size=512, min_batch_size=4, cache=Wild(10**6))
+    fn()
+    fn.adaptive.cache = Wild(1)
+    fn()
+    assert work.sizes == [512, 4]
+    fn.adaptive.cache = Wild("big")
+    with pytest.raises(TypeError, match=r"Wild\.get returned 'big' of type str; a cache must return an integer size"):
+        fn()
+
+
+def test_the_cache_can_be_set_back_to_the_default():
+    work, fn = make(NoCache)
+    fn.adaptive.cache = "default"
+    try:
+        adaptive.set_default_cache(GlobalCache)
+        call_site_a(fn)
+        call_site_b(fn)
+    finally:
+        adaptive.set_default_cache(StackMemoryCache)
+    assert work.sizes == [512, 256, 128, 64, 64]
+
+
+def test_a_default_cache_factory_must_make_a_cache():
+    fn = adaptive.batch(Workload(10), initial_batch_size=8)
+    try:
+        adaptive.set_default_cache(lambda: "not a cache")
+        with pytest.raises(TypeError, match=r"the default cache factory .* made 'not a cache', not a BatchSizeCache"):
+            fn()
+    finally:
+        adaptive.set_default_cache(StackMemoryCache)
+
+
+# --- ranges and chunks ----------------------------------------------------------------------------
+
+
+def test_a_failing_short_last_chunk_shrinks_from_its_own_length():
+    calls = []
+
+    @adaptive.range(initial_step=8, cache=None)
+    def fn(start, end):
+        calls.append((start, end))
+        if start >= 8 and end - start > 1:
+            raise OOM("CUDA out of memory.")
+
+    fn(0, 10)
+    assert calls == [(0, 8), (8, 10), (8, 9), (9, 10)]  # no rerun of (8, 10) at the same length
+
+
+def test_a_short_last_chunk_below_the_minimum_step_is_an_error():
+    @adaptive.range(initial_step=8, min_step=4, cache=None)
+    def fn(start, end):
+        if start >= 8:
+            raise OOM("CUDA out of memory.")
+
+    with pytest.raises(AdaptiveOOMError, match=r"at every size tried \(2\); the minimum is 4"):
+        fn(0, 10)
+
+
+@pytest.mark.parametrize(
+    ("start", "end", "error", "message"),
+    [
+        (0.5, 4, TypeError, r"start must be an integer, got 0\.5 of type float\."),
+        (0, "4", TypeError, r"end must be an integer, got '4' of type str\."),
+        (5, 3, ValueError, r"end must not be below start, got start=5 and end=3\."),
+    ],
+)
+def test_range_bounds_are_checked(start, end, error, message):
+    fn = adaptive.range(lambda a, b: None, initial_step=4, cache=None)
+    with pytest.raises(error, match=message):
+        fn(start, end)
+
+
+def test_range_accepts_numpy_integers_and_empty_ranges():
+    seen = []
+    fn = adaptive.range(lambda a, b: seen.append((a, b)), initial_step=4, cache=None)
+    fn(np.int64(2), np.int32(7))
+    fn(3, 3)
+    assert seen == [(2, 6), (6, 7)] and all(type(v) is int for pair in seen for v in pair)
+
+
+def test_chunked_checks_the_dimension_against_the_tensor():
+    fn = adaptive.chunked(lambda chunk, a, b: None, initial_step=4, dim=2, cache=None)
+    with pytest.raises(ValueError, match=r"dim=2 is out of range for a tensor of shape \(3, 4\)\."):
+        fn(torch.zeros(3, 4))
+    with pytest.raises(ValueError, match=r"dim=0 is out of range for a tensor of shape \(\)\."):
+        adaptive.explicit.chunked(lambda chunk, a, b: None, torch.tensor(1.0), 4)
+    parts = []
+    adaptive.chunked(lambda chunk, a, b: parts.append((a, b)), initial_step=2, dim=-1, cache=None)(torch.zeros(2, 3))
+    assert parts == [(0, 2), (2, 3)]
+
+
+def test_keyword_arguments_named_like_the_forms_own_parameters_reach_the_function():
+    def scale(batch_size, *, func, tensor):
+        return func(batch_size), tensor
+
+    assert adaptive.explicit.batch(scale, 4, func=str, tensor="t") == ("4", "t")
+    out = []
+    adaptive.chunked(lambda chunk, a, b, tensor: out.append(tensor), initial_step=4)(torch.zeros(2), tensor="t")
+    adaptive.explicit.range(lambda a, b, start: out.append(start), 0, 2, 4, start="s")
+    assert out == ["t", "s"]
+
+
+def test_adaptive_oom_error_survives_pickling():
+    import pickle
+
+    error = AdaptiveOOMError("fn", [4, 2], 2, OOM("CUDA out of memory."))
+    copy = pickle.loads(pickle.dumps(error))
+    assert type(copy) is AdaptiveOOMError and str(copy) == str(error) and copy.tried == [4, 2]
+
+
+# --- set_cpu_memory_limit, in child processes (the limit is per process) ----------------------------
+
+
+def run_script(body: str) -> str:
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(body)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+
+def test_set_cpu_memory_limit_round_trips_and_inf_means_no_limit():
+    script = """
+        import math, resource
+        from fastsab import adaptive
+        AS = resource.RLIMIT_AS
+        resource.setrlimit(AS, (resource.RLIM_INFINITY, resource.getrlimit(AS)[1]))
+        assert adaptive.set_cpu_memory_limit(64.25) == math.inf  # there was no limit
+        assert resource.getrlimit(AS)[0] == int(64.25 * 2**30)
+        assert adaptive.set_cpu_memory_limit(math.inf) == 64.25
+        assert resource.getrlimit(AS)[0] == resource.RLIM_INFINITY
+        odd = 3 * 2**30 + 4096  # a limit set by other means, not a whole number of GiB
+        resource.setrlimit(AS, (odd, resource.getrlimit(AS)[1]))
+        old = adaptive.set_cpu_memory_limit(100)
+        adaptive.set_cpu_memory_limit(old)
+        assert resource.getrlimit(AS)[0] == odd
+        print("ok")
+    """
+    if resource.getrlimit(resource.RLIMIT_AS)[1] != resource.RLIM_INFINITY:
+        pytest.skip("the hard address-space limit of this machine is finite")
+    assert run_script(script) == "ok"
+
+
+def test_set_cpu_memory_limit_rejects_what_it_cannot_set():
+    script = """
+        import math, resource
+        from fastsab import adaptive
+        AS = resource.RLIMIT_AS
+        before = resource.getrlimit(AS)
+        for gib in (float("nan"), -1.0, 1e-12, 1e30, float("-inf")):
+            try:
+                adaptive.set_cpu_memory_limit(gib)
+            except ValueError as error:
+                print(error)
+        resource.setrlimit(AS, (2**40, 2**41))  # a finite hard limit: it cannot be lifted
+        for gib in (math.inf, 2**11 + 1):
+            try:
+                adaptive.set_cpu_memory_limit(gib)
+            except ValueError as error:
+                print(error)
+        assert resource.getrlimit(AS) == (2**40, 2**41)
+    """
+    lines = run_script(script).splitlines()
+    assert lines == [
+        "gib must be a positive number or math.inf (no limit), got nan.",
+        "gib must be a positive number or math.inf (no limit), got -1.0.",
+        "gib=1e-12 is less than one byte.",
+        "gib=1e+30 is too large for an address-space limit; pass math.inf for no limit.",
+        "gib must be a positive number or math.inf (no limit), got -inf.",
+        "gib=inf is above the hard limit of 2048.00 GiB, which this process cannot raise.",
+        "gib=2049 is above the hard limit of 2048.00 GiB, which this process cannot raise.",
+    ]
 
 
 # --- real out-of-memory errors under an address-space limit -------------------------------------
