@@ -102,7 +102,7 @@ class Fetcher:
 
     def take(self, indices: Any) -> Any:
         """Rows ``indices`` of a tensor pytree (``kind == "gather"``), before ``collate_fn``."""
-        return self._gather(_checked_indices(indices, self.length))
+        return self._gather(check_indices(indices, self.length))
 
     def collate(self, rows: Any) -> Any:
         """Apply ``collate_fn`` (if any) to rows from :meth:`take`."""
@@ -116,7 +116,7 @@ class Fetcher:
             ValueError: If ``indices`` is not one-dimensional.
             IndexError: If an index is negative or not less than :attr:`length`.
         """
-        index = _checked_indices(indices, self.length)
+        index = check_indices(indices, self.length)
         if self.kind == "gather":
             return self.collate(self._gather(index))
         if self.kind == "getitems":
@@ -262,7 +262,7 @@ def _take(node: Any, pick: Callable[[Any], Any]) -> Any:
 # -- checks ----------------------------------------------------------------------------
 
 
-def _checked_indices(indices: Any, length: int) -> np.ndarray:
+def check_indices(indices: Any, length: int) -> np.ndarray:
     """``indices`` as a 1-D int64 array, each in ``[0, length)``."""
     index = np.asarray(indices)
     if index.dtype.kind not in "iu":
