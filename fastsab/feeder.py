@@ -27,6 +27,7 @@ import mmap
 import operator
 import os
 import threading
+import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -134,6 +135,7 @@ class OutOfCoreDataset:
         self._chunks: OrderedDict[int, Any] = OrderedDict()
         self._pending: dict[int, Future[Any]] = {}
         self._order: list[int] = []
+        self._served: tuple[int | None, int | None] = (None, None)  # the chunks served last, in turn
         self._executor: ThreadPoolExecutor | None = None
         self.chunk_reads = 0  # chunks read so far (read-ahead included)
 
@@ -298,41 +300,54 @@ class OutOfCoreDataset:
         with self._lock:
             self._order = [int(c) for c in order]
 
-    def _held(self, needed: list[int]) -> dict[int, Any]:
-        """The data of the ``needed`` chunks: held, read ahead, or read now.
+    def _held(self, needed: list[int], *, ahead: bool = True) -> dict[int, Any]:
+        """The data of the ``needed`` chunks (one or two): held, read ahead, or read now.
 
-        Afterwards only the needed chunks and the one after the last of them (in the
-        epoch's order, being read ahead) are held.
+        Before anything is read, every other chunk is dropped and a read ahead of a chunk
+        that is not the next one is cancelled (or waited for, if it has started), so that
+        at most two chunks are in memory: the needed ones, or the one needed and the next
+        in the epoch's order, which is read ahead (if ``ahead``) while it is served.
         """
         with self._lock:
+            position = {chunk: i for i, chunk in enumerate(self._order)}
+            last = max(needed, key=lambda chunk: position.get(chunk, chunk))
+            for chunk in sorted(needed, key=lambda chunk: position.get(chunk, chunk)):
+                if chunk != self._served[1]:
+                    self._served = (self._served[1], chunk)
+            # NOTE: read ahead only while one chunk is served; a batch across two chunks
+            # holds both, and a third would pass the budget
+            nxt = self._next_chunk(last) if ahead and self.read_ahead and len(needed) == 1 else None
+            keep = {*needed, nxt}
+            for old in [chunk for chunk in self._chunks if chunk not in keep]:
+                del self._chunks[old]
             held = {chunk: self._chunks.get(chunk) for chunk in needed}
             pending = {chunk: self._pending.pop(chunk) for chunk in needed if chunk in self._pending}
+            stale = [self._pending.pop(chunk) for chunk in list(self._pending) if chunk not in keep]
+        _forget(stale)
         for chunk in needed:
             if held[chunk] is None:
                 held[chunk] = pending[chunk].result() if chunk in pending else self._read_chunk(chunk)
         with self._lock:
             self._chunks.update(held)
-            position = {chunk: i for i, chunk in enumerate(self._order)}
-            last = max(needed, key=lambda chunk: position.get(chunk, chunk))
-            nxt = self._next_chunk(last)
-            keep = set(needed) | ({nxt} if nxt is not None and len(needed) == 1 else set())
-            for old in [chunk for chunk in self._chunks if chunk not in keep]:
-                del self._chunks[old]
-            # NOTE: read ahead only while one chunk is served; a batch across two chunks
-            # holds both, and a third would pass the budget
-            ahead = self.read_ahead and len(needed) == 1
-            if ahead and nxt is not None and nxt not in self._chunks and nxt not in self._pending:
+            if nxt is not None and nxt not in self._chunks and nxt not in self._pending:
                 if self._executor is None:
                     self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fastsab-read-ahead")
                 self._pending[nxt] = self._executor.submit(self._read_chunk, nxt)
         return held
 
     def _next_chunk(self, chunk: int) -> int | None:
+        """The chunk after ``chunk`` in the epoch's order; without an order, a guess or ``None``.
+
+        NOTE: without an order (a dataset in a DataLoader's worker process, say), the next
+        chunk is guessed to be ``chunk + 1`` only when the chunk served before ``chunk`` was
+        ``chunk - 1``: a wrong guess would be read for nothing.
+        """
         order = self._order
         if chunk in order:
             position = order.index(chunk)
             return order[position + 1] if position + 1 < len(order) else None
-        return chunk + 1 if chunk + 1 < self.num_chunks else None
+        sequential = self._served == (chunk - 1, chunk)
+        return chunk + 1 if sequential and chunk + 1 < self.num_chunks else None
 
     def __getitems__(self, indices: Sequence[int]) -> Any:
         """The samples at ``indices`` as one batch (a pytree of tensors with a first batch dim).
@@ -346,15 +361,25 @@ class OutOfCoreDataset:
             return self._empty_batch()
         chunks = index // self.chunk_size
         unique = np.unique(chunks).tolist()
-        held = self._held(unique)
         if len(unique) == 1:
             rows = torch.from_numpy(index - unique[0] * self.chunk_size)
-            return tree_map_arrays(_rows(rows), held[unique[0]])
+            return tree_map_arrays(_rows(rows), self._held(unique)[unique[0]])
+        if len(unique) > 2:
+            warnings.warn(
+                f"a batch of {len(index)} samples spans {len(unique)} chunks of {self.chunk_size} samples: they are "
+                "read one after the other for this batch alone. Batches of random samples read most of the data "
+                "for each batch; the fastsab loaders (and their batch_sampler()) keep batches within chunks.",
+                stacklevel=2,
+            )
+        held = self._held(unique) if len(unique) == 2 else {}
         parts = []
         for chunk in unique:
+            # NOTE: beyond two chunks, one at a time (no read ahead), within the budget
+            data = held[chunk] if held else self._held([chunk], ahead=False)[chunk]
             mask = chunks == chunk
             rows = torch.from_numpy(index[mask] - chunk * self.chunk_size)
-            parts.append((np.flatnonzero(mask), tree_map_arrays(_rows(rows), held[chunk])))
+            parts.append((np.flatnonzero(mask), tree_map_arrays(_rows(rows), data)))
+        del data, held
         positions = torch.from_numpy(np.argsort(np.concatenate([p for p, _ in parts]), kind="stable"))
         leaves = [optree.tree_flatten(part)[0] for _, part in parts]
         spec = optree.tree_structure(parts[0][1])
@@ -454,6 +479,15 @@ def _check_torch_dtype(dtype: np.dtype[Any], subject: str) -> None:
             f"{subject}, which a torch tensor cannot hold: values must be bools, integers, floats or complex "
             "numbers in the machine's byte order."
         ) from err
+
+
+def _forget(reads: list[Future[Any]]) -> None:
+    """Cancel reads ahead that are not needed; wait for those that have started (ignoring
+    their errors), so that their chunks are freed before the next read. Empties ``reads``."""
+    while reads:
+        read = reads.pop()
+        if not read.cancel():
+            read.exception()
 
 
 def _at(path: tuple[Any, ...]) -> str:

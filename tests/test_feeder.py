@@ -4,6 +4,8 @@ import pickle
 import subprocess
 import sys
 import textwrap
+import threading
+import weakref
 
 import numpy as np
 import pytest
@@ -321,3 +323,46 @@ def test_empty_batches_indices_and_empty_datasets():
     assert len(nothing) == 0 and nothing.num_chunks == 0 and list(FastLoader(nothing, 4)) == []
     with pytest.raises(ValueError, match="cannot make an empty batch of a dataset without samples"):
         nothing.__getitems__([])
+
+
+def test_at_most_two_chunks_are_held_whatever_the_order_of_access():
+    # chunks of 10 samples; a sampler that ignores chunks asks for any of them in any batch
+    dataset = OutOfCoreDataset(range(100), reader, cpu_memory_limit=2 * 10 * (ROW * 4 + 8))
+    load, lock = dataset._load_chunk_reads, threading.Lock()
+    alive, reading, peak = [], [0], [0]
+
+    def counting(first, end):  # chunks in memory (held, read ahead or being read) when a read starts
+        with lock:
+            reading[0] += 1
+            peak[0] = max(peak[0], reading[0] + sum(ref() is not None for ref in alive))
+        data = load(first, end)
+        with lock:
+            alive.append(weakref.ref(data["x"]))
+            reading[0] -= 1
+        return data
+
+    dataset._load_chunk_reads = counting
+    rng = np.random.default_rng(0)
+    with pytest.warns(UserWarning, match=r"a batch of \d+ samples spans \d+ chunks of 10 samples"):
+        for _ in range(20):
+            indices = rng.integers(0, 100, size=int(rng.integers(1, 40))).tolist()
+            assert dataset.__getitems__(indices)["y"].tolist() == indices
+    for chunk in [5, 9, 2, 7, 0, 3, 4]:  # one chunk at a time, out of the order read ahead
+        assert dataset.__getitems__([chunk * 10 + 1])["y"].tolist() == [chunk * 10 + 1]
+    dataset.close()
+    assert peak[0] <= 2
+
+
+def test_without_a_chunk_order_only_sequential_access_is_read_ahead():
+    # as in a DataLoader's worker process: the loader's chunk order is not known
+    dataset = OutOfCoreDataset(range(100), reader, cpu_memory_limit=2 * 10 * (ROW * 4 + 8))
+    for chunk in [5, 9, 2, 7, 0, 3]:
+        for offset in (1, 2):
+            assert dataset.__getitems__([chunk * 10 + offset])["y"].tolist() == [chunk * 10 + offset]
+    assert dataset.chunk_reads == 6 and not dataset._pending  # no chunk read for nothing
+    for chunk in [0, 1, 2]:
+        dataset.__getitems__([chunk * 10])
+    assert list(dataset._pending) == [3]  # in order: the next chunk is read ahead
+    dataset.__getitems__([35])  # read ahead, and chunk 4 read ahead in turn
+    dataset.close()
+    assert dataset.chunk_reads == 6 + 5
