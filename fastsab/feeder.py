@@ -87,6 +87,10 @@ class OutOfCoreDataset:
         (4, 10, [[7.0, 7.0, 7.0, 7.0], [2.0, 2.0, 2.0, 2.0]])
     """
 
+    _executor: ThreadPoolExecutor | None  # the read-ahead thread
+    _pending: dict[int, Future[Any]]  # chunks being read ahead
+    _chunks: OrderedDict[int, Any]  # chunks held
+
     def __init__(
         self,
         ids: Iterable[Any],
@@ -116,7 +120,7 @@ class OutOfCoreDataset:
         if not isinstance(read_ahead, bool):
             raise TypeError(f"read_ahead must be a bool, got {read_ahead!r}.")
         self._load_chunk_reads = loader
-        self._lock = threading.Lock()
+        self._start_in_this_process()
         self._layout = layout  # of the first sample read, which every other sample must have
         if sample_bytes is None:  # measured on the first read (a sample of 0 bytes counts as 1)
             measured = sample_nbytes(loader(0, 1)) // self.one_read_count if self.ids else 1
@@ -132,11 +136,8 @@ class OutOfCoreDataset:
         self.reads_per_chunk = reads_per_chunk
         self.chunk_size = reads_per_chunk * self.one_read_count
         self.read_ahead = read_ahead
-        self._chunks: OrderedDict[int, Any] = OrderedDict()
-        self._pending: dict[int, Future[Any]] = {}
         self._order: list[int] = []
         self._served: tuple[int | None, int | None] = (None, None)  # the chunks served last, in turn
-        self._executor: ThreadPoolExecutor | None = None
         self.chunk_reads = 0  # chunks read so far (read-ahead included)
 
     # -- constructors -------------------------------------------------------------------
@@ -297,6 +298,7 @@ class OutOfCoreDataset:
 
     def set_chunk_order(self, order: Sequence[int]) -> None:
         """The order in which an epoch visits the chunks (sent by the loaders), for read-ahead."""
+        self._check_process()
         with self._lock:
             self._order = [int(c) for c in order]
 
@@ -356,6 +358,7 @@ class OutOfCoreDataset:
             TypeError: If ``indices`` are not integers.
             IndexError: If an index is negative or not less than ``len(self)``.
         """
+        self._check_process()
         index = check_indices(indices, len(self))
         if not index.size:
             return self._empty_batch()
@@ -403,6 +406,7 @@ class OutOfCoreDataset:
 
     def close(self) -> None:
         """Stop the read-ahead thread and drop the held chunks."""
+        self._check_process()
         with self._lock:
             executor, self._executor = self._executor, None
             self._chunks.clear()
@@ -412,16 +416,30 @@ class OutOfCoreDataset:
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for name in ("_lock", "_executor", "_pending", "_chunks"):
+        for name in ("_pid", "_lock", "_executor", "_pending", "_chunks"):
             state.pop(name)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
+        self._start_in_this_process()
+
+    def _start_in_this_process(self) -> None:
+        """A new lock, no read-ahead thread, no chunks held."""
+        self._pid = os.getpid()
         self._lock = threading.Lock()
         self._executor = None
         self._pending = {}
         self._chunks = OrderedDict()
+
+    def _check_process(self) -> None:
+        """Start afresh in a forked process (a DataLoader worker).
+
+        NOTE: a forked child inherits the lock (possibly held by the read-ahead thread) and
+        the executor, but not its thread: a read submitted to it would never run.
+        """
+        if self._pid != os.getpid():
+            self._start_in_this_process()
 
 
 class _MemmapRows:

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import multiprocessing
 import pickle
 import subprocess
 import sys
@@ -10,6 +11,7 @@ import weakref
 import numpy as np
 import pytest
 import torch
+from torch.utils.data import DataLoader
 
 from fastsab import FastLoader, FastSizeAwareLoader, OutOfCoreDataset
 from fastsab.feeder import OVERHEAD_BYTES
@@ -366,3 +368,21 @@ def test_without_a_chunk_order_only_sequential_access_is_read_ahead():
     dataset.__getitems__([35])  # read ahead, and chunk 4 read ahead in turn
     dataset.close()
     assert dataset.chunk_reads == 6 + 5
+
+
+@pytest.mark.skipif("fork" not in multiprocessing.get_all_start_methods(), reason="needs fork")
+def test_forked_worker_processes_start_afresh():
+    dataset = OutOfCoreDataset(range(100), reader, cpu_memory_limit=2 * 10 * (ROW * 4 + 8))
+    dataset.set_chunk_order(range(10))
+    dataset.__getitems__([5])  # the parent reads ahead in a thread, which a forked child does not have
+    sampler = [[chunk * 10 + 1, chunk * 10 + 2] for chunk in (1, 2, 7, 3)]
+    loader = DataLoader(
+        dataset,
+        batch_sampler=sampler,
+        num_workers=1,
+        multiprocessing_context="fork",
+        collate_fn=lambda b: b,
+        timeout=15,
+    )
+    assert [batch["y"].tolist() for batch in loader] == sampler
+    dataset.close()
