@@ -26,7 +26,8 @@ def reader(i):
 def test_chunks_from_the_budget_and_batches_across_chunks():
     dataset = OutOfCoreDataset(range(100), reader, cpu_memory_limit=2 * 10 * (ROW * 4 + 8))
     assert dataset.chunk_size == 10 and dataset.num_chunks == 10 and len(dataset) == 100
-    batch = dataset.__getitems__([95, 3, 14, 4])
+    with pytest.warns(UserWarning, match="a batch of 4 samples spans 3 chunks of 10 samples"):
+        batch = dataset.__getitems__([95, 3, 14, 4])
     assert batch["y"].tolist() == [95, 3, 14, 4] and batch["x"][:, 0].tolist() == [95, 3, 14, 4]
     assert dataset[7]["y"].item() == 7
     with pytest.raises(IndexError, match=r"index 100 is out of range for a dataset of 100 items"):

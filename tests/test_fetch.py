@@ -225,7 +225,7 @@ def test_dataclass_pytrees_are_gathered_field_by_field():
     [
         ({"x": torch.arange(4), "y": [torch.arange(4), torch.arange(4)]}, r"dataset\['y'\]", "list"),
         ((torch.arange(4), {"d": TensorDataset(torch.arange(4))}), r"dataset\[1\]\['d'\]", "TensorDataset"),
-        (Pair(torch.arange(4), np.matrix([[1], [2], [3], [4]])), r"dataset\.y", "matrix"),
+        (Pair(torch.arange(4), np.ma.masked_array(np.arange(4))), r"dataset\.y", "MaskedArray"),
     ],
 )
 def test_pytrees_with_lists_or_other_objects_inside_are_refused(dataset, where, what):
