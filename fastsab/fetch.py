@@ -7,16 +7,27 @@
    collated with ``collate_fn`` (default ``torch.utils.data.default_collate``). Any other
    return value is an already batched pytree, whose array leaves must have one row per
    index; ``collate_fn``, if given, is applied to it.
-2. A tensor, a numpy array, a ``TensorDataset`` or a pytree (dict, tuple, namedtuple,
-   dataclass) of tensors/arrays with a common first dimension: gathered by fancy
-   indexing; non-array leaves (names, flags) are passed through unchanged. A top-level
-   ``list`` is a sequence of samples, not a pytree.
+2. Data whose rows are what indexing it gives, gathered by fancy indexing: a tensor, a
+   numpy array, a ``TensorDataset`` whose class changes neither ``__getitem__`` nor
+   ``__len__``, or a pytree of tensors/arrays with a common first dimension. The pytree
+   containers are dicts, tuples, namedtuples and dataclasses that do not define
+   ``__getitem__`` (a dataclass field by field, without calling ``__init__`` or
+   ``__post_init__`` again); other leaves (names, flags: ``None``, numbers, strings) are
+   passed through unchanged. A pytree holding a list or any other object is refused: a
+   ``list`` is a sequence of samples, not a container, and a class defining
+   ``__getitem__`` is a dataset, whose items need not be rows of its tensors.
 3. Otherwise ``dataset[i]`` per index and ``collate_fn``: correct, but slow; warned about.
+
+Indices are checked: every one must be in ``[0, len(dataset))`` (negative indices do not
+count from the end).
 """
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import warnings
+from collections import OrderedDict, defaultdict
 from collections.abc import Callable
 from typing import Any
 
@@ -24,22 +35,15 @@ import numpy as np
 import torch
 from torch.utils.data import TensorDataset, default_collate
 
-from fastsab.transfer import tree_arrays, tree_leaves, tree_map_arrays
+from fastsab.transfer import tree_arrays
 
 __all__ = ["Fetcher"]
 
-
-def _common_rows(name: str, leaves: list[Any]) -> int:
-    rows = {int(leaf.shape[0]) if leaf.ndim else -1 for leaf in leaves}
-    if len(rows) != 1 or -1 in rows:
-        shapes = [tuple(leaf.shape) for leaf in leaves]
-        raise ValueError(f"{name} leaves must share their first dimension, got shapes {shapes!r}.")
-    return rows.pop()
-
-
-def _row_bytes(leaf: Any) -> int:
-    size = leaf.element_size() if isinstance(leaf, torch.Tensor) else leaf.itemsize
-    return size * int(np.prod(leaf.shape[1:], dtype=np.int64))
+# NOTE: containers are matched by exact type: a subclass may change what indexing or
+# iterating it means, so it is not taken apart.
+_DICTS = (dict, OrderedDict, defaultdict)
+# Leaves that are kept as they are in every batch: names, flags, sizes.
+_PLAIN = (type(None), bool, int, float, complex, str, bytes, np.generic)
 
 
 class Fetcher:
@@ -53,6 +57,11 @@ class Fetcher:
         kind: ``"getitems"``, ``"gather"`` or ``"per_item"``.
         length: Number of items of the dataset.
         row_bytes: Bytes of one item for ``"gather"`` (0 otherwise).
+
+    Raises:
+        TypeError: If the dataset can be neither indexed nor gathered, or is a pytree with
+            a list or another object among its containers.
+        ValueError: If the arrays of a gathered dataset do not share their first dimension.
 
     Examples:
         >>> fetch = Fetcher({"x": torch.arange(10), "y": torch.arange(10) * 2}, None)
@@ -71,17 +80,12 @@ class Fetcher:
             self.kind = "getitems"
             self.length = _length(dataset)
             return
-        source = dataset.tensors if isinstance(dataset, TensorDataset) else dataset
-        # a container (not a list of samples) whose array leaves are gathered; other leaves
-        # (names, flags) are kept as they are in every batch
-        leaves = tree_leaves(source) if not isinstance(source, list) else [source]
-        arrays = [leaf for leaf in leaves if isinstance(leaf, (torch.Tensor, np.ndarray))]
-        if arrays and (len(leaves) > 1 or leaves[0] is not source or isinstance(source, (torch.Tensor, np.ndarray))):
-            leaves = arrays
+        source, arrays = _gather_source(dataset)
+        if source is not None:
             self.kind = "gather"
-            self.length = _common_rows("dataset", leaves)
+            self.length = _common_rows("dataset", arrays)
             self._source = source
-            self.row_bytes = sum(_row_bytes(leaf) for leaf in leaves)
+            self.row_bytes = sum(_row_bytes(leaf) for leaf in arrays)
             return
         if not callable(getattr(dataset, "__getitem__", None)):
             raise TypeError(
@@ -96,23 +100,33 @@ class Fetcher:
             stacklevel=3,
         )
 
-    def take(self, indices: np.ndarray) -> Any:
+    def take(self, indices: Any) -> Any:
         """Rows ``indices`` of a tensor pytree (``kind == "gather"``), before ``collate_fn``."""
-        index = torch.from_numpy(indices)
-        return tree_map_arrays(lambda x: x[indices] if isinstance(x, np.ndarray) else x[index], self._source)
+        return self._gather(check_indices(indices, self.length))
 
     def collate(self, rows: Any) -> Any:
         """Apply ``collate_fn`` (if any) to rows from :meth:`take`."""
         return rows if self.collate_fn is None else self.collate_fn(rows)
 
-    def __call__(self, indices: np.ndarray) -> Any:
-        """The batch for ``indices`` (a 1-D int64 array)."""
+    def __call__(self, indices: Any) -> Any:
+        """The batch for ``indices`` (a 1-D array or sequence of integers in ``[0, length)``).
+
+        Raises:
+            TypeError: If ``indices`` are not integers.
+            ValueError: If ``indices`` is not one-dimensional.
+            IndexError: If an index is negative or not less than :attr:`length`.
+        """
+        index = check_indices(indices, self.length)
         if self.kind == "gather":
-            return self.collate(self.take(indices))
+            return self.collate(self._gather(index))
         if self.kind == "getitems":
-            return self._getitems(indices)
-        samples = [self.dataset[i] for i in indices.tolist()]
+            return self._getitems(index)
+        samples = [self.dataset[i] for i in index.tolist()]
         return (self.collate_fn or default_collate)(samples)
+
+    def _gather(self, index: np.ndarray) -> Any:
+        tensor_index = torch.from_numpy(index)
+        return _take(self._source, lambda x: x[index] if isinstance(x, np.ndarray) else x[tensor_index])
 
     def _getitems(self, indices: np.ndarray) -> Any:
         name = type(self.dataset).__name__
@@ -127,6 +141,159 @@ class Fetcher:
                 f"{name}.__getitems__ returned a batch of {leaves[0].shape[0]} rows for {len(indices)} indices."
             )
         return result if self.collate_fn is None else self.collate_fn(result)
+
+
+# -- which datasets are gathered ------------------------------------------------------
+
+
+def _is_array(node: Any) -> bool:
+    # NOTE: np.matrix and masked arrays are ndarrays whose rows are not what fancy
+    # indexing gives; a memmap's are
+    return isinstance(node, torch.Tensor) or type(node) in (np.ndarray, np.memmap)
+
+
+def _is_namedtuple(node: Any) -> bool:
+    kind = type(node)
+    return (
+        isinstance(node, tuple)
+        and isinstance(getattr(kind, "_fields", None), tuple)
+        and all(getattr(kind, name) is getattr(tuple, name) for name in ("__getitem__", "__len__", "__iter__"))
+    )
+
+
+def _is_dataclass_tree(node: Any) -> bool:
+    """A dataclass instance that is a container: one that defines ``__getitem__`` is a dataset."""
+    return dataclasses.is_dataclass(node) and not isinstance(node, type) and not hasattr(type(node), "__getitem__")
+
+
+def _is_plain_tensor_dataset(dataset: Any) -> bool:
+    """A ``TensorDataset`` whose items are rows of its tensors (its class changes no indexing)."""
+    kind = type(dataset)
+    return isinstance(dataset, TensorDataset) and all(
+        getattr(kind, name, None) is getattr(TensorDataset, name, None)
+        for name in ("__getitem__", "__len__", "__getitems__")
+    )
+
+
+def _children(node: Any) -> list[tuple[str, Any]] | None:
+    """The children of a pytree container with the path step to each, or ``None`` for anything else."""
+    kind = type(node)
+    if kind in _DICTS:
+        return [(f"[{key!r}]", value) for key, value in node.items()]
+    if kind is tuple:
+        return [(f"[{i}]", value) for i, value in enumerate(node)]
+    if _is_namedtuple(node):
+        return [(f".{name}", value) for name, value in zip(kind._fields, node)]
+    if _is_dataclass_tree(node):
+        return [(f".{field.name}", getattr(node, field.name)) for field in dataclasses.fields(node)]
+    return None
+
+
+def _walk(node: Any, path: str, arrays: list[Any]) -> str | None:
+    """Collect the array leaves of a pytree into ``arrays``.
+
+    Returns:
+        ``None`` if ``node`` holds only containers, arrays and plain leaves, else the path
+        and type of the first node that is none of these.
+    """
+    if _is_array(node):
+        arrays.append(node)
+        return None
+    children = _children(node)
+    if children is None:
+        return None if isinstance(node, _PLAIN) else f"{path} is a {type(node).__name__}"
+    for step, child in children:
+        problem = _walk(child, path + step, arrays)
+        if problem is not None:
+            return problem
+    return None
+
+
+def _gather_source(dataset: Any) -> tuple[Any, list[Any]]:
+    """The pytree whose rows are the items of ``dataset`` and its arrays, or ``(None, [])``.
+
+    Raises:
+        TypeError: If ``dataset`` is a pytree container holding arrays and a list or
+            another object that is not a plain leaf.
+    """
+    if _is_plain_tensor_dataset(dataset):
+        arrays: list[Any] = []
+        plain = _walk(dataset.tensors, "dataset.tensors", arrays) is None and arrays
+        return (dataset.tensors, arrays) if plain else (None, [])
+    if not _is_array(dataset) and _children(dataset) is None:
+        return None, []
+    arrays = []
+    problem = _walk(dataset, "dataset", arrays)
+    if not arrays:
+        return None, []  # e.g. a tuple of samples that are not arrays: indexed item by item
+    if problem is not None:
+        raise TypeError(
+            f"{problem}, which is not a tensor, an array or a pytree container (dict, tuple, namedtuple, "
+            "dataclass without __getitem__): a pytree dataset may hold only these and plain leaves (None, numbers, "
+            "strings); a list is a sequence of samples. Use tuples, or give the dataset __getitems__(indices)."
+        )
+    return dataset, arrays
+
+
+def _take(node: Any, pick: Callable[[Any], Any]) -> Any:
+    """``node`` with ``pick`` applied to its array leaves (a pytree accepted by :func:`_walk`)."""
+    if _is_array(node):
+        return pick(node)
+    kind = type(node)
+    if kind in _DICTS:
+        out = copy.copy(node)  # keeps the order of the keys and a defaultdict's factory
+        for key, value in node.items():
+            out[key] = _take(value, pick)
+        return out
+    if kind is tuple:
+        return tuple(_take(value, pick) for value in node)
+    if _is_namedtuple(node):
+        return kind(*[_take(value, pick) for value in node])
+    if _is_dataclass_tree(node):
+        # NOTE: field by field on a copy: making a new instance would run __init__ and
+        # __post_init__ again, which may transform the rows a second time
+        out = copy.copy(node)
+        for field in dataclasses.fields(node):
+            object.__setattr__(out, field.name, _take(getattr(node, field.name), pick))
+        return out
+    return node
+
+
+# -- checks ----------------------------------------------------------------------------
+
+
+def check_indices(indices: Any, length: int) -> np.ndarray:
+    """``indices`` as a 1-D int64 array, each in ``[0, length)``."""
+    index = np.asarray(indices)
+    if index.dtype.kind not in "iu":
+        if index.size:
+            raise TypeError(f"indices must be an array of integers, got dtype {index.dtype}: {index!r}.")
+        index = index.astype(np.int64)  # an empty list is a float array
+    if index.ndim != 1:
+        raise ValueError(f"indices must be one-dimensional, got shape {index.shape}: {index!r}.")
+    if index.size:
+        low, high = index.min(), index.max()
+        if low < 0 or high >= length:
+            bad = low if low < 0 else high
+            raise IndexError(
+                f"index {bad} is out of range for a dataset of {length} items: indices must be in [0, {length})."
+            )
+    return index.astype(np.int64, copy=False)
+
+
+def _common_rows(name: str, leaves: list[Any]) -> int:
+    shapes = [tuple(leaf.shape) for leaf in leaves]
+    if any(not shape for shape in shapes):
+        raise ValueError(f"{name} must have a first dimension to index its items, got shapes {shapes!r}.")
+    rows = {shape[0] for shape in shapes}
+    if len(rows) != 1:
+        raise ValueError(f"{name} leaves must share their first dimension, got shapes {shapes!r}.")
+    return int(rows.pop())
+
+
+def _row_bytes(leaf: Any) -> int:
+    size = leaf.element_size() if isinstance(leaf, torch.Tensor) else leaf.itemsize
+    return size * int(np.prod(leaf.shape[1:], dtype=np.int64))
 
 
 def _length(dataset: Any) -> int:

@@ -1,13 +1,17 @@
 from __future__ import annotations
 
+import multiprocessing
 import pickle
 import subprocess
 import sys
 import textwrap
+import threading
+import weakref
 
 import numpy as np
 import pytest
 import torch
+from torch.utils.data import DataLoader
 
 from fastsab import FastLoader, FastSizeAwareLoader, OutOfCoreDataset
 from fastsab.feeder import OVERHEAD_BYTES
@@ -22,10 +26,11 @@ def reader(i):
 def test_chunks_from_the_budget_and_batches_across_chunks():
     dataset = OutOfCoreDataset(range(100), reader, cpu_memory_limit=2 * 10 * (ROW * 4 + 8))
     assert dataset.chunk_size == 10 and dataset.num_chunks == 10 and len(dataset) == 100
-    batch = dataset.__getitems__([95, 3, 14, 4])
+    with pytest.warns(UserWarning, match="a batch of 4 samples spans 3 chunks of 10 samples"):
+        batch = dataset.__getitems__([95, 3, 14, 4])
     assert batch["y"].tolist() == [95, 3, 14, 4] and batch["x"][:, 0].tolist() == [95, 3, 14, 4]
     assert dataset[7]["y"].item() == 7
-    with pytest.raises(IndexError, match="index 100 is out of range for 100 samples"):
+    with pytest.raises(IndexError, match=r"index 100 is out of range for a dataset of 100 items"):
         dataset.__getitems__([100])
 
 
@@ -153,3 +158,232 @@ def test_peak_rss_stays_within_the_budget_for_a_file_larger_than_it(tmp_path):
     assert complete == "True" and sums == "True"
     in_flight = (2 + 2) * 256 * 1024 * 4  # the loader's default prefetch of 2, plus two batches
     assert int(growth) <= int(budget) + OVERHEAD_BYTES + in_flight, (int(growth) / 2**20, "MiB")
+
+
+def all_rows(dataset):
+    return torch.cat(list(FastLoader(dataset, 3, shuffle=False)))
+
+
+@pytest.mark.parametrize("header", ["npy", "offset"])
+def test_from_memmap_of_a_view_reads_the_views_rows(tmp_path, header):
+    values = np.arange(30 * 4, dtype=np.float32).reshape(30, 4)
+    if header == "npy":  # a file with a header before the rows
+        np.save(tmp_path / "rows.npy", values)
+        mapped = np.load(tmp_path / "rows.npy", mmap_mode="r")
+    else:
+        (tmp_path / "rows.f32").write_bytes(b"\x07" * 12 + values.tobytes())
+        mapped = np.memmap(tmp_path / "rows.f32", dtype=np.float32, mode="r", offset=12, shape=(30, 4))
+    views = {"[10:20]": mapped[10:20], "[5:]": mapped[5:], "[10:20][3:]": mapped[10:20][3:], "[7]": mapped[7]}
+    for name, view in views.items():
+        dataset = OutOfCoreDataset.from_memmap(view, cpu_memory_limit=2 * 4 * 16)
+        assert len(dataset) == len(view), name
+        np.testing.assert_array_equal(all_rows(dataset).numpy(), np.asarray(view), err_msg=name)
+    for view in (mapped[::2], mapped[:, :2], mapped[::-1]):
+        with pytest.raises(
+            ValueError, match=r"array must be a C-contiguous memmap with at least one dimension, got shape"
+        ):
+            OutOfCoreDataset.from_memmap(view, cpu_memory_limit=1024)
+
+
+def test_from_memmap_refuses_what_it_cannot_read_from_the_file(tmp_path):
+    path = tmp_path / "rows.bin"
+    np.arange(8, dtype=np.float32).tofile(path)
+    changed = np.memmap(path, dtype=np.float32, mode="c", shape=(8,))
+    changed[0] = 99  # only in this process's copy, not in the file
+    with pytest.raises(ValueError, match=r"array is a copy-on-write memmap \(mode='c'\)"):
+        OutOfCoreDataset.from_memmap(changed, cpu_memory_limit=1024)
+    swapped = np.memmap(path, dtype=">f4", mode="r", shape=(8,))
+    with pytest.raises(TypeError, match=r"array has dtype dtype\('>f4'\), which a torch tensor cannot hold"):
+        OutOfCoreDataset.from_memmap(swapped, cpu_memory_limit=1024)
+
+
+def test_from_memmap_keeps_row_numbers_as_a_range(tmp_path):
+    path = tmp_path / "big.bin"
+    with open(path, "wb") as file:
+        file.truncate(10_000_000)  # ten million one-byte rows, sparse on disk
+    dataset = OutOfCoreDataset.from_memmap(np.memmap(path, dtype=np.uint8, mode="r"), cpu_memory_limit=2**20)
+    assert len(dataset) == 10_000_000 and dataset.ids == range(10_000_000)  # not a list of ten million ints
+
+
+def test_from_memmap_and_from_files_datasets_pickle(tmp_path):
+    array = np.lib.format.open_memmap(tmp_path / "rows.npy", mode="w+", dtype=np.int64, shape=(20, 2))
+    array[:] = np.arange(40).reshape(20, 2)
+    array.flush()
+    for i in range(4):
+        np.save(tmp_path / f"s{i}.npy", np.full(3, i))
+    memmapped = OutOfCoreDataset.from_memmap(np.load(tmp_path / "rows.npy", mmap_mode="r")[4:], cpu_memory_limit=64)
+    files = OutOfCoreDataset.from_directory(tmp_path, "s*.npy", cpu_memory_limit=2 * 24)
+    for dataset, expected in ((memmapped, [[38, 39], [8, 9]]), (files, [[3, 3, 3], [0, 0, 0]])):
+        dataset.__getitems__([0])
+        clone = pickle.loads(pickle.dumps(dataset))
+        assert clone.__getitems__([len(dataset) - 1, 0]).tolist() == expected
+        assert dataset.__getitems__([len(dataset) - 1, 0]).tolist() == expected
+
+
+def samples_of(bad):
+    """A reader whose sample 2 is ``bad``; the others are like ``reader``."""
+    return lambda i: bad if i == 2 else reader(i)
+
+
+@pytest.mark.parametrize(
+    ("sample", "error", "message"),
+    [
+        (
+            {"x": np.zeros(1, np.float32), "y": np.int64(2)},
+            ValueError,
+            r"read_input\(2\) gave a sample of shape \(1,\) at \('x',\); the first sample's is \(64,\)",
+        ),
+        (
+            {"x": np.zeros(ROW), "y": np.int64(2)},
+            TypeError,
+            r"read_input\(2\) gave a sample of dtype float64 at \('x',\); the first sample's is float32",
+        ),
+        (
+            {"x": np.zeros(ROW, np.float32), "y": np.int32(2)},
+            TypeError,
+            r"read_input\(2\) gave a sample of dtype int32 at \('y',\); the first sample's is int64",
+        ),
+        (
+            {"x": np.zeros(ROW, np.float32), "y": 2.0},
+            TypeError,
+            r"read_input\(2\) gave a sample of dtype float64 at \('y',\); the first sample's is int64",
+        ),
+        (
+            {"x": np.zeros(ROW, np.float32), "y": np.int64(2), "z": np.int64(0)},
+            ValueError,
+            r"read_input\(2\) gave a sample of structure PyTreeSpec\(\{'x': \*, 'y': \*, 'z': \*\}\); the first sample's is PyTreeSpec\(\{'x': \*, 'y': \*\}\)",
+        ),
+        (
+            {"x": np.zeros(ROW, np.float32)},
+            ValueError,
+            r"read_input\(2\) gave a sample of structure PyTreeSpec\(\{'x': \*\}\)",
+        ),
+        (
+            {"x": np.zeros(ROW, np.float32), "y": None},
+            ValueError,
+            r"read_input\(2\) gave a sample of structure PyTreeSpec\(\{'x': \*, 'y': None\}\)",
+        ),
+        (None, ValueError, r"read_input\(2\) gave a sample of structure PyTreeSpec\(None\)"),
+    ],
+    ids=[
+        "shape",
+        "float-into-float32",
+        "int32-into-int64",
+        "python-float-into-int64",
+        "extra-key",
+        "missing-key",
+        "none-leaf",
+        "none",
+    ],
+)
+def test_every_sample_must_match_the_first(sample, error, message):
+    dataset = OutOfCoreDataset(range(6), samples_of(sample), cpu_memory_limit=2 * 6 * (ROW * 4 + 8))
+    with pytest.raises(error, match=message):
+        dataset.__getitems__([0])
+
+
+def test_samples_of_several_per_read_and_of_later_chunks_must_match_the_first():
+    def pairs(i):
+        yield np.full(4, i, dtype=np.int64)
+        yield np.full(4 if i != 1 else 3, i, dtype=np.int64)
+
+    dataset = OutOfCoreDataset(range(4), pairs, cpu_memory_limit=1024, one_read_count=2)
+    with pytest.raises(
+        ValueError, match=r"sample 1 of read_input\(1\) gave a sample of shape \(3,\); the first sample's is \(4,\)"
+    ):
+        dataset.__getitems__([0])
+    # chunk 0 sets the dtype for the whole dataset: a later chunk of another dtype is refused, not promoted
+    drifting = OutOfCoreDataset(
+        range(8), lambda i: np.full(2, i, dtype=np.float32 if i < 4 else np.float64), cpu_memory_limit=2 * 4 * 8
+    )
+    assert drifting.chunk_size == 4 and drifting.__getitems__([0, 3]).dtype == torch.float32
+    with pytest.raises(
+        TypeError, match=r"read_input\(4\) gave a sample of dtype float64; the first sample's is float32"
+    ):
+        drifting.__getitems__([3, 4])
+    unsupported = OutOfCoreDataset(range(3), lambda i: {"name": f"s{i}"}, cpu_memory_limit=1024, sample_bytes=8)
+    with pytest.raises(
+        TypeError, match=r"read_input\(0\) gave a sample of dtype <U2 at \('name',\), which a torch tensor cannot hold"
+    ):
+        unsupported.__getitems__([0])
+
+
+def test_empty_batches_indices_and_empty_datasets():
+    dataset = OutOfCoreDataset(range(10), reader, cpu_memory_limit=10_000, sample_bytes=ROW * 4 + 8)
+    empty = dataset.__getitems__([])
+    assert empty["x"].shape == (0, ROW) and empty["x"].dtype == torch.float32 and empty["y"].shape == (0,)
+    dataset.__getitems__([0])  # the layout of the samples is known from now on
+    again = dataset.__getitems__(np.zeros(0, dtype=np.int64))
+    assert again["x"].shape == (0, ROW) and again["x"].dtype == torch.float32 and again["y"].dtype == torch.int64
+    with pytest.raises(TypeError, match=r"indices must be an array of integers, got dtype float64"):
+        dataset.__getitems__([1.5])
+    with pytest.raises(IndexError, match=r"index -1 is out of range for a dataset of 10 items"):
+        dataset[-1]
+    with pytest.raises(TypeError, match=r"index must be an integer, got slice\(0, 2, None\)"):
+        dataset[0:2]
+    assert dataset[np.int64(3)]["y"].item() == 3
+    nothing = OutOfCoreDataset([], reader, cpu_memory_limit=10_000)
+    assert len(nothing) == 0 and nothing.num_chunks == 0 and list(FastLoader(nothing, 4)) == []
+    with pytest.raises(ValueError, match="cannot make an empty batch of a dataset without samples"):
+        nothing.__getitems__([])
+
+
+def test_at_most_two_chunks_are_held_whatever_the_order_of_access():
+    # chunks of 10 samples; a sampler that ignores chunks asks for any of them in any batch
+    dataset = OutOfCoreDataset(range(100), reader, cpu_memory_limit=2 * 10 * (ROW * 4 + 8))
+    load, lock = dataset._load_chunk_reads, threading.Lock()
+    alive, reading, peak = [], [0], [0]
+
+    def counting(first, end):  # chunks in memory (held, read ahead or being read) when a read starts
+        with lock:
+            reading[0] += 1
+            peak[0] = max(peak[0], reading[0] + sum(ref() is not None for ref in alive))
+        data = load(first, end)
+        with lock:
+            alive.append(weakref.ref(data["x"]))
+            reading[0] -= 1
+        return data
+
+    dataset._load_chunk_reads = counting
+    rng = np.random.default_rng(0)
+    with pytest.warns(UserWarning, match=r"a batch of \d+ samples spans \d+ chunks of 10 samples"):
+        for _ in range(20):
+            indices = rng.integers(0, 100, size=int(rng.integers(1, 40))).tolist()
+            assert dataset.__getitems__(indices)["y"].tolist() == indices
+    for chunk in [5, 9, 2, 7, 0, 3, 4]:  # one chunk at a time, out of the order read ahead
+        assert dataset.__getitems__([chunk * 10 + 1])["y"].tolist() == [chunk * 10 + 1]
+    dataset.close()
+    assert peak[0] <= 2
+
+
+def test_without_a_chunk_order_only_sequential_access_is_read_ahead():
+    # as in a DataLoader's worker process: the loader's chunk order is not known
+    dataset = OutOfCoreDataset(range(100), reader, cpu_memory_limit=2 * 10 * (ROW * 4 + 8))
+    for chunk in [5, 9, 2, 7, 0, 3]:
+        for offset in (1, 2):
+            assert dataset.__getitems__([chunk * 10 + offset])["y"].tolist() == [chunk * 10 + offset]
+    assert dataset.chunk_reads == 6 and not dataset._pending  # no chunk read for nothing
+    for chunk in [0, 1, 2]:
+        dataset.__getitems__([chunk * 10])
+    assert list(dataset._pending) == [3]  # in order: the next chunk is read ahead
+    dataset.__getitems__([35])  # read ahead, and chunk 4 read ahead in turn
+    dataset.close()
+    assert dataset.chunk_reads == 6 + 5
+
+
+@pytest.mark.skipif("fork" not in multiprocessing.get_all_start_methods(), reason="needs fork")
+def test_forked_worker_processes_start_afresh():
+    dataset = OutOfCoreDataset(range(100), reader, cpu_memory_limit=2 * 10 * (ROW * 4 + 8))
+    dataset.set_chunk_order(range(10))
+    dataset.__getitems__([5])  # the parent reads ahead in a thread, which a forked child does not have
+    sampler = [[chunk * 10 + 1, chunk * 10 + 2] for chunk in (1, 2, 7, 3)]
+    loader = DataLoader(
+        dataset,
+        batch_sampler=sampler,
+        num_workers=1,
+        multiprocessing_context="fork",
+        collate_fn=lambda b: b,
+        timeout=15,
+    )
+    assert [batch["y"].tolist() for batch in loader] == sampler
+    dataset.close()
