@@ -25,7 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from numbers import Integral, Real
 from typing import Any
 
@@ -33,7 +33,7 @@ import numpy as np
 
 from fastsab._checks import check_choice, check_nonnegative_int
 from fastsab.distributed import EvenBatches, StepAssignment, assign_steps
-from fastsab.epochs import EpochStats, FixedSizePlanner, SizeAwarePlanner, _ArrayCosts
+from fastsab.epochs import EpochOrder, EpochStats, FixedSizePlanner, SizeAwarePlanner, _ArrayCosts
 from fastsab.plans import ExplicitPlan, PlanChunk
 
 __all__ = ["STATE_FORMAT", "EpochCursor", "Segment", "Stream", "plan_fingerprint"]
@@ -66,7 +66,7 @@ def plan_fingerprint(planner: Planner) -> str:
     """
     order = planner.order
     digest = hashlib.blake2b(digest_size=12)
-    digest.update(repr((type(planner).__name__, order.n, order.shuffle, order.group_size)).encode())
+    digest.update(repr((type(planner).__name__, order.n, order.shuffle, order.group_size, order.rotate)).encode())
     digest.update(json.dumps(_plain(planner.fingerprint_options())).encode())
     if isinstance(planner, SizeAwarePlanner):
         if isinstance(planner.costs, _ArrayCosts):
@@ -297,20 +297,24 @@ class EpochCursor:
             return self._cache[1]  # type: ignore[no-any-return]
         whole = self._left_after(epoch, list(history))
         if whole is None:
-            whole = PlanChunk.concat(list(self.planner.chunks(epoch)))
+            whole = _with_spans(list(self.planner.chunks(epoch)), self.planner.order, epoch)
         assignment = self._assign(whole, segment, epoch)
         self._cache = (key, (whole, assignment))
         return whole, assignment
 
     def _assign(self, whole: PlanChunk, segment: Segment, epoch: int) -> StepAssignment:
         costs = self.planner.batch_costs(whole.ids, whole.offsets)
+        order = self.planner.order
         return assign_steps(
             costs,
             segment.world_size,
             even_batches=segment.even_batches or "pad",
             balance=bool(segment.balance),
-            seed=self.planner.order.seed,
+            seed=order.seed,
             epoch=epoch,
+            # NOTE: groups that are a dataset's chunks (not rotated) are dealt in order, so each
+            # rank reads each chunk about once per epoch
+            spans=whole.spans,
         )
 
     def _left_after(self, epoch: int, history: list[Segment]) -> PlanChunk | None:
@@ -327,7 +331,7 @@ class EpochCursor:
                     )
                 left = whole.tail(segment.steps)
                 continue
-            whole = left if left is not None else PlanChunk.concat(list(plan))
+            whole = left if left is not None else _with_spans(list(plan), self.planner.order, epoch)
             assignment = self._assign(whole, segment, epoch)
             if segment.steps > assignment.num_steps:
                 raise ValueError(
@@ -480,3 +484,17 @@ def _state_int(name: str, value: Any) -> int:
         raise ValueError(f"state[{name!r}] must be a non-negative integer, got {value!r}.")
     return int(value)
 
+
+def _with_spans(chunks: list[PlanChunk], order: EpochOrder, epoch: int) -> PlanChunk:
+    """The chunks as one; with unrotated groups, each batch labelled with the groups it spans.
+
+    A label is a group's place in the epoch's order of groups: for each batch, the places of
+    its first and of its last item's group.
+    """
+    whole = PlanChunk.concat(chunks)
+    if order.rotate or not whole.num_batches:
+        return whole
+    place = np.empty(order.permutation.num_groups, dtype=np.int64)
+    place[order.group_order(epoch)] = np.arange(len(place))
+    ends = np.stack([whole.ids[whole.offsets[:-1]], whole.ids[whole.offsets[1:] - 1]], axis=1)
+    return replace(whole, spans=place[ends // order.group_size])

@@ -98,6 +98,7 @@ def assign_steps(
     balance: bool = True,
     seed: int = 0,
     epoch: int = 0,
+    spans: np.ndarray | None = None,
 ) -> StepAssignment:
     """Deal ``len(costs)`` global batches to ``world_size`` ranks in equal steps.
 
@@ -108,6 +109,11 @@ def assign_steps(
             ``"drop"`` (leave out the surplus batches at the end of the plan).
         balance: Group batches of similar cost into the same step (within windows).
         seed, epoch: Seed the shuffle of steps within windows.
+        spans: Optional ``(len(costs), 2)`` first and last group each batch touches, in
+            the order groups are read (e.g. chunks of a dataset read chunk by chunk),
+            non-decreasing in plan order. Windows then also start where a batch's first
+            group changes (rounded up to a whole step), and within a window the steps that
+            reach a later group come last, so ranks move through the groups in order.
 
     Examples:
         >>> plan = assign_steps(np.array([9.0, 1, 8, 2, 7, 3]), 2, balance=True)
@@ -136,13 +142,16 @@ def assign_steps(
     before = _spread(costs[naive]) if len(naive) else 0.0
     if balance and world_size > 1 and len(slots):
         rng = np.random.default_rng([seed, epoch, world_size])
-        window = WINDOW_STEPS * world_size
         steps = []
         flat = slots.ravel()
-        for start in range(0, n_slots, window):
-            block = flat[start : start + window]
+        starts = _window_starts(n_slots, world_size, None if spans is None else spans[:, 0])
+        for start, end in zip(starts, [*starts[1:], n_slots]):
+            block = flat[start:end]
             ranked = block[np.argsort(costs[block % n], kind="stable")].reshape(-1, world_size)
-            steps.append(ranked[rng.permutation(len(ranked))])
+            ranked = ranked[rng.permutation(len(ranked))]
+            if spans is not None:
+                ranked = ranked[np.argsort(spans[ranked % n, 1].max(axis=1), kind="stable")]
+            steps.append(ranked)
         balanced = np.concatenate(steps)
         # NOTE: rotate each step's batches by the step number, so that no rank always gets
         # the cheapest (or the costliest) batch of its steps.
@@ -151,3 +160,13 @@ def assign_steps(
     batches = slots % max(n, 1)
     after = _spread(costs[batches]) if len(batches) else 0.0
     return StepAssignment(batches, slots >= n, n_slots - n if n_slots > n else 0, dropped, before, after)
+
+
+def _window_starts(n_slots: int, world_size: int, groups: np.ndarray | None) -> list[int]:
+    """Slots at which balancing windows start: every ``WINDOW_STEPS`` steps and at group starts."""
+    starts = set(range(0, n_slots, WINDOW_STEPS * world_size))
+    if groups is not None and len(groups):
+        changes = np.flatnonzero(np.diff(groups)) + 1
+        rounded = -(-changes // world_size) * world_size
+        starts.update(rounded[rounded < n_slots].tolist())
+    return sorted(starts)

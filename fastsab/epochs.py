@@ -98,6 +98,7 @@ class EpochOrder:
         self.shuffle = shuffle
         self.group_size = check_positive_int("group_size", group_size)
         self.permutation = GroupedPermutation(n, self.group_size, seed, rotate=rotate)
+        self.rotate = rotate
         self.seed = self.permutation.seed
 
     def group_order(self, epoch: int) -> np.ndarray:

@@ -30,6 +30,9 @@ class PlanChunk:
         dropped: Indices left out (``drop_last``, or surplus batches under ranks).
         padded: Indices of the batches in ``ids`` that repeat batches of the epoch
             (``even_batches="pad"`` under ranks).
+        spans: Optional ``(num_batches, 2)`` places (in the epoch's order of groups) of the
+            groups of each batch's first and last item, for a whole epoch's plan read group
+            by group.
 
     Examples:
         >>> chunk = PlanChunk.from_batches([np.array([4, 2]), np.array([7]), np.array([1, 0, 3])])
@@ -44,6 +47,7 @@ class PlanChunk:
     skipped: np.ndarray = field(default_factory=lambda: _EMPTY_IDS)
     dropped: np.ndarray = field(default_factory=lambda: _EMPTY_IDS)
     padded: np.ndarray = field(default_factory=lambda: _EMPTY_IDS)
+    spans: np.ndarray | None = None
 
     @property
     def num_batches(self) -> int:
@@ -84,17 +88,20 @@ class PlanChunk:
         # NOTE: one gather for all batches: item j of the result comes from position
         # starts[batch of j] + (j - offsets[batch of j]).
         positions = np.repeat(starts - offsets[:-1], sizes) + np.arange(offsets[-1], dtype=np.int64)
-        return PlanChunk(self.ids[positions], offsets, self.skipped, self.dropped, self.padded)
+        spans = None if self.spans is None else self.spans[which]
+        return PlanChunk(self.ids[positions], offsets, self.skipped, self.dropped, self.padded, spans)
 
     def head(self, num_batches: int) -> PlanChunk:
         """The first ``num_batches`` batches; other fields kept."""
         offsets = self.offsets[: num_batches + 1]
-        return PlanChunk(self.ids[: offsets[-1]], offsets, self.skipped, self.dropped, self.padded)
+        spans = None if self.spans is None else self.spans[:num_batches]
+        return PlanChunk(self.ids[: offsets[-1]], offsets, self.skipped, self.dropped, self.padded, spans)
 
     def tail(self, start: int) -> PlanChunk:
         """The batches from batch ``start`` on; other fields kept."""
         first = self.offsets[start]
-        return PlanChunk(self.ids[first:], self.offsets[start:] - first, self.skipped, self.dropped, self.padded)
+        spans = None if self.spans is None else self.spans[start:]
+        return PlanChunk(self.ids[first:], self.offsets[start:] - first, self.skipped, self.dropped, self.padded, spans)
 
 
 class ExplicitPlan:
