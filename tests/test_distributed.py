@@ -236,6 +236,7 @@ def test_real_ddp_processes(world_size, tmp_path):
     lines = out.stdout.split("\n")
     steps = next(line for line in lines if line.startswith("STEPS")).split()
     assert steps[1] == steps[2] and steps[4] == "True", report
+    assert int(next(line for line in lines if line.startswith("PADDED")).split()[1]) > 0, report
     assert "TRAINED True" in lines, report
     assert "RESUMED True" in lines, report
 
@@ -259,3 +260,47 @@ def test_balanced_ranks_read_each_chunk_of_an_out_of_core_dataset_about_once(wor
         assert dataset.chunk_reads <= 1.25 * dataset.num_chunks
         if kind == "size-aware":  # fixed batches cost the same: nothing to balance
             assert loader.stats.spread_after < loader.stats.spread_before
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_balanced_dealing_rotates_the_cheapest_batch_of_a_step_over_the_ranks(world_size):
+    # invariant: no rank always gets the cheapest (or costliest) batch of its steps
+    costs = np.random.default_rng(world_size).lognormal(0, 1, 400)
+    plan = assign_steps(costs, world_size, balance=True, seed=1)
+    cheapest = np.argmin(costs[plan.batches], axis=1)
+    shares = np.bincount(cheapest, minlength=world_size) / len(cheapest)
+    assert np.all(np.abs(shares - 1 / world_size) < 0.1), shares
+
+
+@pytest.mark.parametrize("balance", [True, False])
+def test_two_ranks_deal_each_batch_once_in_equal_steps(balance):
+    # invariant: pad repeats the first batches in the last step, marked as padding; drop leaves
+    # out the surplus at the end of the plan; balanced steps pair batches of neighbouring cost
+    costs = np.array([5.0, 1, 4, 9, 2, 8, 7])
+    padded = assign_steps(costs, 2, balance=balance)
+    assert padded.batches.shape == (4, 2) and padded.num_padded == 1
+    assert sorted(padded.batches[~padded.padding].tolist()) == list(range(7))
+    assert padded.batches[padded.padding].tolist() == [0]
+    dropped = assign_steps(costs, 2, even_batches="drop", balance=balance)
+    assert dropped.batches.shape == (3, 2) and dropped.dropped.tolist() == [6]
+    assert sorted(dropped.batches.ravel().tolist()) == list(range(6))
+    if balance:  # within the window, sorted by cost: (1, 2), (4, 5), (8, 9) for the first six
+        pairs = sorted(sorted(costs[step].tolist()) for step in dropped.batches)
+        assert pairs == [[1.0, 2.0], [4.0, 5.0], [8.0, 9.0]]
+    else:
+        assert dropped.batches.tolist() == [[0, 1], [2, 3], [4, 5]]
+
+
+def test_a_state_of_another_epoch_is_not_applied():
+    # invariant: a position loaded for epoch 0 is dropped by set_epoch(1): epoch 1 runs whole
+    loader = sized(0, 1)
+    iterator = iter(loader)
+    next(iterator)
+    state = loader.state_dict()
+    resumed = sized(0, 1)
+    resumed.load_state_dict(state)
+    resumed.set_epoch(1)
+    whole = sized(0, 1)
+    whole.set_epoch(1)
+    assert len(resumed) == len(whole)
+    assert [b.tolist() for b in resumed] == [b.tolist() for b in whole]
