@@ -314,6 +314,14 @@ class SizeAwareEpoch:
         if self._cached is not None:
             return next(self._cached)
         for ids in self._order:
+            # NOTE: the open batch is split again with every chunk it grows into; a batch
+            # spanning many groups would cost quadratic time, so groups are joined until they
+            # are at least as long as the open batch (the batches are the same either way)
+            while self._carry is not None and len(self._carry) > len(ids):
+                more = next(self._order, None)
+                if more is None:
+                    break
+                ids = np.concatenate([ids, more])
             return self._split(ids, final=False)
         if self._done:
             raise StopIteration
@@ -347,7 +355,10 @@ class SizeAwareEpoch:
             costs, cap, ids=ids, carry=self._carry, final=final, oversize=oversize_now, **planner.options
         )
         self._carry = split.carry
-        return PlanChunk(split.ids, split.offsets, np.concatenate([skipped, split.skipped]))
+        batched = split.ids
+        if batched.base is not None and batched.base.nbytes > 2 * batched.nbytes + 4096:
+            batched = batched.copy()  # a small view would keep the whole joined chunk alive
+        return PlanChunk(batched, split.offsets, np.concatenate([skipped, split.skipped]))
 
     def _empty_costs(self) -> np.ndarray:
         if self._carry is not None:

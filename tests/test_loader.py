@@ -439,3 +439,18 @@ def test_split_kernel_agrees_with_loader_plan():
     loader = FastSizeAwareLoader(torch.arange(N), LENGTHS, BUDGET, shuffle=False)
     expected = [b.tolist() for b in split_batches(LENGTHS, BUDGET).batches()]
     assert [b.tolist() for b in loader] == expected
+
+
+def test_a_batch_spanning_many_groups_is_planned_in_memory_proportional_to_it():
+    # invariant: len() and the plan of a batch that spans 780 groups hold O(batch) memory
+    # (one copy of the open batch per group would be ~1 GB here)
+    n = 200_000
+    loader = FastSizeAwareLoader(torch.arange(n), np.ones(n, dtype=np.int64), 10**9, group_size=256, shuffle=False)
+    tracemalloc.start()
+    try:
+        assert len(loader) == 1
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 64 * 2**20
+    assert [len(batch) for batch in loader] == [n]
