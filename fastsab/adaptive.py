@@ -635,14 +635,18 @@ class execute:
 def run(loader: Any, step: Callable[[Any], Any], *, factor: float = 2) -> Iterator[Any]:
     """Call ``step(batch)`` on every batch of the loader's next epoch, surviving OOM.
 
-    When ``step`` runs out of memory on a batch, memory is freed, the batch's indices are
-    split by the loader's own greedy plan under a limit ``factor`` times below the batch's
-    cost (its size for :class:`~fastsab.FastLoader`), the parts are fetched and run (and
-    split again if they fail too), and the loader lowers its limit to that value for the
-    rest of the epoch (``loader.stats.limit_changes``). Every sample is processed exactly
-    once; a single sample that does not fit raises :class:`AdaptiveOOMError`. Under data
-    parallelism (``world_size > 1``) batches are split but the limit is kept, so that every
-    rank still runs the same number of loader steps (accumulate the parts' gradients).
+    When ``step`` runs out of memory on a batch, memory is freed and the loader plans that
+    batch again, with the rest of the epoch, under a limit ``factor`` times below the
+    batch's cost (its size for :class:`~fastsab.FastLoader`): the batch's parts come next
+    (split again if they fail too) and the lower limit holds for the rest of the epoch
+    (``loader.stats.limit_changes``, :meth:`~fastsab.FastLoader.retry_last_batch`). Every
+    sample is processed exactly once, and a state saved at any point resumes exactly; a
+    single sample that does not fit raises :class:`AdaptiveOOMError`.
+
+    Under data parallelism (``world_size > 1``) the limit is kept, so that every rank still
+    runs the same number of loader steps: a failing batch is split and its parts run within
+    the step (accumulate the parts' gradients; save states between steps). So is a batch
+    that costs nothing, which no smaller limit splits: it is halved by count.
 
     Args:
         loader: A :class:`~fastsab.FastLoader` or :class:`~fastsab.FastSizeAwareLoader`.
@@ -662,7 +666,7 @@ def run(loader: Any, step: Callable[[Any], Any], *, factor: float = 2) -> Iterat
         >>> list(run(loader, step))  # 8 fails, then 4: the rest of the epoch uses batches of 2
         [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9]]
         >>> loader.stats.limit_changes, loader.stats.num_splits
-        ([(1, 8, 2)], 3)
+        ([(0, 8, 4), (0, 4, 2)], 2)
     """
     factor = _check_factor(factor)
     for indices, first in loader.iter_with_indices():
@@ -682,14 +686,19 @@ def run(loader: Any, step: Callable[[Any], Any], *, factor: float = 2) -> Iterat
                 if len(ids) == 1:
                     raise AdaptiveOOMError(f"step on the sample {int(ids[0])}", [1], 1, error) from None
                 limit = loader.smaller_limit(ids, factor)
-                if loader.world_size == 1:
-                    # NOTE: under data parallelism the limit stays: a rank that planned more
-                    # batches than the others would hang the job; the parts are still run
-                    loader.lower_limit(limit)
                 parts = loader.split_indices(ids, limit)
-                if len(parts) == 1:  # a limit that does not split it: halve by count
-                    parts = [ids[: len(ids) // 2], ids[len(ids) // 2 :]]
                 loader.stats.num_splits += 1
+                if loader.world_size == 1 and len(parts) > 1 and ids is indices:
+                    # NOTE: the loader plans the batch again under the smaller limit, so its
+                    # parts come next as the loader's own batches and a state taken between
+                    # them resumes exactly
+                    loader.retry_last_batch(limit)
+                    break
+                # NOTE: under data parallelism the limit stays (a rank that planned more steps
+                # than the others would hang the job), and a batch the limit cannot split
+                # (it costs nothing) is halved by count: its parts run within the loader's step
+                if len(parts) == 1:
+                    parts = [ids[: len(ids) // 2], ids[len(ids) // 2 :]]
                 pending.extend((part, None) for part in reversed(parts))
                 continue
             del batch

@@ -40,6 +40,9 @@ __all__ = ["STATE_FORMAT", "EpochCursor", "Segment", "Stream", "plan_fingerprint
 
 STATE_FORMAT = "fastsab.epoch-state/2"
 
+#: The largest world size a state may name.
+MAX_WORLD_SIZE = 2**24
+
 Planner = FixedSizePlanner | SizeAwarePlanner
 
 
@@ -110,6 +113,16 @@ class Segment:
         }
 
 
+@dataclass(frozen=True)
+class _Run:
+    """An epoch as it was started: its number, earlier stretches, this stretch and its stream."""
+
+    epoch: int
+    history: list[Segment]
+    segment: Segment
+    stream: Stream
+
+
 class Stream:
     """This rank's plan chunks of one epoch, after ``skip`` batches, with limits lowered.
 
@@ -160,6 +173,11 @@ class Stream:
         self.position = self._last_start + done
         self.lowered.append((self.position, limit))
 
+    @property
+    def lowered_past_end(self) -> bool:
+        """Whether lowered limits remain that the stream never reached."""
+        return bool(self._replay)
+
     def count(self) -> int:
         """Number of batches left (consumes the stream)."""
         total = 0
@@ -192,7 +210,7 @@ class EpochCursor:
         self._segment = self._new_segment()  # the stretch this object runs
         self._resuming = False  # load_state_dict set a position in self.epoch
         self._progress: list[int] | None = None  # [epoch, steps] while an epoch is iterated
-        self._stream: Stream | None = None
+        self._run: _Run | None = None  # the epoch last started: its stretches and stream
         self._fingerprint: str | None = None
         self._cache: tuple[Any, Any] | None = None
         self.assignment: StepAssignment | None = None
@@ -235,9 +253,26 @@ class EpochCursor:
         if stats is not None and self.assignment is not None and self.world_size > 1:
             stats.num_padded = self.assignment.num_padded
             stats.spread_before, stats.spread_after = self.assignment.spread_before, self.assignment.spread_after
-        self._stream = stream
+        self._run = _Run(epoch, list(self._history), self._segment, stream)
         self._progress = [epoch, self._segment.steps]
         return epoch, stream
+
+    def _replan_last(self, limit: Any) -> Stream:
+        """Plan the batch last handed out, and all after it, again under ``limit``.
+
+        The batch did not complete: it is no longer counted, and the lowered limit is
+        recorded at its position, so a state taken later resumes the new plan exactly.
+        """
+        run, progress = self._run, self._progress
+        if run is None or progress is None or progress[1] == 0:
+            raise RuntimeError("there is no batch of this epoch to plan again.")
+        steps = progress[1] - 1
+        lowered = [(position, old) for position, old in run.stream.lowered if position < steps]
+        segment = replace(run.segment, steps=steps, lowered=[*lowered, (steps, limit)])
+        stream = self._stream_of(run.epoch, run.history, segment)
+        self._run = replace(run, segment=segment, stream=stream)
+        progress[1] = steps
+        return stream
 
     @property
     def position(self) -> tuple[int, int] | None:
@@ -255,8 +290,14 @@ class EpochCursor:
 
     @property
     def start_position(self) -> tuple[int, int] | None:
-        """``(epoch, steps)`` at which the epoch being iterated started (after a resume)."""
-        return None if self._progress is None else (self._progress[0], self._segment.steps)
+        """``(epoch, steps)`` at which the epoch started last started (after a resume)."""
+        return None if self._run is None else (self._run.epoch, self._run.segment.steps)
+
+    def _copy_position(self, other: EpochCursor) -> None:
+        """Give ``other`` this object's next epoch and loaded position."""
+        other.epoch = self.epoch
+        if self._resuming:
+            other._history, other._segment, other._resuming = list(self._history), replace(self._segment), True
 
     def _step_done(self) -> None:
         if self._progress is not None:
@@ -264,7 +305,6 @@ class EpochCursor:
 
     def _epoch_done(self) -> None:
         self._progress = None
-        self._stream = None
         self._history, self._segment = [], self._new_segment()
 
     # -- plans --------------------------------------------------------------------------------
@@ -350,7 +390,12 @@ class EpochCursor:
         else:
             rest = self._left_after(epoch, history)
             plan = self.planner.chunks(epoch) if rest is None else ExplicitPlan(rest, self.planner)
-            steps = Stream(plan, lowered=segment.lowered).count()
+            stream = Stream(plan, lowered=segment.lowered)
+            steps = stream.count()
+            if stream.lowered_past_end:
+                raise ValueError(
+                    f"state['lowered'] names positions past the {steps} batches of epoch {epoch}: {segment.lowered!r}."
+                )
         if segment.steps > steps:
             raise ValueError(
                 f"state has steps={segment.steps!r}, past the {steps} steps of epoch {epoch} "
@@ -359,6 +404,16 @@ class EpochCursor:
         return steps - segment.steps
 
     # -- state ----------------------------------------------------------------------------------
+
+    def check_lowered_limit(self, limit: Any) -> Any:
+        """``limit`` checked as a batch size or caps, none above the configured ones."""
+        checked = self.planner.check_limit(limit)
+        configured = self.planner.limit
+        new_caps = checked if isinstance(checked, list) else [checked]
+        old_caps = configured if isinstance(configured, list) else [configured]
+        if any(new > old for new, old in zip(new_caps, old_caps)):
+            raise ValueError(f"a lowered limit must not exceed the configured {configured!r}, got {limit!r}.")
+        return checked
 
     def fingerprint(self) -> str:
         """Digest of the plan's inputs (see :func:`plan_fingerprint`), computed once."""
@@ -380,10 +435,15 @@ class EpochCursor:
         return self._state(self.epoch, 0)
 
     def _state(self, epoch: int, steps: int) -> dict[str, Any]:
-        segment = self._segment
-        lowered = self._stream.lowered if self._stream is not None and self._progress is not None else segment.lowered
-        current = Segment(segment.world_size, steps, segment.even_batches, segment.balance, list(lowered))
-        history = self._history if (self._progress is not None or self._resuming) else []
+        """The state of ``epoch`` after ``steps`` steps of its current stretch."""
+        run = self._run
+        if run is not None and run.epoch == epoch and not self._resuming:
+            history, segment = run.history, replace(run.segment, lowered=list(run.stream.lowered))
+        elif self._resuming and epoch == self.epoch:
+            history, segment = self._history, self._segment
+        else:
+            history, segment = [], self._new_segment()
+        current = replace(segment, steps=steps)
         return {
             "format": STATE_FORMAT,
             "seed": self.planner.order.seed,
@@ -441,6 +501,8 @@ class EpochCursor:
                 f"(fingerprint {state['fingerprint']!r}, this object's is {self.fingerprint()!r})."
             )
         epoch = _state_int("epoch", state["epoch"])
+        if epoch >= 2**63:
+            raise ValueError(f"state['epoch'] must be below 2**63, got {epoch!r}.")
         if not isinstance(state["history"], list):
             raise TypeError(f"state['history'] must be a list, got {state['history']!r}.")
         return epoch, [self._parse_segment(s) for s in [*state["history"], state]]
@@ -452,8 +514,8 @@ class EpochCursor:
             if key not in raw:
                 raise ValueError(f"state has no {key!r} entry; pass a dict made by state_dict().")
         world = _state_int("world_size", raw["world_size"])
-        if world < 1:
-            raise ValueError(f"state has world_size={world!r}; it must be a positive integer.")
+        if not 1 <= world <= MAX_WORLD_SIZE:
+            raise ValueError(f"state has world_size={world!r}; it must be from 1 to {MAX_WORLD_SIZE}.")
         steps = _state_int("steps", raw["steps"])
         if world == 1:
             even, balance = None, None
@@ -472,7 +534,7 @@ class EpochCursor:
             position = _state_int("lowered position", entry[0])
             if entries and position <= entries[-1][0]:
                 raise ValueError(f"state['lowered'] positions must increase, got {lowered!r}.")
-            entries.append((position, self.planner.check_limit(entry[1])))
+            entries.append((position, self.check_lowered_limit(entry[1])))
         return Segment(world, steps, even, balance, entries)  # type: ignore[arg-type]
 
 

@@ -73,6 +73,11 @@ class EpochStats:
     spread_before: float = 0.0
     spread_after: float = 0.0
 
+    def clear_reports(self) -> None:
+        """Forget the skipped, dropped and padded items (a new plan of the epoch reports them again)."""
+        self.num_skipped = self.num_dropped = 0
+        self.skipped, self.dropped, self.padded = [], [], []
+
     def add(self, chunk: PlanChunk) -> None:
         self.num_skipped += len(chunk.skipped)
         self.skipped += chunk.skipped.tolist()
@@ -173,7 +178,6 @@ class FixedSizeEpoch:
         self._seen = 0
         self._chunks = planner.order.chunks(epoch)
         self._rest = _EMPTY_IDS
-        self._done = False
 
     def __iter__(self) -> FixedSizeEpoch:
         return self
@@ -189,10 +193,9 @@ class FixedSizeEpoch:
             self._rest = ids[full:]
             if full or len(dropped):
                 return PlanChunk(ids[:full], np.arange(0, full + 1, size, dtype=np.int64), dropped=dropped)
-        if self._done or not len(self._rest):
+        if not len(self._rest):
             raise StopIteration
-        self._done = True
-        rest = self._rest
+        rest, self._rest = self._rest, _EMPTY_IDS
         return PlanChunk(rest, np.append(np.arange(0, len(rest), size, dtype=np.int64), len(rest)))
 
     def lower(self, pending: np.ndarray, limit: Any) -> None:
@@ -381,6 +384,7 @@ class SizeAwareEpoch:
             costs = carry.costs if costs is None else np.concatenate([costs, carry.costs])
         self._prefix = None if costs is None else (pending, costs)
         self._caps = caps
+        self._done = False  # the last chunk may have been planned: plan what was taken back
 
 
 def make_cost_source(sizeof: Any, n: int, features: Any = None) -> Callable[[np.ndarray], np.ndarray]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import queue
 import threading
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from typing import Any
 
 import numpy as np
@@ -126,7 +126,9 @@ class _Loader(EpochCursor):
 
         The sampler starts at the loader's next epoch and counts epochs on its own.
         """
-        return PlannedBatchSampler(self.planner, self.rank, self.world_size, *self._sharding, epoch=self.epoch)
+        sampler = PlannedBatchSampler(self.planner, self.rank, self.world_size, *self._sharding, epoch=self.epoch)
+        self._copy_position(sampler)
+        return sampler
 
     def data_loader(self, **options: Any) -> PlannedDataLoader:
         """A ``DataLoader`` with this loader's batch plan, e.g. for worker processes.
@@ -156,20 +158,19 @@ class _Loader(EpochCursor):
             self.dataset.set_chunk_order(self.order.group_order(epoch))
         self.stats = stats
         self._lower_to = None
-        produced = self._produce(stream, stats)
+        self._retry_limit = None
+        self.limit = self.planner.limit
+        for position, limit in stream.lowered:  # lowered before the resumed position
+            if position <= stream.skip:
+                self.limit = limit
         depth = self.prefetch
         if depth is None:  # in-memory gathers are cheaper than a thread hand-off
             depth = 0 if self.fetcher.kind == "gather" else 2
-        yield from self._consume(produced if depth == 0 else _prefetched(produced, depth), stats, with_indices)
-
-    def _consume(
-        self, produced: Iterator[tuple[np.ndarray, Any]], stats: EpochStats, with_indices: bool
-    ) -> Iterator[Any]:
-        for ids, batch in produced:
-            stats.num_batches += 1
-            stats.num_items += len(ids)
-            self._step_done()
-            yield (ids, batch) if with_indices else batch
+        next_stream: Stream | None = stream
+        while next_stream is not None:
+            produced = self._produce(next_stream, stats)
+            source = produced if depth == 0 else _prefetched(produced, depth)
+            next_stream = yield from self._consume(source, stats, with_indices)
         self._epoch_done()
         if stats.num_skipped:
             warnings.warn(
@@ -178,11 +179,32 @@ class _Loader(EpochCursor):
                 stacklevel=2,
             )
 
-    def _produce(self, stream: Stream, stats: EpochStats) -> Iterator[tuple[np.ndarray, Any]]:
-        self.limit = self.planner.limit
-        for position, limit in stream.lowered:  # lowered before the resumed position
-            if position <= stream.skip:
+    def _consume(
+        self, source: Iterator[tuple[np.ndarray, Any]], stats: EpochStats, with_indices: bool
+    ) -> Generator[Any, None, Stream | None]:
+        """Yield the batches of ``source``; a new stream if the last batch is to be planned again."""
+        try:
+            for ids, batch in source:
+                stats.num_batches += 1
+                stats.num_items += len(ids)
+                self._step_done()
+                yield (ids, batch) if with_indices else batch
+                if self._retry_limit is None:
+                    continue
+                limit, self._retry_limit = self._retry_limit, None
+                stats.num_batches -= 1
+                stats.num_items -= len(ids)
+                stats.limit_changes.append((stats.num_batches, self.limit, limit))
+                stats.clear_reports()  # the new stream reports the epoch's skipped items again
+                stream = self._replan_last(limit)
+                stream.stats = stats
                 self.limit = limit
+                return stream
+        finally:
+            source.close()  # type: ignore[attr-defined]
+        return None
+
+    def _produce(self, stream: Stream, stats: EpochStats) -> Iterator[tuple[np.ndarray, Any]]:
         for chunk in stream:
             offsets = chunk.offsets.tolist()
             for b, (ids, batch) in enumerate(self._chunk_batches(chunk, offsets)):
@@ -191,7 +213,7 @@ class _Loader(EpochCursor):
                     continue
                 with self._lower_lock:
                     lower_to, self._lower_to = self._lower_to, None
-                if lower_to is not None:
+                if lower_to is not None and lower_to != self.limit:
                     # re-plan the rest of this chunk, and all that follows, under the new limit
                     stats.limit_changes.append((stats.num_batches, self.limit, lower_to))
                     stream.lower(b + 1, lower_to)
@@ -233,18 +255,44 @@ class _Loader(EpochCursor):
     def lower_limit(self, limit: Any) -> None:
         """Use a smaller limit (batch size, or cap per column) for the rest of this epoch.
 
-        Applied by the planner at the next batch boundary: the items not yet planned into
-        a yielded batch are re-planned, so no sample is lost or repeated. Recorded in
-        ``stats.limit_changes``; the next epoch starts from the configured limit again.
+        Applied by the planner at the next batch boundary it reaches (with ``prefetch``,
+        the batches prepared ahead keep the old limit): the items not yet planned into a
+        batch are re-planned, so no sample is lost or repeated; items above the new limit
+        get batches of their own. Recorded in ``stats.limit_changes`` and in the state;
+        the next epoch starts from the configured limit again.
+
+        Raises:
+            ValueError: If ``limit`` is not a valid batch size or caps, exceeds the
+                configured limit, or this is one of several ranks.
         """
-        checked = self.planner.check_limit(limit)
+        checked = self._checked_lowering(limit)
+        with self._lower_lock:
+            self._lower_to = checked
+
+    def retry_last_batch(self, limit: Any) -> None:
+        """Plan the batch last yielded again, with everything after it, under ``limit``.
+
+        For a batch that failed (ran out of memory): it is no longer counted as done, and
+        the next batches are its parts under the smaller limit, then the rest of the epoch.
+        A state taken in between resumes exactly. :func:`fastsab.adaptive.run` uses it.
+
+        Raises:
+            ValueError: As :meth:`lower_limit`.
+            RuntimeError: If no batch of an epoch is being iterated.
+        """
+        checked = self._checked_lowering(limit)
+        if self._progress is None:
+            raise RuntimeError("retry_last_batch() needs an epoch being iterated.")
+        self._retry_limit = checked
+
+    def _checked_lowering(self, limit: Any) -> Any:
+        checked = self.check_lowered_limit(limit)
         if self.world_size > 1:
             raise ValueError(
                 f"cannot lower the limit to {limit!r} on rank {self.rank} of {self.world_size}: the ranks would run "
                 "different numbers of steps and data-parallel training would hang."
             )
-        with self._lower_lock:
-            self._lower_to = checked
+        return checked
 
     def split_indices(self, indices: np.ndarray, limit: Any) -> list[np.ndarray]:
         """Split a batch's ``indices`` in order into batches within ``limit`` (greedy)."""

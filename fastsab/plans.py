@@ -74,8 +74,9 @@ class PlanChunk:
         sizes = np.concatenate([np.diff(c.offsets) for c in chunks])
         offsets = np.zeros(len(sizes) + 1, dtype=np.int64)
         np.cumsum(sizes, out=offsets[1:])
-        fields = (np.concatenate([getattr(c, name) for c in chunks]) for name in ("ids", "skipped", "dropped", "padded"))
-        ids, skipped, dropped, padded = fields
+        ids, skipped, dropped, padded = (
+            np.concatenate([getattr(c, name) for c in chunks]) for name in ("ids", "skipped", "dropped", "padded")
+        )
         return cls(ids, offsets, skipped, dropped, padded)
 
     def select(self, which: np.ndarray) -> PlanChunk:

@@ -468,14 +468,12 @@ class PlannedDataLoader(DataLoader):  # type: ignore[type-arg]
         return self._counted(super().__iter__())
 
     def _counted(self, batches: Iterator[Any]) -> Iterator[Any]:
-        received = 0
+        epoch, steps = -1, 0
         for batch in batches:
-            if received == 0:
-                start = self.plan.start_position
-                assert start is not None  # the sampler started its epoch before the first batch
-                self._received = start
-            received += 1
-            self._received = (self._received[0], self._received[1] + 1)
+            if epoch < 0:  # the sampler has started its epoch by the time a batch arrives
+                epoch, steps = self.plan.start_position or (self.plan.epoch, 0)
+            steps += 1
+            self._received = (epoch, steps)
             yield batch
         self._received = None
 

@@ -20,7 +20,9 @@ N = 600
 def make_loader() -> FastSizeAwareLoader:
     lengths = np.random.default_rng(0).lognormal(np.log(30), 0.9, N).clip(1, 300).astype(np.int64)
     data = {"index": torch.arange(N), "x": torch.randn(N, 8, generator=torch.Generator().manual_seed(0))}
-    return FastSizeAwareLoader(data, lengths, 1100, seed=11)  # 25 global batches: 2 and 3 ranks pad  # rank and world size from torch.distributed
+    return FastSizeAwareLoader(
+        data, lengths, 1100, seed=11
+    )  # 25 global batches: 2 and 3 ranks pad  # rank and world size from torch.distributed
 
 
 def gather(value):
