@@ -93,9 +93,11 @@ def check_positive_real(name: str, value: Any) -> int | float:
         raise NotANumberError(f"{name} must be a real number, got {value!r} of type {type(value).__name__}.")
     if isinstance(value, Integral):
         value = int(value)
+        finite = True  # NOTE: math.isfinite would overflow for ints past 1e308
     else:
         value = float(value)
-    if not (math.isfinite(value) and value > 0):
+        finite = math.isfinite(value)
+    if not (finite and value > 0):
         raise ValueError(f"{name} must be a positive finite number, got {value!r}.")
     return value
 
