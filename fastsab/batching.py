@@ -28,10 +28,12 @@ import numpy as np
 
 from fastsab._checks import (
     as_numeric_array,
+    as_size,
     check_choice,
     check_optional_positive_int,
     check_positive_int,
     check_positive_real,
+    short_repr,
 )
 
 __all__ = ["BatchSplit", "Carry", "size_aware_batching", "split_batches"]
@@ -556,9 +558,11 @@ def size_aware_batching(
         Batches (lists of elements, or what ``collate_fn`` returns).
 
     Raises:
-        TypeError: If ``sizeof`` is neither callable nor a mapping, or ``max_total_size`` is
-            not a number.
-        ValueError: If ``max_total_size`` is not positive and finite.
+        TypeError: If ``sizeof`` is neither callable nor a mapping, ``max_total_size`` is
+            not a number, or ``sizeof`` gives an element a size that is not one real number
+            (a 0-d tensor or a numpy number is fine).
+        ValueError: If ``max_total_size`` is not positive and finite, or ``sizeof`` gives an
+            element a NaN, infinite or negative size (checked as each element arrives).
         RuntimeError: If ``sizeof`` raises for an element.
 
     Examples:
@@ -599,11 +603,16 @@ def _size_aware_batches(
         try:
             size = sizeof(data)
         except Exception as err:
-            raise RuntimeError(f"sizeof raised an error for data={data!r}: {err}") from err
-        if size > max_total_size:
-            if warn_logger is not None:
-                warn_logger(f"Size of element {data} exceeds max_total_size ({size} > {max_total_size}), skipping")
-            continue
+            raise RuntimeError(f"sizeof raised an error for data={short_repr(data)}: {err}") from err
+        kind = type(size)
+        # NOTE: one cheap test per item: a plain int or float within [0, max_total_size]. The
+        # rest (oversize items, numpy and tensor numbers, bad values) gets the full check.
+        if not ((kind is int or kind is float) and 0 <= size <= max_total_size):
+            size = as_size("sizeof", size, data)
+            if size > max_total_size:
+                if warn_logger is not None:
+                    warn_logger(f"Size of element {data} exceeds max_total_size ({size} > {max_total_size}), skipping")
+                continue
         if batch and (size + total > max_total_size or len(batch) == max_items):
             n_batches += 1
             yield batch if collate_fn is None else collate_fn(batch)

@@ -535,3 +535,81 @@ def test_generator_with_caps_past_int64(cap):
     sizes = [2**62, 2**62, 2**62, 1, 2.5, 2**63, 3]
     expected, _ = greedy_reference(sizes, cap)
     assert list(size_aware_batching(range(len(sizes)), sizes.__getitem__, cap)) == expected
+
+
+# --- size_aware_batching: sizes checked one by one ------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("size", "error", "message"),
+    [
+        (float("nan"), ValueError, r"sizeof must return a finite number >= 0, got nan for the element 'b'\."),
+        (-1, ValueError, r"sizeof must return a finite number >= 0, got -1 for the element 'b'\."),
+        (-0.5, ValueError, r"sizeof must return a finite number >= 0, got -0\.5 for the element 'b'\."),
+        (float("inf"), ValueError, r"sizeof must return a finite number >= 0, got inf for the element 'b'\."),
+        (np.float32("nan"), ValueError, r"sizeof must return a finite number >= 0, got nan for the element 'b'\."),
+        (np.int64(-3), ValueError, r"sizeof must return a finite number >= 0, got -3 for the element 'b'\."),
+        (torch.tensor(-2.5), ValueError, r"sizeof must return a finite number >= 0, got -2\.5 for the element 'b'\."),
+        ("3", TypeError, r"sizeof must return a real number, got '3' of type str for the element 'b'\."),
+        (None, TypeError, r"sizeof must return a real number, got None of type NoneType for the element 'b'\."),
+        (True, TypeError, r"sizeof must return a real number, got True of type bool for the element 'b'\."),
+        (np.bool_(True), TypeError, r"sizeof must return a real number, got True of type bool for the element 'b'\."),
+        (1 + 2j, TypeError, r"sizeof must return a real number, got \(1\+2j\) of type complex for the element 'b'\."),
+        (
+            torch.tensor([1, 2]),
+            TypeError,
+            r"sizeof must return a single number, got tensor\(\[1, 2\]\) of shape \(2,\) for the element 'b'\.",
+        ),
+        (
+            np.array([1.0, 2.0]),
+            TypeError,
+            r"sizeof must return a single number, got array\(\[1\., 2\.\]\) of shape \(2,\) for the element 'b'\.",
+        ),
+    ],
+    ids=[
+        "nan",
+        "negative-int",
+        "negative-float",
+        "inf",
+        "numpy-nan",
+        "numpy-negative",
+        "tensor-negative",
+        "str",
+        "none",
+        "bool",
+        "numpy-bool",
+        "complex",
+        "tensor-2",
+        "array-2",
+    ],
+)
+def test_generator_refuses_bad_sizes(size, error, message):
+    sizes = {"a": 1, "b": size, "c": 1}
+    batches = size_aware_batching(["a", "b", "c"], sizes.__getitem__, 4)
+    with pytest.raises(error, match=message):
+        list(batches)
+
+
+def test_generator_refuses_nan_and_negative_sizes_before_they_join_a_batch():
+    # A NaN total would let every later item in; a negative size would hide others' cost.
+    for bad in (float("nan"), -3):
+        sizes = [2, bad, 2, 2, 2]
+        with pytest.raises(ValueError, match=rf"sizeof must return a finite number >= 0, got {bad} for the element 1"):
+            list(size_aware_batching(range(5), sizes.__getitem__, 4))
+
+
+def test_bad_size_messages_shorten_long_reprs():
+    element = "x" * 10_000
+    with pytest.raises(ValueError, match=r"got -1 for the element 'x+\.\.\.\.$") as info:
+        list(size_aware_batching([element], lambda _: -1, 4))
+    assert len(str(info.value)) < 200
+    with pytest.raises(TypeError, match=r"got tensor\(\[0\., 0\., [0., ]+\.\.\. of shape \(500,\)") as info:
+        list(size_aware_batching([element], lambda _: torch.zeros(500), 4))
+    assert len(str(info.value)) < 300
+
+
+def test_generator_accepts_scalar_tensors_and_numpy_numbers():
+    numbers = [2, 1.5, 0, 3, 1, 0.25]
+    wrapped = [torch.tensor(2), np.float32(1.5), np.uint8(0), torch.tensor(3.0), np.int64(1), torch.tensor([0.25])]
+    expected = list(size_aware_batching(range(6), numbers.__getitem__, 4))
+    assert list(size_aware_batching(range(6), wrapped.__getitem__, 4)) == expected == [[0, 1, 2], [3, 4], [5]]

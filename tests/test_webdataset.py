@@ -45,6 +45,23 @@ def test_size_aware_stage_equals_the_generator():
     assert max(len(b) for b in capped) == 3 and sum(len(b) for b in capped) == 300
 
 
+@pytest.mark.parametrize(
+    ("size", "error", "message"),
+    [
+        (float("nan"), ValueError, r"sizeof must return a finite number >= 0, got nan for the element 'b'\."),
+        (-4, ValueError, r"sizeof must return a finite number >= 0, got -4 for the element 'b'\."),
+        ("5", TypeError, r"sizeof must return a real number, got '5' of type str for the element 'b'\."),
+        (torch.ones(2), TypeError, r"sizeof must return a single number, got tensor\(\[1\., 1\.\]\) of shape \(2,\)"),
+    ],
+    ids=["nan", "negative", "str", "tensor-2"],
+)
+def test_size_aware_stage_refuses_bad_sizes(size, error, message):
+    sizes = {"a": 2, "b": size, "c": 2}
+    stage = size_aware_batched(sizes.__getitem__, 4, warn_logger=None)
+    with pytest.raises(error, match=message):
+        list(stage(iter(["a", "b", "c"])))
+
+
 def test_stage_in_a_webdataset_pipeline(tmp_path):
     write_shards(tmp_path, n_samples=40, n_shards=4)
     urls = sorted(str(p) for p in tmp_path.glob("*.tar"))
