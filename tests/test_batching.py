@@ -613,3 +613,23 @@ def test_generator_accepts_scalar_tensors_and_numpy_numbers():
     wrapped = [torch.tensor(2), np.float32(1.5), np.uint8(0), torch.tensor(3.0), np.int64(1), torch.tensor([0.25])]
     expected = list(size_aware_batching(range(6), numbers.__getitem__, 4))
     assert list(size_aware_batching(range(6), wrapped.__getitem__, 4)) == expected == [[0, 1, 2], [3, 4], [5]]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.one_of(st.integers(0, 12), st.sampled_from(ADVERSARIAL_FLOATS)), max_size=50),
+    st.sampled_from([0.3, 1.0, 2, 5, 7.5, 12]),
+    st.one_of(st.none(), st.integers(1, 7)),
+)
+def test_generator_max_batch_size_equals_greedy_loop(sizes, cap, max_batch_size):
+    # invariant: the streaming generator makes the loop's batches and warns once per skipped item
+    expected, skipped = greedy_reference(sizes, cap, max_batch_size=max_batch_size)
+    warnings: list[str] = []
+    items = [f"item{p}" for p in range(len(sizes))]
+    batches = size_aware_batching(
+        items, dict(zip(items, sizes)), cap, warn_logger=warnings.append, max_batch_size=max_batch_size
+    )
+    assert list(batches) == [[items[p] for p in batch] for batch in expected]
+    per_item = [f"Size of element {items[p]} exceeds max_total_size ({sizes[p]} > {cap}), skipping" for p in skipped]
+    assert warnings[: len(per_item)] == per_item
+    assert len(warnings) == len(per_item) + (1 if skipped else 0)
