@@ -13,11 +13,13 @@ __all__ = [
     "NotANumberError",
     "as_numeric_array",
     "as_python_number",
+    "as_size",
     "check_choice",
     "check_nonnegative_int",
     "check_optional_positive_int",
     "check_positive_int",
     "check_positive_real",
+    "short_repr",
 ]
 
 
@@ -74,6 +76,59 @@ def as_python_number(value: Any) -> Any:
     return value.item() if isinstance(value, (torch.Tensor, np.ndarray, np.generic)) else value
 
 
+def short_repr(value: Any, limit: int = 80) -> str:
+    """``repr(value)`` on one line, cut to about ``limit`` characters for error messages.
+
+    Examples:
+        >>> short_repr("x" * 100, limit=12)
+        "'xxxxxxxx..."
+    """
+    text = " ".join(repr(value).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def as_size(name: str, value: Any, element: Any) -> int | float:
+    """Check one size given by the function ``name`` for ``element``; return it as a Python number.
+
+    A size is a finite real number >= 0: a Python ``int`` or ``float``, a numpy number, or a
+    tensor or array holding one number. Booleans are refused, as in :func:`as_numeric_array`.
+
+    Raises:
+        TypeError: If ``value`` is not a real number or holds more than one number.
+        ValueError: If ``value`` is NaN, infinite or negative.
+
+    Examples:
+        >>> as_size("sizeof", np.float32(0.5), "a")
+        0.5
+        >>> as_size("sizeof", -1, "a")
+        Traceback (most recent call last):
+        ...
+        ValueError: sizeof must return a finite number >= 0, got -1 for the element 'a'.
+    """
+    number = value
+    if isinstance(number, (torch.Tensor, np.ndarray)):
+        count = number.numel() if isinstance(number, torch.Tensor) else number.size
+        if count != 1:
+            raise TypeError(
+                f"{name} must return a single number, got {short_repr(number)} of shape {tuple(number.shape)} "
+                f"for the element {short_repr(element)}."
+            )
+        number = number.item()
+    elif isinstance(number, np.generic):
+        number = number.item()
+    if isinstance(number, bool) or not isinstance(number, Real):
+        raise TypeError(
+            f"{name} must return a real number, got {short_repr(number)} of type {type(number).__name__} "
+            f"for the element {short_repr(element)}."
+        )
+    number = int(number) if isinstance(number, Integral) else float(number)
+    if not (number >= 0 and (isinstance(number, int) or math.isfinite(number))):
+        raise ValueError(
+            f"{name} must return a finite number >= 0, got {short_repr(number)} for the element {short_repr(element)}."
+        )
+    return number
+
+
 def check_positive_real(name: str, value: Any) -> int | float:
     """Return ``value`` if it is a finite real number > 0, else raise.
 
@@ -93,9 +148,11 @@ def check_positive_real(name: str, value: Any) -> int | float:
         raise NotANumberError(f"{name} must be a real number, got {value!r} of type {type(value).__name__}.")
     if isinstance(value, Integral):
         value = int(value)
+        finite = True  # NOTE: math.isfinite would overflow for ints past 1e308
     else:
         value = float(value)
-    if not (math.isfinite(value) and value > 0):
+        finite = math.isfinite(value)
+    if not (finite and value > 0):
         raise ValueError(f"{name} must be a positive finite number, got {value!r}.")
     return value
 

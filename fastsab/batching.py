@@ -17,6 +17,7 @@ emitted; no empty batch is ever emitted.
 from __future__ import annotations
 
 import math
+import sys
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -27,10 +28,12 @@ import numpy as np
 
 from fastsab._checks import (
     as_numeric_array,
+    as_size,
     check_choice,
     check_optional_positive_int,
     check_positive_int,
     check_positive_real,
+    short_repr,
 )
 
 __all__ = ["BatchSplit", "Carry", "size_aware_batching", "split_batches"]
@@ -40,6 +43,7 @@ CostMode = Literal["sum", "padded"]
 OversizePolicy = Literal["skip", "own_batch", "error"]
 
 _UNIT_ROUNDOFF = 2.0**-53
+_INT64_MAX = 2**63 - 1
 
 
 @dataclass(frozen=True)
@@ -133,8 +137,9 @@ def split_batches(
     """Split items with per-item costs into greedy batches, vectorized.
 
     Gives exactly the batches of the greedy loop described in the module docstring, for
-    integer costs (exact ``int64`` sums) and float costs (``float64`` sums accumulated in
-    item order from the batch start, as the loop does, so values right at the cap agree).
+    integer costs (exact ``int64`` sums; padded costs exact for every ``int64`` cost, never
+    wrapped around) and float costs (``float64`` sums accumulated in item order from the
+    batch start, as the loop does, so values right at the cap agree).
     The work is a prefix sum and one binary search per batch (``sum`` mode) or a short
     running-max window per batch (``padded`` mode); there is no Python loop per item.
 
@@ -143,6 +148,7 @@ def split_batches(
             nodes and edges of a graph); numpy array, torch tensor or sequence; finite, >= 0.
         max_total_size: The inclusive cap of a batch's cost; one number, or ``k`` numbers
             for ``(n, k)`` costs (an item joins while every column stays within its cap).
+            Finite; caps past int64 (``2**70``, ``1e19``) work as "no practical cap".
         max_batch_size: Optional cap on the number of items in a batch.
         cost: ``"sum"`` (a batch costs the sum of its items, bionemo) or ``"padded"`` (a
             batch costs ``len(batch) * max(cost in batch)``, the padded-tensor cost).
@@ -164,9 +170,10 @@ def split_batches(
 
     Raises:
         TypeError: If an argument has the wrong type.
-        ValueError: If a value is out of range (negative or NaN costs, non-positive caps,
-            a mismatched ``ids`` length or carry), or an item is oversize with
-            ``oversize="error"``.
+        ValueError: If a value is out of range (negative or NaN costs, non-positive or
+            infinite caps, a mismatched ``ids`` length or carry), an item is oversize with
+            ``oversize="error"``, or integer costs that may share a batch sum past 2**62
+            in one call (``cost="sum"``; split the order into chunks).
 
     Examples:
         >>> split = split_batches([2, 2, 5, 3, 1, 4], 4)
@@ -243,7 +250,11 @@ def split_batches(
         if over is not None:
             over = np.concatenate([np.zeros(len(carry), dtype=bool), over])
 
-    ends, open_start = _greedy_ends(c, caps, mode, max_items, multiple, over, final)
+    if mode == "sum":
+        count = _sum_counter(c, caps, over is not None)
+    else:
+        count = _padded_counter(c, caps, cap_values)
+    ends, open_start = _greedy_ends(len(c), count, max_items, multiple, over, final)
     offsets = np.zeros(len(ends) + 1, dtype=np.int64)
     offsets[1:] = ends
     next_carry = None
@@ -271,30 +282,32 @@ def _caps_for_dtype(caps: list[int | float], float_mode: bool) -> np.ndarray:
     # NOTE: the loop compares a running total with the cap exactly (Python semantics). For
     # integer totals `total <= cap` equals `total <= floor(cap)`; for float totals it equals
     # `total <= the largest float64 not above cap`. Converting the cap once this way keeps
-    # every later comparison exact in a single numpy dtype.
+    # every later comparison exact in a single numpy dtype. An integer cap past int64 acts
+    # as the largest int64: no int64 cost exceeds it, and sums stay below 2**62 (see
+    # _sum_counter); padded mode works from the exact caps instead (see _padded_limits).
     if float_mode:
         out = []
         for cap in caps:
-            f = float(cap)
-            if isinstance(cap, Integral) and f > cap:
-                f = math.nextafter(f, -math.inf)
+            if isinstance(cap, Integral) and cap > sys.float_info.max:
+                f = sys.float_info.max
+            else:
+                f = float(cap)
+                if isinstance(cap, Integral) and f > cap:
+                    f = math.nextafter(f, -math.inf)
             out.append(f)
         return np.array(out, dtype=np.float64)
-    return np.array([math.floor(cap) for cap in caps], dtype=np.int64)
+    return np.array([min(math.floor(cap), _INT64_MAX) for cap in caps], dtype=np.int64)
 
 
 def _greedy_ends(
-    c: np.ndarray,
-    caps: np.ndarray,
-    mode: str,
+    m: int,
+    count: Callable[[int, int, int], int],
     max_items: int | None,
     multiple: int,
     over: np.ndarray | None,
     final: bool,
 ) -> tuple[list[int], int]:
-    """Walk the batches: one ``count`` call per batch. Returns batch ends and the open start."""
-    m = len(c)
-    count = _sum_counter(c, caps, over is not None) if mode == "sum" else _padded_counter(c, caps)
+    """Walk the ``m`` items' batches: one ``count`` call per batch. Returns batch ends and the open start."""
     over_pos = [] if over is None else np.flatnonzero(over).tolist()
     ends: list[int] = []
     append = ends.append
@@ -408,29 +421,108 @@ def _float_column_counter(prefix: memoryview, column: np.ndarray, cap: float) ->
     return count
 
 
-def _padded_counter(c: np.ndarray, caps: np.ndarray) -> Callable[[int, int, int], int]:
-    """Counter for ``cost="padded"``: ``len * running max`` is monotone, so count the fits."""
-    steps = np.arange(1, len(c) + 1, dtype=c.dtype)
+def _padded_counter(c: np.ndarray, caps: np.ndarray, exact_caps: list[int | float]) -> Callable[[int, int, int], int]:
+    """Counter for ``cost="padded"``: ``len * running max`` is monotone, so count the fits.
+
+    ``caps`` are the caps of :func:`_caps_for_dtype`, ``exact_caps`` those given.
+    """
     single = c.shape[1] == 1
     column = np.ascontiguousarray(c[:, 0]) if single else c
-    cap = caps[0] if single else caps
-    columns = steps if single else steps[:, None]
+    if c.dtype == np.float64:
+        fits = _padded_float_fits(len(c), caps, single)
+    else:
+        fits = _padded_int_fits(c, [math.floor(cap) for cap in exact_caps], single)
 
     def count(i: int, hi: int, guess: int) -> int:
         width = max(2 * guess, 16)
         while True:
             stop = min(i + width, hi)
-            padded = np.maximum.accumulate(column[i:stop], axis=0)
-            padded *= columns[: stop - i]
-            if single:  # one cap: a binary search in the (non-decreasing) padded costs
-                n_fit = int(padded.searchsorted(cap, side="right"))
-            else:
-                n_fit = int(np.count_nonzero((padded <= cap).all(axis=1)))
+            n_fit = fits(np.maximum.accumulate(column[i:stop], axis=0))
             if n_fit < stop - i or stop == hi:
                 return n_fit
             width *= 2
 
     return count
+
+
+def _padded_float_fits(m: int, caps: np.ndarray, single: bool) -> Callable[[np.ndarray], int]:
+    """How many leading lengths of a window have ``len * running max <= cap`` (float costs).
+
+    The function takes the window's running max (and overwrites it).
+    """
+    # NOTE: the product is rounded as the loop's Python float product is; past the float
+    # range it is inf, above every cap, as in the loop.
+    steps = np.arange(1, m + 1, dtype=np.float64)
+    if single:
+        cap = caps[0]
+
+        def fits(running: np.ndarray) -> int:
+            running *= steps[: len(running)]
+            return int(running.searchsorted(cap, side="right"))  # non-decreasing padded costs
+
+        return fits
+    lengths = steps[:, None]
+
+    def fits_all(running: np.ndarray) -> int:
+        running *= lengths[: len(running)]
+        return int(np.count_nonzero((running <= caps).all(axis=1)))  # the fits are a prefix
+
+    return fits_all
+
+
+def _padded_int_fits(c: np.ndarray, caps: list[int], single: bool) -> Callable[[np.ndarray], int]:
+    """How many leading lengths of a window have ``len * running max <= cap`` (integer costs).
+
+    Tested as ``running max <= cap // len``, exact for every int64 cost and every cap: the
+    product can pass int64 (and so can the caps), the quotients that matter cannot. The
+    function takes the window's running max (and overwrites it).
+    """
+    tops = [int(top) for top in c.max(axis=0)] if len(c) else [0] * len(caps)
+    limits = np.empty((0, len(caps)), dtype=np.int64)
+    column_limits = limits[:, 0]
+
+    def grow(length: int) -> None:
+        # NOTE: the limits grow with the longest window so far, not with the whole call.
+        nonlocal limits, column_limits
+        limits = _padded_limits(caps, tops, min(max(length, 2 * len(limits)), len(c)))
+        if single:
+            column_limits = np.ascontiguousarray(limits[:, 0])
+
+    def fits(running: np.ndarray) -> int:
+        length = len(running)
+        if length > len(limits):
+            grow(length)
+        # running max - limit is non-decreasing (no overflow: both are in [0, 2**63))
+        np.subtract(running, column_limits[:length], out=running)
+        return int(running.searchsorted(0, side="right"))
+
+    def fits_all(running: np.ndarray) -> int:
+        length = len(running)
+        if length > len(limits):
+            grow(length)
+        return int(np.count_nonzero((running <= limits[:length]).all(axis=1)))  # the fits are a prefix
+
+    return fits if single else fits_all
+
+
+def _padded_limits(caps: list[int], tops: list[int], size: int) -> np.ndarray:
+    """``out[L - 1, j]``: the largest running max with which ``L`` items fit cap ``j``.
+
+    That is ``cap // L``; lengths up to ``cap // top`` (``top``: the column's largest cost)
+    fit whatever the items, and get the largest int64 instead.
+    """
+    out = np.full((size, len(caps)), _INT64_MAX, dtype=np.int64)
+    for j, (cap, top) in enumerate(zip(caps, tops, strict=True)):
+        free = cap // top if top else size
+        if free >= size:
+            continue
+        if cap <= _INT64_MAX:
+            out[free:, j] = cap // np.arange(free + 1, size + 1, dtype=np.int64)
+        else:
+            # NOTE: past `free` the quotients are below `top`, but the cap does not fit int64:
+            # Python ints, only for costs so large that a few of them pass int64.
+            out[free:, j] = [cap // length for length in range(free + 1, size + 1)]
+    return out
 
 
 def size_aware_batching(
@@ -453,7 +545,8 @@ def size_aware_batching(
     Args:
         dataset: The input iterable.
         sizeof: A function (or mapping) giving the size of each element of ``dataset``.
-        max_total_size: The inclusive cap on a batch's total size; a positive number.
+        max_total_size: The inclusive cap on a batch's total size; a positive finite number
+            (a huge one such as ``2**70`` works as "no practical cap").
         collate_fn: Optional function applied to each batch (a list) before it is yielded.
         info_logger: Optional function called with a summary at the end.
         warn_logger: Optional function called for each skipped oversize element and with
@@ -465,9 +558,11 @@ def size_aware_batching(
         Batches (lists of elements, or what ``collate_fn`` returns).
 
     Raises:
-        TypeError: If ``sizeof`` is neither callable nor a mapping, or ``max_total_size`` is
-            not a number.
-        ValueError: If ``max_total_size`` is not positive and finite.
+        TypeError: If ``sizeof`` is neither callable nor a mapping, ``max_total_size`` is
+            not a number, or ``sizeof`` gives an element a size that is not one real number
+            (a 0-d tensor or a numpy number is fine).
+        ValueError: If ``max_total_size`` is not positive and finite, or ``sizeof`` gives an
+            element a NaN, infinite or negative size (checked as each element arrives).
         RuntimeError: If ``sizeof`` raises for an element.
 
     Examples:
@@ -508,11 +603,16 @@ def _size_aware_batches(
         try:
             size = sizeof(data)
         except Exception as err:
-            raise RuntimeError(f"sizeof raised an error for data={data!r}: {err}") from err
-        if size > max_total_size:
-            if warn_logger is not None:
-                warn_logger(f"Size of element {data} exceeds max_total_size ({size} > {max_total_size}), skipping")
-            continue
+            raise RuntimeError(f"sizeof raised an error for data={short_repr(data)}: {err}") from err
+        kind = type(size)
+        # NOTE: one cheap test per item: a plain int or float within [0, max_total_size]. The
+        # rest (oversize items, numpy and tensor numbers, bad values) gets the full check.
+        if not ((kind is int or kind is float) and 0 <= size <= max_total_size):
+            size = as_size("sizeof", size, data)
+            if size > max_total_size:
+                if warn_logger is not None:
+                    warn_logger(f"Size of element {data} exceeds max_total_size ({size} > {max_total_size}), skipping")
+                continue
         if batch and (size + total > max_total_size or len(batch) == max_items):
             n_batches += 1
             yield batch if collate_fn is None else collate_fn(batch)

@@ -138,6 +138,69 @@ def test_large_integer_costs_match_running_loop():
     assert as_lists(split_batches(costs, 10_000)) == running_sum_reference(costs.tolist(), 10_000)
 
 
+def jumping_rows(cap: int) -> list[int]:
+    """One-item batches followed by runs of ones: batches far longer than the previous one,
+    some filling the cap exactly, the last one ending the call."""
+    rows: list[int] = []
+    for length in (1, 2, 3, 4, 5, 7, 9, 17, 40, 100):
+        rows += [cap, *[1] * length]
+    return [*rows, cap, *([1] * (cap - 1))]
+
+
+@pytest.mark.parametrize("cap", [3, 5, 7, 9, 64])
+@pytest.mark.parametrize("max_batch_size", [None, 2, 4, 8])
+@pytest.mark.parametrize("kind", ["int", "float"])
+def test_batches_much_longer_than_the_previous_one(cap, max_batch_size, kind):
+    # The search for a batch's end starts past twice the previous batch's length.
+    rows = jumping_rows(cap)
+    costs = np.array(rows, dtype=np.int64 if kind == "int" else np.float64)
+    for cost in ("sum", "padded"):
+        expected, _ = greedy_reference(rows, cap, cost=cost, max_batch_size=max_batch_size)
+        split = split_batches(costs, cap, cost=cost, max_batch_size=max_batch_size)
+        assert as_lists(split) == expected
+        with_own = split_batches(costs, cap - 0.5, cost=cost, max_batch_size=max_batch_size, oversize="own_batch")
+        assert (
+            as_lists(with_own)
+            == greedy_reference(rows, cap - 0.5, cost=cost, max_batch_size=max_batch_size, oversize="own_batch")[0]
+        )
+
+
+@st.composite
+def jumping_problems(draw):
+    cap = draw(st.sampled_from([3, 4, 5, 7, 10, 33]))
+    runs = draw(
+        st.lists(
+            st.tuples(st.sampled_from(["big", "small"]), st.integers(1, 60)),
+            min_size=1,
+            max_size=12,
+        )
+    )
+    rows = []
+    for kind, length in runs:
+        value = st.integers(cap // 2, cap + 1) if kind == "big" else st.integers(0, 1)
+        rows += [(draw(value),) for _ in range(length)]
+    options = {
+        "max_batch_size": draw(st.sampled_from([None, None, 3, 16, 50])),
+        "cost": draw(st.sampled_from(["sum", "padded"])),
+        "multiple": draw(st.sampled_from([1, 1, 2, 4])),
+        "oversize": draw(st.sampled_from(["skip", "own_batch"])),
+    }
+    return rows, (cap,), options
+
+
+@settings(max_examples=250, deadline=None)
+@given(jumping_problems(), st.booleans())
+def test_batch_lengths_that_jump_equal_greedy_loop(problem, as_float):
+    # invariant: however much a batch's length differs from the previous one's, the kernel
+    # finds the loop's end (exact fills of the cap included)
+    rows, caps, options = problem
+    expected, expected_skipped = greedy_reference(rows, caps, **options)
+    costs, cap, kwargs = kernel_args(rows, caps, options)
+    split = split_batches(costs.astype(np.float64) if as_float else costs, cap, **kwargs)
+    assert as_lists(split) == expected
+    assert split.skipped.tolist() == expected_skipped
+
+
 def test_torch_and_list_inputs_and_ids():
     costs = torch.tensor([3, 1, 2, 4])
     split = split_batches(costs, 4, ids=np.array([10, 11, 12, 13]))
@@ -158,6 +221,14 @@ def test_oversize_policies():
     assert as_lists(split) == [[0, 2]] and split.skipped.tolist() == [1]
     with pytest.raises(ValueError, match=r"item 1 has cost 9 above max_total_size 3 \(oversize='error'\)"):
         split_batches([1, 9, 1], 3, oversize="error")
+
+
+@pytest.mark.parametrize("oversize", ["skip", "own_batch", "error"])
+@pytest.mark.parametrize("cost", ["sum", "padded"])
+def test_items_right_at_the_cap_are_not_oversize(oversize, cost):
+    for costs, cap in (([1, 3, 1], 3), ([0.5, 3.0, 0.5], 3.0), ([[1, 1], [3, 2], [1, 2]], [3, 2])):
+        split = split_batches(costs, cap, cost=cost, oversize=oversize)
+        assert as_lists(split) == [[0], [1], [2]] and split.skipped.size == 0
 
 
 def test_multi_column_caps():
@@ -294,3 +365,271 @@ def test_generator_bad_input():
         size_aware_batching([1], len, -4)
     with pytest.raises(RuntimeError, match="sizeof raised an error for data=1"):
         list(size_aware_batching([1], len, 4))
+
+
+# --- padded cost: long batches and int64 extremes ------------------------------------------
+
+
+def test_padded_batches_longer_than_the_first_search_window():
+    # A batch of 500 items needs several widenings of the running-max window.
+    assert split_batches(np.ones(1000, dtype=np.int64), 500, cost="padded").batch_sizes.tolist() == [500, 500]
+    rows = [1] * 700 + [2] * 300 + [0] * 900 + [3] * 5
+    expected, _ = greedy_reference(rows, 1400, cost="padded")
+    assert as_lists(split_batches(rows, 1400, cost="padded")) == expected
+    assert max(len(b) for b in expected) > 600
+
+
+def test_multi_column_padded_batches_longer_than_the_first_search_window():
+    rows = [(1, 2)] * 900 + [(2, 1)] * 400 + [(1, 1)] * 700
+    for caps in ([1000, 1800], [900, 5000], [2000, 700]):
+        expected, _ = greedy_reference(rows, caps, cost="padded")
+        assert as_lists(split_batches(np.array(rows), caps, cost="padded")) == expected
+        assert max(len(b) for b in expected) >= 350
+
+
+@st.composite
+def long_padded_problems(draw):
+    k = draw(st.integers(1, 2))
+    runs = draw(
+        st.lists(
+            st.tuples(st.tuples(*[st.integers(0, 4)] * k), st.integers(1, 400)),
+            min_size=1,
+            max_size=8,
+        )
+    )
+    rows = [row for row, length in runs for _ in range(length)]
+    caps = tuple(draw(st.sampled_from([150, 400, 1000, 1999, 4000])) for _ in range(k))
+    options = {
+        "max_batch_size": draw(st.sampled_from([None, None, 200, 700])),
+        "cost": "padded",
+        "multiple": draw(st.sampled_from([1, 1, 8, 3])),
+        "oversize": draw(st.sampled_from(["skip", "own_batch"])),
+    }
+    return rows, caps, options
+
+
+@settings(max_examples=80, deadline=None)
+@given(long_padded_problems())
+def test_long_runs_of_equal_padded_costs_equal_greedy_loop(problem):
+    # invariant: batches of hundreds of items (many window widenings) are the loop's batches
+    rows, caps, options = problem
+    expected, expected_skipped = greedy_reference(rows, caps, **options)
+    costs, cap, kwargs = kernel_args(rows, caps, options)
+    split = split_batches(costs, cap, **kwargs)
+    assert as_lists(split) == expected
+    assert split.skipped.tolist() == expected_skipped
+
+
+INT64_MAX = 2**63 - 1
+
+
+@pytest.mark.parametrize(
+    ("costs", "cap"),
+    [
+        ([2**62] * 3, INT64_MAX),  # 2 * 2**62 wraps to -2**63 in int64
+        ([INT64_MAX, 1, 1], INT64_MAX),
+        ([1, INT64_MAX, INT64_MAX], INT64_MAX),
+        ([3 * 2**61, 3 * 2**61, 1], 2**62 + 2**61),
+        ([2**61 + 1] * 5, 2**63 - 4),
+        ([5, 2**62 - 1, 2**62 - 1, 7], 2**63 - 2),
+    ],
+)
+def test_padded_int64_costs_never_wrap(costs, cap):
+    expected, expected_skipped = greedy_reference(costs, cap, cost="padded")
+    split = split_batches(np.array(costs, dtype=np.int64), cap, cost="padded")
+    assert as_lists(split) == expected
+    assert split.skipped.tolist() == expected_skipped
+
+
+INT64_EXTREMES = [0, 1, 3, 2**31, 2**61, 3 * 2**60, 2**62 - 1, 2**62, 2**62 + 1, 3 * 2**61, INT64_MAX - 1, INT64_MAX]
+
+
+@st.composite
+def int64_extreme_problems(draw):
+    k = draw(st.integers(1, 2))
+    value = st.one_of(st.sampled_from(INT64_EXTREMES), st.integers(0, INT64_MAX))
+    rows = draw(st.lists(st.tuples(*[value] * k), max_size=30))
+    cap = st.one_of(
+        st.sampled_from([2**62, 2**62 + 1, 3 * 2**61, INT64_MAX, 2**63, 2**64 + 1, 1e19, 2**70]),
+        st.integers(1, INT64_MAX),
+        st.integers(1, 2**72),
+    )
+    caps = tuple(draw(cap) for _ in range(k))
+    options = {
+        "max_batch_size": draw(st.sampled_from([None, 2, 5])),
+        "cost": "padded",
+        "multiple": draw(st.sampled_from([1, 2])),
+        "oversize": draw(st.sampled_from(["skip", "own_batch"])),
+    }
+    return rows, caps, options
+
+
+@settings(max_examples=300, deadline=None)
+@given(int64_extreme_problems())
+def test_padded_int64_extremes_equal_greedy_loop(problem):
+    # invariant: padded costs are compared exactly, whatever len * max would be in int64
+    rows, caps, options = problem
+    expected, expected_skipped = greedy_reference(rows, caps, **options)
+    costs, cap, kwargs = kernel_args(rows, caps, options)
+    split = split_batches(costs, cap, **kwargs)
+    assert as_lists(split) == expected
+    assert split.skipped.tolist() == expected_skipped
+
+
+# --- caps past int64 ----------------------------------------------------------------------
+
+HUGE_CAPS = [2**63, 2**64 + 3, 2**70, 1e19, 1.5e30, pytest.param(10**400, id="10**400")]
+
+
+@pytest.mark.parametrize("cap", HUGE_CAPS)
+@pytest.mark.parametrize("cost", ["sum", "padded"])
+@pytest.mark.parametrize("max_batch_size", [None, 3])
+def test_integer_costs_with_caps_past_int64(cap, cost, max_batch_size):
+    rows = [5, 0, 2**40, 7, 1, 2**33, 9]
+    expected, _ = greedy_reference(rows, cap, cost=cost, max_batch_size=max_batch_size)
+    split = split_batches(np.array(rows), cap, cost=cost, max_batch_size=max_batch_size)
+    assert as_lists(split) == expected and split.skipped.size == 0
+    floats = split_batches(np.array(rows, dtype=np.float64), cap, cost=cost, max_batch_size=max_batch_size)
+    assert as_lists(floats) == expected
+
+
+@pytest.mark.parametrize(
+    "cap", [2**70, 2**63 * 300, 2**63 * 1000 + 5, 10**25], ids=["2**70", "2**63*300", "2**63*1000+5", "10**25"]
+)
+def test_padded_huge_costs_with_caps_past_int64(cap):
+    # len * max passes int64 long before it passes these caps
+    rows = [2**62] * 400 + [INT64_MAX] * 50 + [1] * 600
+    expected, _ = greedy_reference(rows, cap, cost="padded")
+    assert as_lists(split_batches(np.array(rows), cap, cost="padded")) == expected
+    two_columns = [(r, 1) for r in rows]
+    expected, _ = greedy_reference(two_columns, [cap, 2**70], cost="padded")
+    assert as_lists(split_batches(np.array(two_columns), [cap, 2**70], cost="padded")) == expected
+
+
+def test_caps_past_int64_in_chunks_and_columns():
+    rows = np.array([[3, 2**40], [4, 1], [2**50, 2]])
+    for cost in ("sum", "padded"):
+        expected, _ = greedy_reference(rows.tolist(), [2**70, 2**40], cost=cost)
+        assert as_lists(split_batches(rows, [2**70, 2**40], cost=cost)) == expected == [[0], [1, 2]]
+    first = split_batches(rows[:2, 0], 2**64, final=False)
+    assert first.num_batches == 0
+    assert as_lists(split_batches(rows[2:, 0], 2**64, carry=first.carry)) == [[0, 1, 2]]
+
+
+def test_sums_past_2_62_with_a_cap_past_int64_are_refused():
+    with pytest.raises(ValueError, match=r"costs sum past 2\*\*62 in one call"):
+        split_batches(np.array([2**62, 2**62, 1]), 2**70)
+
+
+@pytest.mark.parametrize("cap", [float("inf"), -float("inf"), np.float64("inf"), [1, float("inf")]])
+def test_non_finite_caps_are_refused(cap):
+    with pytest.raises(ValueError, match=r"max_total_size must be a positive finite number, got -?inf"):
+        split_batches(np.ones((3, 2)) if isinstance(cap, list) else [1, 2], cap)
+    if not isinstance(cap, list):
+        with pytest.raises(ValueError, match=r"max_total_size must be a positive finite number, got -?inf"):
+            size_aware_batching([1], len, cap)
+
+
+@pytest.mark.parametrize("cap", HUGE_CAPS)
+def test_generator_with_caps_past_int64(cap):
+    sizes = [2**62, 2**62, 2**62, 1, 2.5, 2**63, 3]
+    expected, _ = greedy_reference(sizes, cap)
+    assert list(size_aware_batching(range(len(sizes)), sizes.__getitem__, cap)) == expected
+
+
+# --- size_aware_batching: sizes checked one by one ------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("size", "error", "message"),
+    [
+        (float("nan"), ValueError, r"sizeof must return a finite number >= 0, got nan for the element 'b'\."),
+        (-1, ValueError, r"sizeof must return a finite number >= 0, got -1 for the element 'b'\."),
+        (-0.5, ValueError, r"sizeof must return a finite number >= 0, got -0\.5 for the element 'b'\."),
+        (float("inf"), ValueError, r"sizeof must return a finite number >= 0, got inf for the element 'b'\."),
+        (np.float32("nan"), ValueError, r"sizeof must return a finite number >= 0, got nan for the element 'b'\."),
+        (np.int64(-3), ValueError, r"sizeof must return a finite number >= 0, got -3 for the element 'b'\."),
+        (torch.tensor(-2.5), ValueError, r"sizeof must return a finite number >= 0, got -2\.5 for the element 'b'\."),
+        ("3", TypeError, r"sizeof must return a real number, got '3' of type str for the element 'b'\."),
+        (None, TypeError, r"sizeof must return a real number, got None of type NoneType for the element 'b'\."),
+        (True, TypeError, r"sizeof must return a real number, got True of type bool for the element 'b'\."),
+        (np.bool_(True), TypeError, r"sizeof must return a real number, got True of type bool for the element 'b'\."),
+        (1 + 2j, TypeError, r"sizeof must return a real number, got \(1\+2j\) of type complex for the element 'b'\."),
+        (
+            torch.tensor([1, 2]),
+            TypeError,
+            r"sizeof must return a single number, got tensor\(\[1, 2\]\) of shape \(2,\) for the element 'b'\.",
+        ),
+        (
+            np.array([1.0, 2.0]),
+            TypeError,
+            r"sizeof must return a single number, got array\(\[1\., 2\.\]\) of shape \(2,\) for the element 'b'\.",
+        ),
+    ],
+    ids=[
+        "nan",
+        "negative-int",
+        "negative-float",
+        "inf",
+        "numpy-nan",
+        "numpy-negative",
+        "tensor-negative",
+        "str",
+        "none",
+        "bool",
+        "numpy-bool",
+        "complex",
+        "tensor-2",
+        "array-2",
+    ],
+)
+def test_generator_refuses_bad_sizes(size, error, message):
+    sizes = {"a": 1, "b": size, "c": 1}
+    batches = size_aware_batching(["a", "b", "c"], sizes.__getitem__, 4)
+    with pytest.raises(error, match=message):
+        list(batches)
+
+
+def test_generator_refuses_nan_and_negative_sizes_before_they_join_a_batch():
+    # A NaN total would let every later item in; a negative size would hide others' cost.
+    for bad in (float("nan"), -3):
+        sizes = [2, bad, 2, 2, 2]
+        with pytest.raises(ValueError, match=rf"sizeof must return a finite number >= 0, got {bad} for the element 1"):
+            list(size_aware_batching(range(5), sizes.__getitem__, 4))
+
+
+def test_bad_size_messages_shorten_long_reprs():
+    element = "x" * 10_000
+    with pytest.raises(ValueError, match=r"got -1 for the element 'x+\.\.\.\.$") as info:
+        list(size_aware_batching([element], lambda _: -1, 4))
+    assert len(str(info.value)) < 200
+    with pytest.raises(TypeError, match=r"got tensor\(\[0\., 0\., [0., ]+\.\.\. of shape \(500,\)") as info:
+        list(size_aware_batching([element], lambda _: torch.zeros(500), 4))
+    assert len(str(info.value)) < 300
+
+
+def test_generator_accepts_scalar_tensors_and_numpy_numbers():
+    numbers = [2, 1.5, 0, 3, 1, 0.25]
+    wrapped = [torch.tensor(2), np.float32(1.5), np.uint8(0), torch.tensor(3.0), np.int64(1), torch.tensor([0.25])]
+    expected = list(size_aware_batching(range(6), numbers.__getitem__, 4))
+    assert list(size_aware_batching(range(6), wrapped.__getitem__, 4)) == expected == [[0, 1, 2], [3, 4], [5]]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.one_of(st.integers(0, 12), st.sampled_from(ADVERSARIAL_FLOATS)), max_size=50),
+    st.sampled_from([0.3, 1.0, 2, 5, 7.5, 12]),
+    st.one_of(st.none(), st.integers(1, 7)),
+)
+def test_generator_max_batch_size_equals_greedy_loop(sizes, cap, max_batch_size):
+    # invariant: the streaming generator makes the loop's batches and warns once per skipped item
+    expected, skipped = greedy_reference(sizes, cap, max_batch_size=max_batch_size)
+    warnings: list[str] = []
+    items = [f"item{p}" for p in range(len(sizes))]
+    batches = size_aware_batching(
+        items, dict(zip(items, sizes)), cap, warn_logger=warnings.append, max_batch_size=max_batch_size
+    )
+    assert list(batches) == [[items[p] for p in batch] for batch in expected]
+    per_item = [f"Size of element {items[p]} exceeds max_total_size ({sizes[p]} > {cap}), skipping" for p in skipped]
+    assert warnings[: len(per_item)] == per_item
+    assert len(warnings) == len(per_item) + (1 if skipped else 0)

@@ -9,8 +9,8 @@ import pytest
 import torch
 import webdataset as wds
 
-from fastsab import size_aware_batching
 from fastsab.integrations.webdataset import PickledDataWDS, Split, WebDataModule, safe_decoder, size_aware_batched
+from tests.reference import greedy_reference
 
 
 def tensor_bytes(value) -> bytes:
@@ -33,16 +33,41 @@ def write_shards(directory, n_samples=40, n_shards=4, prefix="wdshards", pickled
                 writer.write(sample)
 
 
-def test_size_aware_stage_equals_the_generator():
-    # invariant: the pipeline stage gives the batches of size_aware_batching on the same stream
+@pytest.mark.parametrize("max_batch_size", [None, 1, 3, 7])
+@pytest.mark.parametrize("cap", [64, 29.5, 200])
+def test_size_aware_stage_equals_the_greedy_loop(cap, max_batch_size):
+    # invariant: the pipeline stage gives the batches of the plain greedy loop on the same stream
     rng = np.random.default_rng(0)
-    samples = [torch.zeros(int(n)) for n in rng.integers(1, 30, 300)]
-    stage = size_aware_batched(lambda t: t.numel(), 64, warn_logger=None)
-    expected = list(size_aware_batching(samples, lambda t: t.numel(), 64))
+    samples = [torch.zeros(int(n)) for n in rng.integers(0, 70, 300)]
+    sizes = [t.numel() for t in samples]
+    expected, skipped = greedy_reference(sizes, cap, max_batch_size=max_batch_size)
+    warnings: list[str] = []
+    stage = size_aware_batched(lambda t: t.numel(), cap, max_batch_size=max_batch_size, warn_logger=warnings.append)
     got = list(stage(iter(samples)))
-    assert [[id(s) for s in b] for b in got] == [[id(s) for s in b] for b in expected]
-    capped = list(size_aware_batched(lambda t: t.numel(), 64, max_batch_size=3, warn_logger=None)(iter(samples)))
-    assert max(len(b) for b in capped) == 3 and sum(len(b) for b in capped) == 300
+    assert [[id(s) for s in b] for b in got] == [[id(samples[p]) for p in b] for b in expected]
+    assert len(warnings) == len(skipped) + (1 if skipped else 0)
+    assert all(warning.startswith("Size of element tensor(") for warning in warnings[: len(skipped)])
+    collated = list(
+        size_aware_batched(len, cap, collate_fn=len, max_batch_size=max_batch_size, warn_logger=None)(samples)
+    )
+    assert collated == [len(b) for b in expected]
+
+
+@pytest.mark.parametrize(
+    ("size", "error", "message"),
+    [
+        (float("nan"), ValueError, r"sizeof must return a finite number >= 0, got nan for the element 'b'\."),
+        (-4, ValueError, r"sizeof must return a finite number >= 0, got -4 for the element 'b'\."),
+        ("5", TypeError, r"sizeof must return a real number, got '5' of type str for the element 'b'\."),
+        (torch.ones(2), TypeError, r"sizeof must return a single number, got tensor\(\[1\., 1\.\]\) of shape \(2,\)"),
+    ],
+    ids=["nan", "negative", "str", "tensor-2"],
+)
+def test_size_aware_stage_refuses_bad_sizes(size, error, message):
+    sizes = {"a": 2, "b": size, "c": 2}
+    stage = size_aware_batched(sizes.__getitem__, 4, warn_logger=None)
+    with pytest.raises(error, match=message):
+        list(stage(iter(["a", "b", "c"])))
 
 
 def test_stage_in_a_webdataset_pipeline(tmp_path):

@@ -58,6 +58,8 @@ def size_aware_batched(
     The same greedy batches as :func:`fastsab.size_aware_batching` (oversize samples are
     skipped and reported to ``warn_logger``), yielded as soon as they close; the only
     buffer is the batch being filled, also bounded by ``max_batch_size`` items if given.
+    Each sample's size is checked as it arrives: ``sizeof`` must give one finite real
+    number >= 0 (``TypeError``/``ValueError`` naming the sample otherwise).
 
     Examples:
         >>> stage = size_aware_batched(len, 4)
