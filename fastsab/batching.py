@@ -329,6 +329,13 @@ def _greedy_ends(
             # a next item exists, so a batch that reaches max_items is full
             hi, certain, cut_ok = i + max_items, True, True
         n_items = count(i, hi, guess)
+        if n_items == 0 and i < hi:
+            # NOTE: only a carry from a split under a larger cap can hold an item that fits
+            # in no batch; going on would emit empty batches forever
+            raise ValueError(
+                f"item at position {i} of this split costs more than max_total_size and came in the carry; "
+                "split a carry's chunk again under the cap it was made with."
+            )
         end = i + n_items
         if end < hi:
             full = True

@@ -633,3 +633,9 @@ def test_generator_max_batch_size_equals_greedy_loop(sizes, cap, max_batch_size)
     per_item = [f"Size of element {items[p]} exceeds max_total_size ({sizes[p]} > {cap}), skipping" for p in skipped]
     assert warnings[: len(per_item)] == per_item
     assert len(warnings) == len(per_item) + (1 if skipped else 0)
+
+
+def test_a_carry_holding_an_item_above_a_smaller_cap_is_an_error_not_a_hang():
+    carry = split_batches([50, 50], 200, final=False).carry
+    with pytest.raises(ValueError, match="costs more than max_total_size and came in the carry"):
+        split_batches([1], 10, carry=carry)
