@@ -128,7 +128,6 @@ class Stream:
 
     ``lowered`` limits are re-applied where they were lowered (also inside the skipped
     batches), so that a resumed stream has the batches the interrupted one had.
-    :meth:`lower` lowers the limit after batches of the chunk last returned.
     """
 
     def __init__(self, plan: Any, *, skip: int = 0, lowered: list[tuple[int, Any]] | None = None) -> None:
@@ -138,8 +137,6 @@ class Stream:
         self._replay = deque(self.lowered)
         self.position = 0  # batches of the stream before the next chunk
         self.stats: EpochStats | None = None
-        self._last: PlanChunk | None = None
-        self._last_start = 0
 
     def __iter__(self) -> Stream:
         return self
@@ -160,18 +157,8 @@ class Stream:
             if self.skip >= end:  # ran before the state was saved
                 continue
             if self.skip > start:
-                chunk, start = chunk.tail(self.skip - start), self.skip
-            self._last, self._last_start = chunk, start
+                chunk = chunk.tail(self.skip - start)
             return chunk
-
-    def lower(self, done: int, limit: Any) -> None:
-        """Re-plan everything after the first ``done`` batches of the last chunk under ``limit``."""
-        chunk = self._last
-        if chunk is None:
-            raise RuntimeError("lower() needs a chunk of this stream to have been returned first.")
-        self.plan.lower(chunk.ids[chunk.offsets[done] :], limit)
-        self.position = self._last_start + done
-        self.lowered.append((self.position, limit))
 
     @property
     def lowered_past_end(self) -> bool:
@@ -257,16 +244,17 @@ class EpochCursor:
         self._progress = [epoch, self._segment.steps]
         return epoch, stream
 
-    def _replan_last(self, limit: Any) -> Stream:
-        """Plan the batch last handed out, and all after it, again under ``limit``.
+    def _replan(self, limit: Any, retry: bool) -> Stream:
+        """Plan the rest of the epoch again under ``limit``, from the batch last handed out on.
 
-        The batch did not complete: it is no longer counted, and the lowered limit is
-        recorded at its position, so a state taken later resumes the new plan exactly.
+        With ``retry`` that batch did not complete: it is no longer counted and is planned
+        again; otherwise the new plan starts after it. The lowered limit is recorded at its
+        position, so a state taken later resumes the new plan exactly.
         """
         run, progress = self._run, self._progress
         if run is None or progress is None or progress[1] == 0:
             raise RuntimeError("there is no batch of this epoch to plan again.")
-        steps = progress[1] - 1
+        steps = progress[1] - 1 if retry else progress[1]
         lowered = [(position, old) for position, old in run.stream.lowered if position < steps]
         segment = replace(run.segment, steps=steps, lowered=[*lowered, (steps, limit)])
         stream = self._stream_of(run.epoch, run.history, segment)
@@ -317,11 +305,7 @@ class EpochCursor:
             return Stream(plan, skip=segment.steps, lowered=segment.lowered)
         whole, assignment = self._dealt(epoch, history, segment)
         self.assignment = assignment
-        if segment.steps > assignment.num_steps:
-            raise ValueError(
-                f"state has steps={segment.steps!r}, past the {assignment.num_steps} steps of epoch {epoch} "
-                f"on {segment.world_size} ranks."
-            )
+        _check_steps(segment, assignment.num_steps, epoch)
         mine = assignment.batches[segment.steps :, self.rank]
         padding = assignment.padding[segment.steps :, self.rank]
         chunk = whole.select(mine)
@@ -373,11 +357,7 @@ class EpochCursor:
                 continue
             whole = left if left is not None else _with_spans(list(plan), self.planner.order, epoch)
             assignment = self._assign(whole, segment, epoch)
-            if segment.steps > assignment.num_steps:
-                raise ValueError(
-                    f"state has steps={segment.steps!r}, past the {assignment.num_steps} steps of epoch {epoch} "
-                    f"on {segment.world_size} ranks."
-                )
+            _check_steps(segment, assignment.num_steps, epoch)
             done = np.unique(assignment.batches[: segment.steps])
             left = whole.select(np.setdiff1d(np.arange(whole.num_batches, dtype=np.int64), done))
         return left
@@ -396,11 +376,7 @@ class EpochCursor:
                 raise ValueError(
                     f"state['lowered'] names positions past the {steps} batches of epoch {epoch}: {segment.lowered!r}."
                 )
-        if segment.steps > steps:
-            raise ValueError(
-                f"state has steps={segment.steps!r}, past the {steps} steps of epoch {epoch} "
-                f"on {segment.world_size} rank(s)."
-            )
+        _check_steps(segment, steps, epoch)
         return steps - segment.steps
 
     # -- state ----------------------------------------------------------------------------------
@@ -466,15 +442,18 @@ class EpochCursor:
         """
         epoch, segments = self._parse(state)
         history, current = segments[:-1], segments[-1]
-        if current.dealing() != self._new_segment().dealing():  # other ranks: deal the rest anew
-            if current.steps or current.lowered:
-                history = segments
-            current = self._new_segment()
         resuming = bool(history) or current.steps > 0 or bool(current.lowered)
-        if resuming and self._remaining(epoch, history, current) == 0:  # raises for positions past the end
+        remaining = self._remaining(epoch, history, current) if resuming else None  # raises past the end
+        if remaining == 0 and current.steps > 0:
             # NOTE: an epoch whose every step ran (saved before the loop saw its end) is the
             # start of the next one, as a trainer that goes on to set_epoch(epoch + 1) expects
             epoch, history, current, resuming = epoch + 1, [], self._new_segment(), False
+        elif current.dealing() != self._new_segment().dealing():  # other ranks: deal the rest anew
+            # (the rest may give these ranks no step: the epoch then runs empty and reports
+            # what it drops)
+            if current.steps or current.lowered:
+                history = [*history, current]
+            current = self._new_segment()
         self.epoch = epoch
         self._progress = None
         self._history, self._segment = history, current
@@ -536,6 +515,12 @@ class EpochCursor:
                 raise ValueError(f"state['lowered'] positions must increase, got {lowered!r}.")
             entries.append((position, self.check_lowered_limit(entry[1])))
         return Segment(world, steps, even, balance, entries)  # type: ignore[arg-type]
+
+
+def _check_steps(segment: Segment, steps: int, epoch: int) -> None:
+    if segment.steps > steps:
+        ranks = f"{segment.world_size} rank" + ("s" if segment.world_size > 1 else "")
+        raise ValueError(f"state has steps={segment.steps!r}, past the {steps} steps of epoch {epoch} on {ranks}.")
 
 
 def _state_int(name: str, value: Any) -> int:
