@@ -103,17 +103,9 @@ class _Loader(EpochCursor):
         self.stats: EpochStats | None = None
         self.planner: FixedSizePlanner | SizeAwarePlanner
         self.limit: Any = None  # the batch size or caps in force in the current epoch
-        self._lower_to: Any = None  # a lower limit requested by lower_limit(), not yet applied
-        self._lower_lock = threading.Lock()
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        del state["_lower_lock"]  # a lock does not pickle; a new one is made on load
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._lower_lock = threading.Lock()
+        self._restream: Stream | None = None  # the epoch planned again under a lowered limit
+        self._handed_out = 0  # items of the batch last handed out
+        self._rewound = False  # whether that batch is to be retried
 
     # -- epochs and plans -------------------------------------------------------------
 
@@ -135,8 +127,9 @@ class _Loader(EpochCursor):
 
         ``options`` go to ``DataLoader`` (``num_workers``, ``collate_fn``, ...). Its
         ``state_dict`` counts the batches the training loop received, not those the
-        workers fetched ahead. The dataset, device transfer and ``collate_fn`` of this
-        loader are not used: pass what ``DataLoader`` needs.
+        workers fetched ahead. This loader's device transfer and ``collate_fn`` are not
+        used (the default ``collate_fn`` is :func:`~fastsab.collate_batch`): pass what
+        ``DataLoader`` needs.
         """
         return PlannedDataLoader(self.dataset, self.batch_sampler(), **options)
 
@@ -157,8 +150,7 @@ class _Loader(EpochCursor):
         if self._chunked:
             self.dataset.set_chunk_order(self.order.group_order(epoch))
         self.stats = stats
-        self._lower_to = None
-        self._retry_limit = None
+        self._restream = None
         self.limit = self.planner.limit
         for position, limit in stream.lowered:  # lowered before the resumed position
             if position <= stream.skip:
@@ -168,7 +160,7 @@ class _Loader(EpochCursor):
             depth = 0 if self.fetcher.kind == "gather" else 2
         next_stream: Stream | None = stream
         while next_stream is not None:
-            produced = self._produce(next_stream, stats)
+            produced = self._produce(next_stream)
             source = produced if depth == 0 else _prefetched(produced, depth)
             next_stream = yield from self._consume(source, stats, with_indices)
         self._epoch_done()
@@ -182,43 +174,31 @@ class _Loader(EpochCursor):
     def _consume(
         self, source: Iterator[tuple[np.ndarray, Any]], stats: EpochStats, with_indices: bool
     ) -> Generator[Any, None, Stream | None]:
-        """Yield the batches of ``source``; a new stream if the last batch is to be planned again."""
+        """Yield the batches of ``source``; the new stream if the limit was lowered meanwhile.
+
+        A lowering applies right after the batch last handed out (or, to retry, in its
+        place): the batches ``source`` prepared ahead under the old limit are discarded.
+        """
         try:
             for ids, batch in source:
                 stats.num_batches += 1
                 stats.num_items += len(ids)
                 self._step_done()
+                self._handed_out, self._rewound = len(ids), False
                 yield (ids, batch) if with_indices else batch
-                if self._retry_limit is None:
-                    continue
-                limit, self._retry_limit = self._retry_limit, None
-                stats.num_batches -= 1
-                stats.num_items -= len(ids)
-                stats.limit_changes.append((stats.num_batches, self.limit, limit))
-                stats.clear_reports()  # the new stream reports the epoch's skipped items again
-                stream = self._replan_last(limit)
-                stream.stats = stats
-                self.limit = limit
-                return stream
-        finally:
-            source.close()  # type: ignore[attr-defined]
-        return None
-
-    def _produce(self, stream: Stream, stats: EpochStats) -> Iterator[tuple[np.ndarray, Any]]:
-        for chunk in stream:
-            offsets = chunk.offsets.tolist()
-            for b, (ids, batch) in enumerate(self._chunk_batches(chunk, offsets)):
-                yield ids, batch
-                if self._lower_to is None:  # the common case, without taking the lock
-                    continue
-                with self._lower_lock:
-                    lower_to, self._lower_to = self._lower_to, None
-                if lower_to is not None and lower_to != self.limit:
-                    # re-plan the rest of this chunk, and all that follows, under the new limit
-                    stats.limit_changes.append((stats.num_batches, self.limit, lower_to))
-                    stream.lower(b + 1, lower_to)
-                    self.limit = lower_to
+                if self._restream is not None:
                     break
+        finally:
+            source.close()  # type: ignore[attr-defined]  # joins a prefetch thread
+        stream, self._restream = self._restream, None
+        if stream is not None:
+            stats.clear_reports()  # the new stream reports the epoch's skipped items again
+            stream.stats = stats
+        return stream
+
+    def _produce(self, stream: Stream) -> Iterator[tuple[np.ndarray, Any]]:
+        for chunk in stream:
+            yield from self._chunk_batches(chunk, chunk.offsets.tolist())
 
     def _chunk_batches(self, chunk: PlanChunk, offsets: list[int]) -> Iterator[tuple[np.ndarray, Any]]:
         fetcher = self.fetcher
@@ -255,19 +235,18 @@ class _Loader(EpochCursor):
     def lower_limit(self, limit: Any) -> None:
         """Use a smaller limit (batch size, or cap per column) for the rest of this epoch.
 
-        Applied by the planner at the next batch boundary it reaches (with ``prefetch``,
-        the batches prepared ahead keep the old limit): the items not yet planned into a
-        batch are re-planned, so no sample is lost or repeated; items above the new limit
-        get batches of their own. Recorded in ``stats.limit_changes`` and in the state;
+        Applies from the next batch on (batches prefetched under the old limit are
+        discarded): the items not yet handed out are planned again, so no sample is lost or
+        repeated; items above the new limit get batches of their own. A limit equal to the
+        one in force changes nothing. Recorded in ``stats.limit_changes`` and in the state;
         the next epoch starts from the configured limit again.
 
         Raises:
             ValueError: If ``limit`` is not a valid batch size or caps, exceeds the
                 configured limit, or this is one of several ranks.
+            RuntimeError: If no batch of an epoch is being iterated.
         """
-        checked = self._checked_lowering(limit)
-        with self._lower_lock:
-            self._lower_to = checked
+        self._lower(self._checked_lowering(limit), retry=False)
 
     def retry_last_batch(self, limit: Any) -> None:
         """Plan the batch last yielded again, with everything after it, under ``limit``.
@@ -280,10 +259,22 @@ class _Loader(EpochCursor):
             ValueError: As :meth:`lower_limit`.
             RuntimeError: If no batch of an epoch is being iterated.
         """
-        checked = self._checked_lowering(limit)
-        if self._progress is None:
-            raise RuntimeError("retry_last_batch() needs an epoch being iterated.")
-        self._retry_limit = checked
+        self._lower(self._checked_lowering(limit), retry=True)
+
+    def _lower(self, limit: Any, retry: bool) -> None:
+        """Plan the rest of the epoch under ``limit`` now; the iteration switches to it."""
+        stats = self.stats
+        assert stats is not None  # an epoch is being iterated
+        retry = retry and not self._rewound  # a batch is retried once, however often it is asked
+        if not retry and _same_limit(limit, self.limit):
+            return
+        if retry:
+            stats.num_batches -= 1
+            stats.num_items -= self._handed_out
+            self._rewound = True
+        stats.limit_changes.append((stats.num_batches, self.limit, limit))
+        self._restream = self._replan(limit, retry)
+        self.limit = limit
 
     def _checked_lowering(self, limit: Any) -> Any:
         checked = self.check_lowered_limit(limit)
@@ -292,6 +283,8 @@ class _Loader(EpochCursor):
                 f"cannot lower the limit to {limit!r} on rank {self.rank} of {self.world_size}: the ranks would run "
                 "different numbers of steps and data-parallel training would hang."
             )
+        if self.position is None:
+            raise RuntimeError("lowering the limit needs an epoch being iterated (after its first batch).")
         return checked
 
     def split_indices(self, indices: np.ndarray, limit: Any) -> list[np.ndarray]:
@@ -301,9 +294,11 @@ class _Loader(EpochCursor):
 
     def smaller_limit(self, indices: np.ndarray, factor: float) -> Any:
         """The limit under which the batch ``indices`` splits into about ``factor`` parts."""
-        with self._lower_lock:
-            current = self.limit if self._lower_to is None else self._lower_to
-        return self.planner.smaller_limit(np.asarray(indices, dtype=np.int64), current, factor)
+        return self.planner.smaller_limit(np.asarray(indices, dtype=np.int64), self.limit, factor)
+
+
+def _same_limit(a: Any, b: Any) -> bool:
+    return bool(np.array_equal(np.asarray(a), np.asarray(b)))
 
 
 def _slicer(lo: int, hi: int) -> Callable[[Any], Any]:

@@ -257,8 +257,61 @@ def test_resume_after_lowering_the_limit_runs_the_rest_exactly(prefetch):
     rest = [batch.tolist() for batch in resumed]
     assert len(rest) == remaining
     assert sorted(i for batch in done + rest for i in batch) == list(range(N))
-    if prefetch == 0:  # with a prefetch thread the lowering lands where the thread is: a race
-        assert done + rest == whole
+    assert done + rest == whole  # the lowering applies at the next batch, prefetched or not
+
+
+@pytest.mark.parametrize("prefetch", [0, 1, 3])
+def test_lowering_applies_at_the_next_batch_and_a_state_taken_right_after_has_it(prefetch):
+    loader = FastLoader(torch.arange(40), 8, shuffle=False, prefetch=prefetch)
+    iterator = iter(loader)
+    assert next(iterator).tolist() == list(range(8))
+    loader.lower_limit(3)
+    state = json.loads(json.dumps(loader.state_dict()))
+    assert state["lowered"] == [[1, 3]]
+    rest = [batch.tolist() for batch in iterator]
+    expected = [list(range(i, min(i + 3, 40))) for i in range(8, 40, 3)]
+    assert rest == expected  # the batches prefetched under batch size 8 are not yielded
+    assert loader.stats.limit_changes == [(1, 8, 3)]
+    resumed = FastLoader(torch.arange(40), 8, shuffle=False, prefetch=prefetch)
+    resumed.load_state_dict(state)
+    assert len(resumed) == len(expected) and [batch.tolist() for batch in resumed] == expected
+
+
+def test_lowering_the_limit_outside_an_epoch_is_an_error():
+    loader = FastLoader(torch.arange(40), 8)
+    with pytest.raises(RuntimeError, match="needs an epoch being iterated"):
+        loader.lower_limit(4)
+    list(loader)
+    with pytest.raises(RuntimeError, match="needs an epoch being iterated"):
+        loader.retry_last_batch(4)
+
+
+def test_a_batch_retried_twice_before_the_next_is_counted_once():
+    loader = FastLoader(torch.arange(20), 8, shuffle=False)
+    iterator = iter(loader)
+    next(iterator)
+    next(iterator)
+    loader.retry_last_batch(4)
+    loader.retry_last_batch(2)  # the same failed batch: it is not rewound twice
+    rest = [batch.tolist() for batch in iterator]
+    assert rest == [[8, 9], [10, 11], [12, 13], [14, 15], [16, 17], [18, 19]]
+    assert loader.stats.num_batches == 7 and loader.stats.num_items == 20
+
+
+def test_a_state_whose_rest_gives_the_new_ranks_no_step_runs_an_empty_epoch_that_reports_the_drop():
+    # 1 rank runs 8 of the 10 batches; the rest is 2 batches, 0 steps for 4 ranks with "drop"
+    one = FastLoader(torch.arange(100), 10, seed=1)
+    iterator = iter(one)
+    done = [i for _ in range(8) for i in next(iterator).tolist()]
+    state = json.loads(json.dumps(one.state_dict()))
+    ranks = [FastLoader(torch.arange(100), 10, seed=1, rank=r, world_size=4, even_batches="drop") for r in range(4)]
+    for loader in ranks:
+        loader.load_state_dict(state)
+    assert [len(loader) for loader in ranks] == [0] * 4
+    assert [list(loader) for loader in ranks] == [[]] * 4
+    for loader in ranks:  # the epoch that ran empty reports the two batches it left out
+        assert loader.stats.epoch == 0 and sorted(done + loader.stats.dropped) == list(range(100))
+    assert [loader.epoch for loader in ranks] == [1] * 4
 
 
 @pytest.mark.parametrize("columns", [1, 2])
