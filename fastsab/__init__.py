@@ -3,6 +3,7 @@
 from fastsab.batching import BatchSplit, Carry, size_aware_batching, split_batches
 from fastsab.epochs import EpochStats
 from fastsab.feeder import OutOfCoreDataset
+from fastsab.fetch import collate_batch
 from fastsab.loader import FastLoader, FastSizeAwareLoader
 from fastsab.samplers import (
     BucketBatchSampler,
@@ -25,6 +26,7 @@ __all__ = [
     "PlannedBatchSampler",
     "PlannedDataLoader",
     "SizeAwareBatchSampler",
+    "collate_batch",
     "create_buckets",
     "grouped_permutation",
     "size_aware_batching",

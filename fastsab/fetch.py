@@ -134,13 +134,31 @@ class Fetcher:
         if isinstance(result, list):
             if len(result) != len(indices):
                 raise ValueError(f"{name}.__getitems__ returned {len(result)} samples for {len(indices)} indices.")
-            return (self.collate_fn or default_collate)(result)
-        leaves = tree_arrays(result)
-        if leaves and _common_rows(f"{name}.__getitems__ result", leaves) != len(indices):
-            raise ValueError(
-                f"{name}.__getitems__ returned a batch of {leaves[0].shape[0]} rows for {len(indices)} indices."
-            )
-        return result if self.collate_fn is None else self.collate_fn(result)
+        else:
+            leaves = tree_arrays(result)
+            if leaves and _common_rows(f"{name}.__getitems__ result", leaves) != len(indices):
+                raise ValueError(
+                    f"{name}.__getitems__ returned a batch of {leaves[0].shape[0]} rows for {len(indices)} indices."
+                )
+        return (self.collate_fn or collate_batch)(result)
+
+
+def collate_batch(fetched: Any) -> Any:
+    """Collate what a dataset returned for a batch: a list of samples, or a batch already.
+
+    A list (``__getitem__`` per index, or ``__getitems__`` following the
+    ``torch.utils.data`` contract) is collated with ``default_collate``; anything else,
+    such as the batch :class:`~fastsab.OutOfCoreDataset` returns, is passed through. The
+    default ``collate_fn`` of the fast loaders and of ``loader.data_loader()``; pass it to a
+    ``DataLoader`` of your own over such a dataset.
+
+    Examples:
+        >>> collate_batch([torch.tensor([1]), torch.tensor([2])]).tolist()
+        [[1], [2]]
+        >>> collate_batch(torch.tensor([[1], [2]])).tolist()
+        [[1], [2]]
+    """
+    return default_collate(fetched) if isinstance(fetched, list) else fetched
 
 
 # -- which datasets are gathered ------------------------------------------------------

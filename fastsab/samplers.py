@@ -22,6 +22,7 @@ from torch.utils.data import DataLoader, Sampler
 from fastsab._checks import as_numeric_array, as_python_number, check_positive_int, check_positive_real
 from fastsab.batching import report_batching, split_batches
 from fastsab.cursor import EpochCursor
+from fastsab.fetch import collate_batch
 
 __all__ = [
     "BucketBatchSampler",
@@ -450,7 +451,9 @@ class PlannedDataLoader(DataLoader):  # type: ignore[type-arg]
         dataset: The dataset to fetch from.
         batch_sampler: The plan, from ``loader.batch_sampler()``.
         **options: Further ``DataLoader`` options (``num_workers``, ``collate_fn``,
-            ``pin_memory``, ``prefetch_factor``, ``persistent_workers``, ...).
+            ``pin_memory``, ``prefetch_factor``, ``persistent_workers``, ...). The default
+            ``collate_fn`` is :func:`~fastsab.collate_batch`, which also takes the whole
+            batches :class:`~fastsab.OutOfCoreDataset` returns.
     """
 
     def __init__(self, dataset: Any, batch_sampler: PlannedBatchSampler, **options: Any) -> None:
@@ -459,6 +462,7 @@ class PlannedDataLoader(DataLoader):  # type: ignore[type-arg]
         for name in ("batch_size", "shuffle", "sampler", "drop_last"):
             if name in options:
                 raise ValueError(f"{name} is decided by the batch plan; do not pass it to PlannedDataLoader.")
+        options.setdefault("collate_fn", collate_batch)
         super().__init__(dataset, batch_sampler=batch_sampler, **options)
         batch_sampler._counted_by = self
         self.plan = batch_sampler

@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from fastsab import FastLoader, FastSizeAwareLoader, OutOfCoreDataset
+from fastsab import FastLoader, FastSizeAwareLoader, OutOfCoreDataset, collate_batch
 from fastsab.feeder import OVERHEAD_BYTES
 
 ROW = 64  # float32 values per sample: 256 bytes
@@ -387,3 +387,24 @@ def test_forked_worker_processes_start_afresh():
     )
     assert [batch["y"].tolist() for batch in loader] == sampler
     dataset.close()
+
+
+def test_whole_batches_in_a_dataloader_without_a_collate_fn_of_ones_own():
+    # __getitems__ returns a batch, not a list of samples: DataLoader's default_collate cannot
+    # take it; data_loader() defaults to collate_batch, and collate_batch serves a DataLoader
+    dataset = OutOfCoreDataset(range(30), reader, cpu_memory_limit=2 * 10 * (ROW * 4 + 8))
+
+    def loader():
+        return FastLoader(dataset, 4, seed=3)
+
+    expected = [batch["y"].tolist() for batch in loader()]
+    assert [batch["y"].tolist() for batch in loader().data_loader()] == expected
+    assert [batch["y"].tolist() for batch in loader().data_loader(num_workers=2)] == expected
+    with pytest.raises(KeyError):  # default_collate indexes the dict batch as a list of samples
+        next(iter(DataLoader(dataset, batch_sampler=loader().batch_sampler())))
+    plain = DataLoader(dataset, batch_sampler=loader().batch_sampler(), collate_fn=collate_batch)
+    assert [batch["y"].tolist() for batch in plain] == expected
+    assert [b.tolist() for b in DataLoader(torch.arange(6), batch_size=4, collate_fn=collate_batch)] == [
+        [0, 1, 2, 3],
+        [4, 5],
+    ]
