@@ -1,0 +1,26 @@
+"""Hypothesis profiles of the test suite.
+
+``default`` is the one CI runs (loaded unless another is chosen); ``long`` runs ten times as
+many examples per property: ``python -m pytest tests/test_differential.py --hypothesis-profile=long``.
+Tests scale their own ``max_examples`` by the loaded profile's ``max_examples / 100``.
+"""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, Phase, settings
+
+# NOTE: no deadline (a loader's first epoch pays for planning, and the machine is shared);
+# random seeds, printed with the falsifying example and its reproduction blob on failure.
+# No explain phase: its line tracer runs inside the code under test, where the hang guard
+# of tests/test_differential.py may raise.
+_COMMON = {
+    "deadline": None,
+    "derandomize": False,
+    "print_blob": True,
+    "suppress_health_check": [HealthCheck.too_slow, HealthCheck.data_too_large],
+    "phases": [Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink],
+}
+
+settings.register_profile("default", max_examples=100, **_COMMON)
+settings.register_profile("long", max_examples=1000, **_COMMON)
+settings.load_profile("default")
