@@ -173,7 +173,6 @@ class FixedSizeEpoch:
         self._seen = 0
         self._chunks = planner.order.chunks(epoch)
         self._rest = _EMPTY_IDS
-        self._done = False
 
     def __iter__(self) -> FixedSizeEpoch:
         return self
@@ -189,10 +188,10 @@ class FixedSizeEpoch:
             self._rest = ids[full:]
             if full or len(dropped):
                 return PlanChunk(ids[:full], np.arange(0, full + 1, size, dtype=np.int64), dropped=dropped)
-        if self._done or not len(self._rest):
+        if not len(self._rest):
             raise StopIteration
-        self._done = True
-        rest = self._rest
+        # NOTE: the rest is handed out once; a lowering in it gives the items after its cut back
+        rest, self._rest = self._rest, _EMPTY_IDS
         return PlanChunk(rest, np.append(np.arange(0, len(rest), size, dtype=np.int64), len(rest)))
 
     def lower(self, pending: np.ndarray, limit: Any) -> None:
@@ -315,7 +314,7 @@ class SizeAwareEpoch:
             return next(self._cached)
         for ids in self._order:
             return self._split(ids, final=False)
-        if self._done:
+        if self._done and self._prefix is None:  # a lowering in the last chunk gives items back
             raise StopIteration
         self._done = True
         if (self._carry is None or not len(self._carry)) and not len(self._extra_skipped) and self._prefix is None:

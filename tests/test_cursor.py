@@ -231,6 +231,36 @@ def test_lowering_keeps_drop_last_to_the_items_planned_at_the_start():
     assert sorted(seen + loader.stats.dropped) == list(range(100))
 
 
+@pytest.mark.parametrize("kind", ["fixed", "size-aware"])
+def test_lowering_twice_at_the_end_of_an_epoch_keeps_every_item(kind):
+    # invariant: the items a lowering takes back are batched again even when the epoch's
+    # order has no chunk left (the second lowering falls in the epoch's last planned chunk)
+    def make():
+        if kind == "fixed":
+            return FastLoader(torch.arange(100), 32, shuffle=False)
+        return FastSizeAwareLoader(torch.arange(100), np.ones(100, dtype=np.int64), 32, shuffle=False)
+
+    def run(loader, stop=None):
+        seen = []
+        for count, batch in enumerate(loader):
+            seen.append(batch.tolist())
+            if count in (0, 2):  # 32, 16, 16, then the rest in fours
+                loader.lower_limit(16 if count == 0 else 4)
+            if count == stop:
+                break
+        return seen
+
+    whole = run(make())
+    assert [len(b) for b in whole] == [32, 16, 16] + [4] * 9
+    assert [i for b in whole for i in b] == list(range(100))
+    interrupted = make()
+    done = run(interrupted, stop=5)
+    resumed = make()
+    resumed.load_state_dict(json.loads(json.dumps(interrupted.state_dict())))
+    assert len(resumed) == 6
+    assert done + [b.tolist() for b in resumed] == whole
+
+
 @pytest.mark.parametrize("prefetch", [0, 2])
 def test_resume_after_lowering_the_limit_runs_the_rest_exactly(prefetch):
     def make():
