@@ -244,22 +244,29 @@ def test_real_ddp_processes(world_size, tmp_path):
 @pytest.mark.parametrize("world_size", [2, 3])
 @pytest.mark.parametrize("kind", ["fixed", "size-aware"])
 def test_balanced_ranks_read_each_chunk_of_an_out_of_core_dataset_about_once(world_size, kind):
-    # invariant: with balance=True each rank reads each chunk at most 1.25 times per epoch
-    # (batches that span two chunks may bring one back), and the steps stay balanced
+    # invariant: with balance=True each rank reads each chunk at most 1.5 times per epoch
+    # (batches that span two chunks, and the padded repeat of the first batch, may bring one
+    # back: 1.0-1.4 here, about 1.85 when steps do not follow the chunks, 6 without windows),
+    # and the steps stay balanced. NOTE: no read-ahead, whose count depends on thread timing.
     from fastsab import OutOfCoreDataset
 
     n = 4000
     sizes = np.random.default_rng(0).integers(1, 50, n)
+    seen, padded = [], []
     for rank in range(world_size):
-        dataset = OutOfCoreDataset(range(n), lambda i: np.array([i]), cpu_memory_limit=8 * 400)
+        dataset = OutOfCoreDataset(range(n), lambda i: np.array([i]), cpu_memory_limit=8 * 400, read_ahead=False)
         if kind == "fixed":
             loader = FastLoader(dataset, 16, rank=rank, world_size=world_size, seed=1)
         else:
             loader = FastSizeAwareLoader(dataset, sizes, 400, rank=rank, world_size=world_size, seed=1)
-        assert len(list(loader)) == len(loader)
-        assert dataset.chunk_reads <= 1.25 * dataset.num_chunks
+        batches = [batch[:, 0].tolist() for batch in loader]
+        assert len(batches) == len(loader)
+        seen += [i for batch in batches for i in batch]
+        padded += loader.stats.padded
+        assert dataset.chunk_reads <= 1.5 * dataset.num_chunks
         if kind == "size-aware":  # fixed batches cost the same: nothing to balance
             assert loader.stats.spread_after < loader.stats.spread_before
+    assert sorted(seen) == sorted([*range(n), *padded])  # every sample once, plus the reported repeats
 
 
 @pytest.mark.parametrize("world_size", [2, 4])
