@@ -195,6 +195,7 @@ class FixedSizeEpoch:
                 return PlanChunk(ids[:full], np.arange(0, full + 1, size, dtype=np.int64), dropped=dropped)
         if not len(self._rest):
             raise StopIteration
+        # NOTE: the rest is handed out once; a lowering in it gives the items after its cut back
         rest, self._rest = self._rest, _EMPTY_IDS
         return PlanChunk(rest, np.append(np.arange(0, len(rest), size, dtype=np.int64), len(rest)))
 
@@ -326,7 +327,7 @@ class SizeAwareEpoch:
                     break
                 ids = np.concatenate([ids, more])
             return self._split(ids, final=False)
-        if self._done:
+        if self._done and self._prefix is None:  # a lowering in the last chunk gives items back
             raise StopIteration
         self._done = True
         if (self._carry is None or not len(self._carry)) and not len(self._extra_skipped) and self._prefix is None:

@@ -94,6 +94,36 @@ def test_state_is_the_same_for_any_spelling_of_the_configuration():
     as_float.load_state_dict(state)
 
 
+@pytest.mark.parametrize(("saved", "loaded"), [(1, 2), (2, 3), (3, 1)])
+def test_a_state_saved_at_the_last_step_starts_the_next_epoch_on_any_world_size(saved, loaded):
+    # invariant: a state taken at an epoch's last step (before the loop saw its end) resumes at
+    # the start of the next epoch, whatever world size loads it
+    savers = [sized(r, saved) for r in range(saved)]
+    _, state = run_steps(savers, len(savers[0]))
+    assert state["epoch"] == 0 and state["steps"] == len(savers[0])
+    loaders = [sized(r, loaded) for r in range(loaded)]
+    fresh = [sized(r, loaded) for r in range(loaded)]
+    for loader, other in zip(loaders, fresh):
+        loader.load_state_dict(json.loads(json.dumps(state)))
+        other.set_epoch(1)
+        assert loader.state_dict()["epoch"] == 1 and len(loader) == len(other)
+        assert [b.tolist() for b in loader] == [b.tolist() for b in other]
+
+
+def test_position_counts_the_batches_handed_out_from_the_start_of_the_epoch():
+    # invariant: (epoch, batches handed out) while an epoch runs, counted from the epoch's
+    # start after a resume; None before and after
+    loader = sized()
+    assert loader.position is None
+    positions = [loader.position for _ in loader]
+    assert positions == [(0, step) for step in range(1, len(positions) + 1)] and loader.position is None
+    _, state = run_steps([sized()], 5)
+    resumed = sized()
+    resumed.load_state_dict(state)
+    next(iter(resumed))
+    assert resumed.position == (0, 6) and resumed.start_position == (0, 5)
+
+
 # --- malformed states ---------------------------------------------------------------------------
 
 
@@ -122,6 +152,7 @@ def saved_state():
         ({"epoch": -2}, ValueError, r"state\['epoch'\] must be a non-negative integer, got -2"),
         ({"lowered": [[0, -5]]}, ValueError, r"limit must be a positive finite number, got -5"),
         ({"lowered": [[3, 100], [2, 50]]}, ValueError, r"state\['lowered'\] positions must increase"),
+        ({"lowered": [[2, 100], [2, 50]]}, ValueError, r"state\['lowered'\] positions must increase"),
         ({"history": [{"world_size": 2}]}, ValueError, r"state has no 'steps' entry"),
     ],
 )
@@ -231,8 +262,41 @@ def test_lowering_keeps_drop_last_to_the_items_planned_at_the_start():
     assert sorted(seen + loader.stats.dropped) == list(range(100))
 
 
+@pytest.mark.parametrize("kind", ["fixed", "size-aware"])
+def test_lowering_twice_at_the_end_of_an_epoch_keeps_every_item(kind):
+    # invariant: the items a lowering takes back are batched again even when the epoch's
+    # order has no chunk left (the second lowering falls in the epoch's last planned chunk)
+    def make():
+        if kind == "fixed":
+            return FastLoader(torch.arange(100), 32, shuffle=False)
+        return FastSizeAwareLoader(torch.arange(100), np.ones(100, dtype=np.int64), 32, shuffle=False)
+
+    def run(loader, stop=None):
+        seen = []
+        for count, batch in enumerate(loader):
+            seen.append(batch.tolist())
+            if count in (0, 2):  # 32, 16, 16, then the rest in fours
+                loader.lower_limit(16 if count == 0 else 4)
+            if count == stop:
+                break
+        return seen
+
+    whole = run(make())
+    assert [len(b) for b in whole] == [32, 16, 16] + [4] * 9
+    assert [i for b in whole for i in b] == list(range(100))
+    interrupted = make()
+    done = run(interrupted, stop=5)
+    resumed = make()
+    resumed.load_state_dict(json.loads(json.dumps(interrupted.state_dict())))
+    assert len(resumed) == 6
+    assert done + [b.tolist() for b in resumed] == whole
+
+
 @pytest.mark.parametrize("prefetch", [0, 2])
 def test_resume_after_lowering_the_limit_runs_the_rest_exactly(prefetch):
+    # invariant: a state taken after a lowering resumes with exactly the batches the run went
+    # on with. NOTE: with prefetch the lowering takes effect after the batches already fetched
+    # ahead, how many depends on thread timing: the rest is compared within one run
     def make():
         return sized(prefetch=prefetch, group_size=128)
 
@@ -242,22 +306,22 @@ def test_resume_after_lowering_the_limit_runs_the_rest_exactly(prefetch):
         whole.append(batch.tolist())
         if count == 2:
             loader.lower_limit(100)
-    interrupted = make()
-    done = []
-    for count, batch in enumerate(interrupted):
-        done.append(batch.tolist())
-        if count == 2:
-            interrupted.lower_limit(100)
         if count == 12:
-            break
-    state = json.loads(json.dumps(interrupted.state_dict()))
+            state = json.loads(json.dumps(loader.state_dict()))
+    assert state["steps"] == 13 and len(state["lowered"]) == 1 and state["lowered"][0][1] == [100]
     resumed = make()
     resumed.load_state_dict(state)
-    remaining = len(resumed)
-    rest = [batch.tolist() for batch in resumed]
-    assert len(rest) == remaining
-    assert sorted(i for batch in done + rest for i in batch) == list(range(N))
-    assert done + rest == whole  # the lowering applies at the next batch, prefetched or not
+    assert len(resumed) == len(whole) - 13
+    assert [batch.tolist() for batch in resumed] == whole[13:]
+    assert sorted(i for batch in whole for i in batch) == list(range(N))
+    # the lowering lands at the next batch, with or without a prefetch thread: the same every run
+    again = make()
+    batches = []
+    for count, batch in enumerate(again):
+        batches.append(batch.tolist())
+        if count == 2:
+            again.lower_limit(100)
+    assert batches == whole
 
 
 @pytest.mark.parametrize("prefetch", [0, 1, 3])
@@ -314,6 +378,33 @@ def test_a_state_whose_rest_gives_the_new_ranks_no_step_runs_an_empty_epoch_that
     assert [loader.epoch for loader in ranks] == [1] * 4
 
 
+@pytest.mark.parametrize("kind", ["fixed", "size-aware"])
+def test_resume_after_a_lowering_at_the_end_of_a_chunk(kind):
+    # invariant: a lowering right after a chunk's last batch is replayed there on resume
+    # groups of 20 items, batches of 10: a fixed-size chunk holds two batches; a size-aware chunk
+    # holds the batch left open by the chunk before and its own first (the first chunk: one)
+    def make():
+        if kind == "fixed":
+            return FastLoader(torch.arange(100), 10, shuffle=False, group_size=20)
+        return FastSizeAwareLoader(torch.arange(100), np.ones(100, dtype=np.int64), 10, shuffle=False, group_size=20)
+
+    last_of_a_chunk = 1 if kind == "fixed" else 2
+    whole = []
+    loader = make()
+    for count, batch in enumerate(loader):
+        whole.append(batch.tolist())
+        if count == last_of_a_chunk:
+            loader.lower_limit(4)
+        if count == 4:
+            state = json.loads(json.dumps(loader.state_dict()))
+    assert state["lowered"] == [[last_of_a_chunk + 1, 4 if kind == "fixed" else [4]]]
+    assert {len(b) for b in whole[: last_of_a_chunk + 1]} == {10} and max(len(b) for b in whole[3:]) == 4
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert [batch.tolist() for batch in resumed] == whole[5:]
+    assert [i for batch in whole for i in batch] == list(range(100))
+
+
 @pytest.mark.parametrize("columns", [1, 2])
 def test_adaptive_run_splits_batches_that_cost_nothing(columns):
     sizes = np.zeros((N, columns), dtype=np.int64)
@@ -328,6 +419,34 @@ def test_adaptive_run_splits_batches_that_cost_nothing(columns):
 
     seen = [i for part in adaptive.run(loader, step) for i in part]
     assert sorted(seen) == list(range(N))
+
+
+def test_adaptive_run_with_a_factor_above_the_batch_size_lowers_it_to_one_item():
+    # invariant: a failing batch of 3 items with factor 4 goes on one item at a time
+    loader = FastLoader(torch.arange(6), 3, shuffle=False)
+
+    def step(batch):
+        if len(batch) > 1:
+            raise torch.OutOfMemoryError("CUDA out of memory (fake)")
+        return batch.tolist()
+
+    assert list(adaptive.run(loader, step, factor=4)) == [[i] for i in range(6)]
+    assert loader.stats.limit_changes == [(0, 3, 1)]  # the failed first batch is run again: 0 done
+
+
+def test_adaptive_run_lowers_caps_of_fractional_costs():
+    # invariant: costs below one (fractions of a GiB, say) lower their cap as any other: a
+    # batch of 16 items of cost 1/16 that runs out of memory halves the cap to 0.5
+    loader = FastSizeAwareLoader(torch.arange(64), np.full(64, 1 / 16), 1.0, shuffle=False)
+
+    def step(batch):
+        if len(batch) > 8:
+            raise torch.OutOfMemoryError("CUDA out of memory (fake)")
+        return batch.tolist()
+
+    parts = list(adaptive.run(loader, step))
+    assert parts == [list(range(start, start + 8)) for start in range(0, 64, 8)]
+    assert loader.stats.limit_changes == [(0, [1.0], [0.5])]
 
 
 # --- DataLoader with worker processes ----------------------------------------------------------
