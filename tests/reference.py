@@ -1,10 +1,134 @@
-"""Plain-Python greedy loops: the specification the vectorized code is tested against."""
+"""Plain-Python loops item by item: the specification the vectorized code is tested against.
+
+The loops take dataset indices in the order an epoch visits them and return batches of
+dataset indices. They are deliberately naive (one item at a time, sums accumulated in item
+order from the batch start) so that they can be read as the specification.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
+
+Row = tuple[Any, ...]
+
+
+def as_rows(sizes: Any) -> list[Row]:
+    """Per-item sizes (numbers, or sequences of ``k`` numbers) as tuples of Python numbers."""
+    rows: list[Row] = []
+    for value in sizes:
+        if isinstance(value, (tuple, list)):
+            rows.append(tuple(value))
+        elif hasattr(value, "tolist") and isinstance(value.tolist(), list):
+            rows.append(tuple(value.tolist()))
+        else:
+            rows.append((value.item() if hasattr(value, "item") else value,))
+    return rows
+
+
+def above(row: Row, caps: Sequence[Any]) -> bool:
+    """Whether one item alone exceeds any of ``caps``."""
+    return any(value > cap for value, cap in zip(row, caps))
+
+
+def batch_cost(rows: Sequence[Row], column: int, cost: str) -> Any:
+    """The cost of a batch in one column: the sum in item order, or ``len * max`` (padded)."""
+    if cost == "sum":
+        total: Any = 0
+        for row in rows:
+            total += row[column]
+        return total
+    return len(rows) * max(row[column] for row in rows)
+
+
+def fits(rows: Sequence[Row], caps: Sequence[Any], cost: str, max_batch_size: int | None) -> bool:
+    """Whether a batch of ``rows`` stays within every cap (inclusive) and the item cap."""
+    if max_batch_size is not None and len(rows) > max_batch_size:
+        return False
+    return all(batch_cost(rows, j, cost) <= cap for j, cap in enumerate(caps))
+
+
+def greedy_loop(
+    order: Sequence[int],
+    sizes: Sequence[Row],
+    caps: Sequence[Any],
+    *,
+    cost: str = "sum",
+    max_batch_size: int | None = None,
+    multiple: int = 1,
+    oversize: str = "skip",
+    policy_caps: Sequence[Any] | None = None,
+) -> tuple[list[list[int]], list[int]]:
+    """The greedy size-aware loop over ``order`` (dataset indices), one item at a time.
+
+    Args:
+        order: Dataset indices in the order the epoch visits them.
+        sizes: ``sizes[i]`` is the row of ``k`` sizes of dataset index ``i``.
+        caps: The ``k`` inclusive caps batches are formed under.
+        cost: ``"sum"`` or ``"padded"`` (``len(batch) * max(size)``).
+        max_batch_size: Optional cap on items per batch.
+        multiple: A batch closed because the next item does not fit, longer than this
+            multiple, is cut down to a multiple of it; the remainder opens the next batch.
+        oversize: The policy for an item above ``policy_caps``: ``"skip"``, ``"own_batch"``
+            or ``"error"`` (raises ``ValueError`` naming the index).
+        policy_caps: The caps that decide the oversize policy (default ``caps``). An item
+            within them but above ``caps`` gets a batch of its own: this is what a limit
+            lowered mid-epoch does to the items between the lowered and the original cap.
+
+    Returns:
+        The batches (lists of dataset indices) and the skipped dataset indices.
+    """
+    policy = list(caps if policy_caps is None else policy_caps)
+    batches: list[list[int]] = []
+    skipped: list[int] = []
+    batch: list[int] = []
+    for index in order:
+        row = sizes[index]
+        alone = above(row, policy)
+        if alone and oversize == "skip":
+            skipped.append(index)
+            continue
+        if alone and oversize == "error":
+            raise ValueError(f"index {index} is oversize")
+        if alone or above(row, caps):  # a batch of its own; the open batch is closed whole
+            if batch:
+                batches.append(batch)
+                batch = []
+            batches.append([index])
+            continue
+        while batch and not fits([sizes[i] for i in [*batch, index]], caps, cost, max_batch_size):
+            if multiple > 1 and len(batch) > multiple:
+                cut = len(batch) // multiple * multiple
+                batches.append(batch[:cut])
+                batch = batch[cut:]
+            else:
+                batches.append(batch)
+                batch = []
+        batch.append(index)
+    if batch:
+        batches.append(batch)
+    return batches, skipped
+
+
+def fixed_size_loop(order: Sequence[int], batch_size: int, drop_last: bool) -> tuple[list[list[int]], list[int]]:
+    """Batches of ``batch_size`` consecutive indices of ``order``; the dropped indices.
+
+    The last partial batch is emitted, or dropped with ``drop_last``.
+    """
+    batches: list[list[int]] = []
+    batch: list[int] = []
+    for index in order:
+        batch.append(index)
+        if len(batch) == batch_size:
+            batches.append(batch)
+            batch = []
+    if batch and drop_last:
+        return batches, batch
+    if batch:
+        batches.append(batch)
+    return batches, []
 
 
 def seed_dataset() -> list[torch.Tensor]:
@@ -21,54 +145,16 @@ def greedy_reference(
     multiple: int = 1,
     oversize: str = "skip",
 ) -> tuple[list[list[int]], list[int]]:
-    """The greedy loop item by item. ``costs`` rows are numbers or tuples of ``k`` numbers.
+    """:func:`greedy_loop` in position order. ``costs`` rows are numbers or tuples of ``k`` numbers.
 
     Returns the batches (lists of positions) and the skipped positions.
     """
-    rows = [row if isinstance(row, (tuple, list)) else (row,) for row in costs]
+    rows = as_rows(costs)
     k = len(rows[0]) if rows else 1
     caps = list(caps) if isinstance(caps, (tuple, list)) else [caps] * k
-    batches: list[list[int]] = []
-    skipped: list[int] = []
-    batch: list[int] = []
-
-    def batch_cost(positions: list[int], j: int) -> Any:
-        if cost == "sum":
-            total: Any = 0
-            for q in positions:  # accumulate in item order from the batch start
-                total += rows[q][j]
-            return total
-        return len(positions) * max(rows[q][j] for q in positions)
-
-    def fits(positions: list[int]) -> bool:
-        if max_batch_size is not None and len(positions) > max_batch_size:
-            return False
-        return all(batch_cost(positions, j) <= caps[j] for j in range(k))
-
-    for p, row in enumerate(rows):
-        if any(row[j] > caps[j] for j in range(k)):
-            if oversize == "skip":
-                skipped.append(p)
-                continue
-            if oversize == "error":
-                raise ValueError(p)
-            if batch:
-                batches.append(batch)
-                batch = []
-            batches.append([p])
-            continue
-        while batch and not fits([*batch, p]):
-            if multiple > 1 and len(batch) > multiple:
-                cut = len(batch) // multiple * multiple
-                batches.append(batch[:cut])
-                batch = batch[cut:]
-            else:
-                batches.append(batch)
-                batch = []
-        batch.append(p)
-    if batch:
-        batches.append(batch)
-    return batches, skipped
+    return greedy_loop(
+        range(len(rows)), rows, caps, cost=cost, max_batch_size=max_batch_size, multiple=multiple, oversize=oversize
+    )
 
 
 def running_sum_reference(costs: list[Any], cap: Any) -> list[list[int]]:

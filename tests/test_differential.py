@@ -2,7 +2,7 @@
 
 Each property builds loaders from a generated :class:`Case` (fixed-size or size-aware, one
 or two cost columns, oversize items, shuffle groups, ranks, three kinds of datasets) and
-compares what they yield with the loops of :mod:`tests.loop_reference`. The datasets make a
+compares what they yield with the loops of :mod:`tests.reference`. The datasets make a
 batch's content its own indices (``torch.arange(n)``, a map-style dataset with
 ``__getitems__`` whose samples are ``{"x": i, "y": -i}``, and an ``OutOfCoreDataset`` of
 ``np.array([i])`` in small chunks), so every batch is also checked for corruption. Every
@@ -33,8 +33,7 @@ from hypothesis import strategies as st
 from torch.utils.data import DataLoader, Dataset
 
 from fastsab import FastLoader, FastSizeAwareLoader, OutOfCoreDataset, adaptive, collate_batch, split_batches
-from tests.loop_reference import Row, above, batch_cost, fits, fixed_size_loop, greedy_loop
-from tests.reference import greedy_reference
+from tests.reference import Row, above, batch_cost, fits, fixed_size_loop, greedy_loop
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*larger than max_total_size:UserWarning")
 
@@ -493,30 +492,6 @@ def test_split_batches_chunk_by_chunk_is_the_plain_loop(case: Case, cuts: list[i
         chunk_skipped += part.skipped.tolist()
     if case.n:
         assert batches == expected and chunk_skipped == skipped
-
-
-@settings(max_examples=examples(40))
-@given(case=cases(kinds=("sized",), oversize=("skip", "own_batch", "error"), max_n=60))
-def test_loop_reference_agrees_with_greedy_reference(case: Case) -> None:
-    # invariant: the loop over 0..n-1 is tests.reference.greedy_reference (the oracle is sound)
-    def run(loop: Any) -> Any:
-        try:
-            return loop()
-        except ValueError:
-            return "error"
-
-    ours = run(lambda: reference(case, range(case.n)))
-    theirs = run(
-        lambda: greedy_reference(
-            list(case.sizes),
-            list(case.caps),
-            max_batch_size=case.max_batch_size,
-            cost=case.cost,
-            multiple=case.multiple,
-            oversize=case.oversize,
-        )
-    )
-    assert ours == theirs
 
 
 # -- one process ------------------------------------------------------------------------------
