@@ -128,6 +128,8 @@ class Stream:
 
     ``lowered`` limits are re-applied where they were lowered (also inside the skipped
     batches), so that a resumed stream has the batches the interrupted one had.
+    :meth:`lower` plans the batches from a position on again, also those of chunks already
+    returned (fetched ahead): the chunks returned are kept until :meth:`release` lets them go.
     """
 
     def __init__(self, plan: Any, *, skip: int = 0, lowered: list[tuple[int, Any]] | None = None) -> None:
@@ -137,6 +139,7 @@ class Stream:
         self._replay = deque(self.lowered)
         self.position = 0  # batches of the stream before the next chunk
         self.stats: EpochStats | None = None
+        self._returned: deque[tuple[int, PlanChunk]] = deque()  # (first position, chunk) not released
 
     def __iter__(self) -> Stream:
         return self
@@ -157,8 +160,30 @@ class Stream:
             if self.skip >= end:  # ran before the state was saved
                 continue
             if self.skip > start:
-                chunk = chunk.tail(self.skip - start)
+                chunk, start = chunk.tail(self.skip - start), self.skip
+            self._returned.append((start, chunk))
             return chunk
+
+    def release(self, position: int) -> None:
+        """Let go of the chunks whose batches all come before ``position``."""
+        returned = self._returned
+        while returned and returned[0][0] + returned[0][1].num_batches <= position:
+            returned.popleft()
+
+    def lower(self, position: int, limit: Any) -> None:
+        """Plan the batches from ``position`` on again under ``limit``.
+
+        ``position`` must not be released; nothing may iterate the stream meanwhile.
+        """
+        pending = [
+            chunk.ids[chunk.offsets[max(position - start, 0)] :]
+            for start, chunk in self._returned
+            if start + chunk.num_batches > position
+        ]
+        self._returned.clear()
+        self.plan.lower(np.concatenate(pending) if pending else np.empty(0, dtype=np.int64), limit)
+        self.position = position
+        self.lowered = [(at, old) for at, old in self.lowered if at < position] + [(position, limit)]
 
     @property
     def lowered_past_end(self) -> bool:
@@ -196,6 +221,7 @@ class EpochCursor:
         self._history: list[Segment] = []  # the resumed epoch's earlier stretches
         self._segment = self._new_segment()  # the stretch this object runs
         self._resuming = False  # load_state_dict set a position in self.epoch
+        self._finished: tuple[int, list[Segment], Segment] | None = None  # a loaded state at its epoch's end
         self._progress: list[int] | None = None  # [epoch, steps] while an epoch is iterated
         self._run: _Run | None = None  # the epoch last started: its stretches and stream
         self._fingerprint: str | None = None
@@ -212,10 +238,14 @@ class EpochCursor:
     def set_epoch(self, epoch: int) -> None:
         """Use ``epoch`` for the next iteration (the order depends only on seed and epoch).
 
-        A position loaded for another epoch is dropped.
+        A position loaded for another epoch is dropped; a loaded state of an epoch whose
+        every step ran makes that epoch run empty, if it is chosen again.
         """
         epoch = check_nonnegative_int("epoch", epoch)
-        if self._resuming and epoch != self.epoch:
+        finished, self._finished = self._finished, None
+        if finished is not None and epoch == finished[0]:
+            self._history, self._segment, self._resuming = finished[1], finished[2], True
+        elif self._resuming and epoch != self.epoch:
             self._resuming = False
             self._history, self._segment = [], self._new_segment()
         self.epoch = epoch
@@ -233,7 +263,7 @@ class EpochCursor:
         epoch = self.epoch
         if not self._resuming:
             self._history, self._segment = [], self._new_segment()
-        self._resuming = False
+        self._resuming, self._finished = False, None
         self.epoch = epoch + 1
         stream = self._stream_of(epoch, self._history, self._segment)
         stream.stats = stats
@@ -244,23 +274,14 @@ class EpochCursor:
         self._progress = [epoch, self._segment.steps]
         return epoch, stream
 
-    def _replan(self, limit: Any, retry: bool) -> Stream:
-        """Plan the rest of the epoch again under ``limit``, from the batch last handed out on.
+    def _rewind(self) -> None:
+        """Count the batch last handed out as not run (it is planned again)."""
+        if self._progress is not None:
+            self._progress[1] -= 1
 
-        With ``retry`` that batch did not complete: it is no longer counted and is planned
-        again; otherwise the new plan starts after it. The lowered limit is recorded at its
-        position, so a state taken later resumes the new plan exactly.
-        """
-        run, progress = self._run, self._progress
-        if run is None or progress is None or progress[1] == 0:
-            raise RuntimeError("there is no batch of this epoch to plan again.")
-        steps = progress[1] - 1 if retry else progress[1]
-        lowered = [(position, old) for position, old in run.stream.lowered if position < steps]
-        segment = replace(run.segment, steps=steps, lowered=[*lowered, (steps, limit)])
-        stream = self._stream_of(run.epoch, run.history, segment)
-        self._run = replace(run, segment=segment, stream=stream)
-        progress[1] = steps
-        return stream
+    def _pending_lowering(self) -> tuple[int, Any] | None:
+        """``(position, limit)`` of a lowering asked for but not applied yet (none here)."""
+        return None
 
     @property
     def position(self) -> tuple[int, int] | None:
@@ -414,7 +435,12 @@ class EpochCursor:
         """The state of ``epoch`` after ``steps`` steps of its current stretch."""
         run = self._run
         if run is not None and run.epoch == epoch and not self._resuming:
-            history, segment = run.history, replace(run.segment, lowered=list(run.stream.lowered))
+            lowered = list(run.stream.lowered)
+            pending = self._pending_lowering()
+            if pending is not None:  # applied before the next batch: where a resume replays it
+                steps = pending[0]
+                lowered = [(at, old) for at, old in lowered if at < steps] + [pending]
+            history, segment = run.history, replace(run.segment, lowered=lowered)
         elif self._resuming and epoch == self.epoch:
             history, segment = self._history, self._segment
         else:
@@ -444,9 +470,12 @@ class EpochCursor:
         history, current = segments[:-1], segments[-1]
         resuming = bool(history) or current.steps > 0 or bool(current.lowered)
         remaining = self._remaining(epoch, history, current) if resuming else None  # raises past the end
+        self._finished = None
         if remaining == 0 and current.steps > 0:
             # NOTE: an epoch whose every step ran (saved before the loop saw its end) is the
-            # start of the next one, as a trainer that goes on to set_epoch(epoch + 1) expects
+            # start of the next one, as a trainer that goes on to set_epoch(epoch + 1) expects;
+            # a trainer that sets the saved epoch again gets it empty, not run a second time
+            self._finished = (epoch, history, current)
             epoch, history, current, resuming = epoch + 1, [], self._new_segment(), False
         elif current.dealing() != self._new_segment().dealing():  # other ranks: deal the rest anew
             # (the rest may give these ranks no step: the epoch then runs empty and reports
@@ -513,7 +542,11 @@ class EpochCursor:
             position = _state_int("lowered position", entry[0])
             if entries and position <= entries[-1][0]:
                 raise ValueError(f"state['lowered'] positions must increase, got {lowered!r}.")
-            entries.append((position, self.check_lowered_limit(entry[1])))
+            try:
+                limit = self.check_lowered_limit(entry[1])
+            except (TypeError, ValueError) as error:
+                raise type(error)(f"state['lowered'] has a bad limit {entry[1]!r}: {error}") from None
+            entries.append((position, limit))
         return Segment(world, steps, even, balance, entries)  # type: ignore[arg-type]
 
 

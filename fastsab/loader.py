@@ -103,9 +103,21 @@ class _Loader(EpochCursor):
         self.stats: EpochStats | None = None
         self.planner: FixedSizePlanner | SizeAwarePlanner
         self.limit: Any = None  # the batch size or caps in force in the current epoch
-        self._restream: Stream | None = None  # the epoch planned again under a lowered limit
+        # (limit, retry): asked for by lower_limit() or retry_last_batch() (maybe from another
+        # thread), applied by the iteration before it hands out the next batch
+        self._pending: tuple[Any, bool] | None = None
+        self._pending_lock = threading.Lock()
         self._handed_out = 0  # items of the batch last handed out
-        self._rewound = False  # whether that batch is to be retried
+        self._rewound = False  # whether that batch was taken back to be planned again
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        del state["_pending_lock"]  # a lock does not pickle; a new one is made on load
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._pending_lock = threading.Lock()
 
     # -- epochs and plans -------------------------------------------------------------
 
@@ -150,9 +162,12 @@ class _Loader(EpochCursor):
         if self._chunked:
             self.dataset.set_chunk_order(self.order.group_order(epoch))
         self.stats = stats
-        self._restream = None
+        self._pending = None
         self.limit = self.planner.limit
-        for position, limit in stream.lowered:  # lowered before the resumed position
+        for segment in self._history:  # lowered in earlier stretches, then before the resumed position
+            for _, limit in segment.lowered:
+                self.limit = limit
+        for position, limit in stream.lowered:
             if position <= stream.skip:
                 self.limit = limit
         depth = self.prefetch
@@ -162,7 +177,7 @@ class _Loader(EpochCursor):
         while next_stream is not None:
             produced = self._produce(next_stream)
             source = produced if depth == 0 else _prefetched(produced, depth)
-            next_stream = yield from self._consume(source, stats, with_indices)
+            next_stream = yield from self._consume(next_stream, source, stats, with_indices)
         self._epoch_done()
         if stats.num_skipped:
             warnings.warn(
@@ -172,13 +187,14 @@ class _Loader(EpochCursor):
             )
 
     def _consume(
-        self, source: Iterator[tuple[np.ndarray, Any]], stats: EpochStats, with_indices: bool
+        self, stream: Stream, source: Iterator[tuple[np.ndarray, Any]], stats: EpochStats, with_indices: bool
     ) -> Generator[Any, None, Stream | None]:
-        """Yield the batches of ``source``; the new stream if the limit was lowered meanwhile.
+        """Yield the batches of ``source`` (from ``stream``); ``stream`` again if the limit was lowered.
 
         A lowering applies right after the batch last handed out (or, to retry, in its
-        place): the batches ``source`` prepared ahead under the old limit are discarded.
+        place): the batches ``source`` prepared ahead under the old limit are planned again.
         """
+        lowering = None
         try:
             for ids, batch in source:
                 stats.num_batches += 1
@@ -186,15 +202,41 @@ class _Loader(EpochCursor):
                 self._step_done()
                 self._handed_out, self._rewound = len(ids), False
                 yield (ids, batch) if with_indices else batch
-                if self._restream is not None:
+                lowering = self._take_pending()
+                if lowering is not None:
                     break
+                if self._progress is not None:
+                    stream.release(self._progress[1] - 1)  # a retry may take back the batch handed out
         finally:
             source.close()  # type: ignore[attr-defined]  # joins a prefetch thread
-        stream, self._restream = self._restream, None
-        if stream is not None:
-            stats.clear_reports()  # the new stream reports the epoch's skipped items again
-            stream.stats = stats
+        if lowering is None:
+            return None
+        limit, retry = lowering
+        if retry:
+            stats.num_batches -= 1
+            stats.num_items -= self._handed_out
+            self._rewound = True
+            self._rewind()
+        position = self._progress[1] if self._progress is not None else 0
+        stream.lower(position, limit)
+        stats.limit_changes.append((stats.num_batches, self.limit, limit))
+        self.limit = limit
         return stream
+
+    def _take_pending(self) -> tuple[Any, bool] | None:
+        """The lowering asked for since the last batch, unless it changes nothing."""
+        with self._pending_lock:
+            pending, self._pending = self._pending, None
+        if pending is None or (not pending[1] and _same_limit(pending[0], self.limit)):
+            return None
+        return pending
+
+    def _pending_lowering(self) -> tuple[int, Any] | None:
+        with self._pending_lock:
+            pending = self._pending
+        if pending is None or self._progress is None or (not pending[1] and _same_limit(pending[0], self.limit)):
+            return None
+        return self._progress[1] - (1 if pending[1] else 0), pending[0]
 
     def _produce(self, stream: Stream) -> Iterator[tuple[np.ndarray, Any]]:
         for chunk in stream:
@@ -235,9 +277,11 @@ class _Loader(EpochCursor):
     def lower_limit(self, limit: Any) -> None:
         """Use a smaller limit (batch size, or cap per column) for the rest of this epoch.
 
-        Applies from the next batch on (batches prefetched under the old limit are
-        discarded): the items not yet handed out are planned again, so no sample is lost or
-        repeated; items above the new limit get batches of their own. A limit equal to the
+        Applies from the next batch on (batches prefetched under the old limit are planned
+        again): the items not yet handed out are planned again, so no sample is lost or
+        repeated; items above the new limit get batches of their own. It may be called from
+        another thread (a memory monitor) or from the dataset: a batch being fetched is
+        handed out whole, and the lowering applies after it. A limit equal to the
         one in force changes nothing. Recorded in ``stats.limit_changes`` and in the state;
         the next epoch starts from the configured limit again.
 
@@ -246,7 +290,7 @@ class _Loader(EpochCursor):
                 configured limit, or this is one of several ranks.
             RuntimeError: If no batch of an epoch is being iterated.
         """
-        self._lower(self._checked_lowering(limit), retry=False)
+        self._ask_lowering(self._checked_lowering(limit), retry=False)
 
     def retry_last_batch(self, limit: Any) -> None:
         """Plan the batch last yielded again, with everything after it, under ``limit``.
@@ -259,22 +303,14 @@ class _Loader(EpochCursor):
             ValueError: As :meth:`lower_limit`.
             RuntimeError: If no batch of an epoch is being iterated.
         """
-        self._lower(self._checked_lowering(limit), retry=True)
+        self._ask_lowering(self._checked_lowering(limit), retry=True)
 
-    def _lower(self, limit: Any, retry: bool) -> None:
-        """Plan the rest of the epoch under ``limit`` now; the iteration switches to it."""
-        stats = self.stats
-        assert stats is not None  # an epoch is being iterated
-        retry = retry and not self._rewound  # a batch is retried once, however often it is asked
-        if not retry and _same_limit(limit, self.limit):
-            return
-        if retry:
-            stats.num_batches -= 1
-            stats.num_items -= self._handed_out
-            self._rewound = True
-        stats.limit_changes.append((stats.num_batches, self.limit, limit))
-        self._restream = self._replan(limit, retry)
-        self.limit = limit
+    def _ask_lowering(self, limit: Any, retry: bool) -> None:
+        with self._pending_lock:
+            pending = self._pending
+            # a batch is retried once, however often it is asked; a later lowering keeps the retry
+            retry = (retry and not self._rewound) or (pending is not None and pending[1])
+            self._pending = (limit, retry)
 
     def _checked_lowering(self, limit: Any) -> Any:
         checked = self.check_lowered_limit(limit)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from collections import Counter
 
 import numpy as np
@@ -585,3 +586,131 @@ def test_data_loader_with_workers_on_an_epoch_shorter_than_their_read_ahead():
     batches = [batch.tolist() for batch in data]
     assert sorted(i for batch in batches for i in batch) == list(range(40))
     assert data.state_dict()["epoch"] == 1
+
+
+# --- lowering from elsewhere, cheaply, and what a resume keeps of it ------------------------------
+
+
+class _Gated(torch.utils.data.Dataset):
+    """Serves ``indices`` as a tensor; the fetch of the batch starting at ``hold`` waits for ``gate``."""
+
+    def __init__(self, n, hold):
+        self.n, self.hold = n, hold
+        self.entered, self.gate = threading.Event(), threading.Event()
+        self.on_hold = None  # called in the fetch of the held batch, before it waits
+
+    def __len__(self):
+        return self.n
+
+    def __getitems__(self, indices):
+        if indices[0] == self.hold:
+            self.entered.set()
+            if self.on_hold is not None:
+                self.on_hold()
+            self.gate.wait(10)
+        return torch.tensor(indices)
+
+
+def test_lowering_from_another_thread_while_a_batch_is_fetched_applies_after_that_batch():
+    dataset = _Gated(20, hold=8)
+    loader = FastLoader(dataset, 4, shuffle=False, prefetch=0)
+    iterator = iter(loader)
+    got = [next(iterator).tolist(), next(iterator).tolist()]
+
+    def monitor():
+        dataset.entered.wait(10)
+        loader.lower_limit(2)
+        dataset.gate.set()
+
+    thread = threading.Thread(target=monitor)
+    thread.start()
+    got += [batch.tolist() for batch in iterator]
+    thread.join()
+    # invariant: the batch being fetched is handed out whole, the lowering applies after it
+    assert got == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13], [14, 15], [16, 17], [18, 19]]
+    assert loader.stats.limit_changes == [(3, 4, 2)]
+
+
+@pytest.mark.parametrize("prefetch", [0, 2])
+def test_lowering_from_inside_the_dataset_keeps_every_sample_once(prefetch):
+    dataset = _Gated(20, hold=8)
+    loader = FastLoader(dataset, 4, shuffle=False, prefetch=prefetch)
+    dataset.gate.set()
+    dataset.on_hold = lambda: loader.lower_limit(2)
+    got = [i for batch in loader for i in batch.tolist()]
+    assert got == list(range(20)) and loader.stats.limit_changes[0][1:] == (4, 2)
+
+
+def test_a_retried_first_batch_can_be_lowered_again_before_the_next():
+    loader = FastLoader(torch.arange(20), 8, shuffle=False)
+    iterator = iter(loader)
+    next(iterator)
+    loader.retry_last_batch(4)
+    loader.lower_limit(2)
+    assert [batch.tolist() for batch in iterator] == [[i, i + 1] for i in range(0, 20, 2)]
+    assert loader.stats.limit_changes == [(0, 8, 2)] and loader.limit == 2
+
+
+def test_a_lowering_late_in_an_epoch_plans_only_what_is_left(monkeypatch):
+    monkeypatch.setattr("fastsab.epochs.PLAN_CACHE_ITEMS", 0)  # as for an epoch too long to keep its plan
+    evaluated = []
+
+    def sizeof(indices):
+        evaluated.append(len(indices))
+        return np.ones(len(indices), dtype=np.int64)
+
+    loader = FastSizeAwareLoader(torch.arange(50_000), sizeof, 100, seed=0, group_size=1000)
+    iterator = iter(loader)
+    for _ in range(len(loader) - 3):
+        next(iterator)
+    before = sum(evaluated)
+    loader.lower_limit(10)
+    rest = [batch.tolist() for batch in iterator]
+    # invariant: the items of the last 3 batches are planned again, not the epoch from its start
+    assert sum(len(batch) for batch in rest) == 300 and sum(evaluated) - before <= 300
+    assert max(len(batch) for batch in rest) == 10
+
+
+@pytest.mark.parametrize("steps", [2, 3])
+def test_setting_the_epoch_of_a_loaded_state_keeps_its_position(steps):
+    loader = FastLoader(torch.arange(10), 4, seed=0)
+    loader.set_epoch(5)
+    iterator = iter(loader)
+    done = [next(iterator).tolist() for _ in range(steps)]
+    state = json.loads(json.dumps(loader.state_dict()))
+    resumed = FastLoader(torch.arange(10), 4, seed=0)
+    resumed.load_state_dict(state)
+    resumed.set_epoch(5)  # a trainer that restores its own epoch counter from the checkpoint
+    rest = [batch.tolist() for batch in resumed]
+    # invariant: epoch 5 is not run twice, also when the state was saved after its last step
+    assert sorted(i for batch in done + rest for i in batch) == list(range(10))
+    assert resumed.epoch == 6
+
+
+def test_the_limit_in_force_survives_a_resume_through_another_world_size():
+    def make(**options):
+        return FastLoader(torch.arange(40), 8, seed=0, **options)
+
+    first = make()
+    iterator = iter(first)
+    next(iterator)
+    first.lower_limit(2)
+    next(iterator)
+    ranks = [make(rank=r, world_size=2) for r in range(2)]
+    for loader in ranks:
+        loader.load_state_dict(first.state_dict())
+        next(iter(loader))
+    last = make()
+    last.load_state_dict(ranks[0].state_dict())
+    assert len(next(iter(last))) == 2 and last.limit == 2
+
+
+def test_a_bad_lowered_limit_in_a_state_names_the_key_and_one_cap_may_be_a_0_d_array():
+    state = {**FastLoader(torch.arange(20), 4).state_dict(), "steps": 2, "lowered": [[1, 0]]}
+    with pytest.raises(ValueError, match=r"state\['lowered'\] has a bad limit 0: limit must be a positive integer"):
+        FastLoader(torch.arange(20), 4).load_state_dict(state)
+    loader = FastSizeAwareLoader(torch.arange(20), np.arange(20) % 4, np.array(6), shuffle=False)
+    iterator = iter(loader)
+    next(iterator)
+    loader.lower_limit(np.array(3))
+    assert all(int((np.arange(20) % 4)[batch.numpy()].sum()) <= 3 for batch in iterator)
