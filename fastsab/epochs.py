@@ -227,6 +227,8 @@ class SizeAwarePlanner:
             "batch_size_multiple": batch_size_multiple,
         }
         self.oversize: Any = oversize
+        if isinstance(max_total_size, np.ndarray) and max_total_size.ndim == 0:
+            max_total_size = max_total_size.item()  # one cap, as a number
         self.max_total_size = max_total_size
         k = len(max_total_size) if isinstance(max_total_size, (Sequence, np.ndarray)) else 1
         split_batches(np.zeros((0, k)), max_total_size, oversize=self.oversize, **self.options)  # validates now
@@ -273,9 +275,10 @@ class SizeAwarePlanner:
         return list(caps) if isinstance(caps, (Sequence, np.ndarray)) else [caps]
 
     def check_limit(self, limit: Any) -> list[Any]:
-        caps = list(limit) if isinstance(limit, (Sequence, np.ndarray)) else [limit]
+        several = isinstance(limit, Sequence) or (isinstance(limit, np.ndarray) and limit.ndim > 0)
+        caps = list(limit) if several else [limit.item() if isinstance(limit, np.ndarray) else limit]
         if len(caps) != len(self.limit):
-            raise ValueError(f"limit must have {len(self.limit)} caps, got {limit!r}.")
+            raise ValueError(f"limit must have {len(self.limit)} cap(s), got {limit!r}.")
         return [check_positive_real("limit", cap) for cap in caps]
 
     def smaller_limit(self, ids: np.ndarray, current: list[Any], factor: float) -> list[Any]:

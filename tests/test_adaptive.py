@@ -748,7 +748,7 @@ def test_ranks_split_failing_batches_but_keep_their_limit():
 
 def test_lower_limit_validation():
     loader = FastSizeAwareLoader(torch.arange(10), np.ones(10), 5)
-    with pytest.raises(ValueError, match=r"limit must have 1 caps, got \[1, 2\]"):
+    with pytest.raises(ValueError, match=r"limit must have 1 cap\(s\), got \[1, 2\]"):
         loader.lower_limit([1, 2])
     with pytest.raises(ValueError, match="limit must be a positive finite number, got 0"):
         loader.lower_limit(0)
