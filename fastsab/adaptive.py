@@ -640,13 +640,14 @@ def run(loader: Any, step: Callable[[Any], Any], *, factor: float = 2) -> Iterat
     batch's cost (its size for :class:`~fastsab.FastLoader`): the batch's parts come next
     (split again if they fail too) and the lower limit holds for the rest of the epoch
     (``loader.stats.limit_changes``, :meth:`~fastsab.FastLoader.retry_last_batch`). Every
-    sample is processed exactly once, and a state saved at any point resumes exactly; a
+    sample is processed exactly once, and a state saved between results resumes exactly; a
     single sample that does not fit raises :class:`AdaptiveOOMError`.
 
     Under data parallelism (``world_size > 1``) the limit is kept, so that every rank still
     runs the same number of loader steps: a failing batch is split and its parts run within
     the step (accumulate the parts' gradients; save states between steps). So is a batch
-    that costs nothing, which no smaller limit splits: it is halved by count.
+    that costs nothing, which no smaller limit splits: it is halved by count, and a state
+    saved between its parts' results resumes after the whole batch.
 
     Args:
         loader: A :class:`~fastsab.FastLoader` or :class:`~fastsab.FastSizeAwareLoader`.
