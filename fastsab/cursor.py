@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import warnings
 from collections import deque
 from dataclasses import dataclass, field, replace
 from numbers import Integral, Real
@@ -312,9 +313,16 @@ class EpochCursor:
         if self._progress is not None:
             self._progress[1] += 1
 
-    def _epoch_done(self) -> None:
+    def _epoch_done(self, stats: EpochStats | None = None) -> None:
+        """End the epoch; warn about the items ``stats`` reports skipped (oversize)."""
         self._progress = None
         self._history, self._segment = [], self._new_segment()
+        if stats is not None and stats.num_skipped:
+            warnings.warn(
+                f"{stats.num_skipped} items were larger than max_total_size and were skipped in epoch "
+                f"{stats.epoch}; their indices are in .stats.skipped.",
+                stacklevel=3,
+            )
 
     # -- plans --------------------------------------------------------------------------------
 

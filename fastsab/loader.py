@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import queue
 import threading
-import warnings
 from collections.abc import Callable, Generator, Iterator
 from typing import Any
 
@@ -178,13 +177,7 @@ class _Loader(EpochCursor):
             produced = self._produce(next_stream)
             source = produced if depth == 0 else _prefetched(produced, depth)
             next_stream = yield from self._consume(next_stream, source, stats, with_indices)
-        self._epoch_done()
-        if stats.num_skipped:
-            warnings.warn(
-                f"{stats.num_skipped} items were larger than max_total_size and were skipped in epoch "
-                f"{stats.epoch}; their indices are in loader.stats.skipped.",
-                stacklevel=2,
-            )
+        self._epoch_done(stats)
 
     def _consume(
         self, stream: Stream, source: Iterator[tuple[np.ndarray, Any]], stats: EpochStats, with_indices: bool

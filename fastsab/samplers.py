@@ -22,6 +22,7 @@ from torch.utils.data import DataLoader, Sampler
 from fastsab._checks import as_numeric_array, as_python_number, check_positive_int, check_positive_real
 from fastsab.batching import report_batching, split_batches
 from fastsab.cursor import EpochCursor
+from fastsab.epochs import EpochStats
 from fastsab.fetch import collate_batch
 
 __all__ = [
@@ -397,7 +398,9 @@ class PlannedBatchSampler(EpochCursor, Sampler[list[int]]):
     Made by :meth:`FastLoader.batch_sampler() <fastsab.FastLoader.batch_sampler>`. Like the
     loaders, each ``iter()`` starts the next epoch unless :meth:`set_epoch` was called,
     ``len()`` is exact, it yields this rank's share under ``torch.distributed``, and it
-    resumes from :meth:`state_dict`.
+    resumes from :meth:`state_dict`. ``stats`` reports the epoch as the loaders' does
+    (skipped, dropped and padded items, with the same warning about skipped items), its
+    batches counted as handed out.
 
     Its position counts the batches it handed out. A ``DataLoader`` with worker processes
     takes batches ahead of the training loop (``prefetch_factor * num_workers``), so the
@@ -413,15 +416,20 @@ class PlannedBatchSampler(EpochCursor, Sampler[list[int]]):
         self._init_cursor(planner, rank, world_size, even_batches, balance, epoch)
         self._ahead = False  # iterated by a DataLoader whose workers fetch ahead
         self._counted_by: object | None = None  # the PlannedDataLoader that counts received batches
+        self.stats: EpochStats | None = None
 
     def __iter__(self) -> Iterator[list[int]]:
         self._ahead = self._counted_by is None and _called_by_worker_loader(sys._getframe(1))
-        _, stream = self._start_epoch()
+        stats = EpochStats(self.epoch)
+        _, stream = self._start_epoch(stats)
+        self.stats = stats
         for chunk in stream:
             for batch in chunk.batches():
+                stats.num_batches += 1
+                stats.num_items += len(batch)
                 self._step_done()  # counted as handed out
                 yield batch.tolist()
-        self._epoch_done()
+        self._epoch_done(stats)
 
     def state_dict(self) -> dict[str, Any]:
         """Where the iteration stands, counted in batches handed out (see the class docstring).
@@ -484,6 +492,11 @@ class PlannedDataLoader(DataLoader):  # type: ignore[type-arg]
     def set_epoch(self, epoch: int) -> None:
         """Use ``epoch`` for the next iteration."""
         self.plan.set_epoch(epoch)
+
+    @property
+    def stats(self) -> EpochStats | None:
+        """The plan's report of the epoch (see :class:`~fastsab.PlannedBatchSampler`)."""
+        return self.plan.stats
 
     def state_dict(self) -> dict[str, Any]:
         """The plan's state, counted in batches this loader returned to the loop."""

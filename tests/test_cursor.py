@@ -714,3 +714,16 @@ def test_a_bad_lowered_limit_in_a_state_names_the_key_and_one_cap_may_be_a_0_d_a
     next(iterator)
     loader.lower_limit(np.array(3))
     assert all(int((np.arange(20) % 4)[batch.numpy()].sum()) <= 3 for batch in iterator)
+
+
+def test_samplers_and_data_loaders_report_skipped_items_as_the_loader_does():
+    sizes = np.array([1, 50, 2, 3, 1, 2])
+    loader = FastSizeAwareLoader(torch.arange(6), sizes, 5, shuffle=False)
+    sampler = loader.batch_sampler()
+    with pytest.warns(UserWarning, match="1 items were larger than max_total_size and were skipped in epoch 0"):
+        assert list(sampler) == [[0, 2], [3, 4], [5]]
+    assert sampler.stats.skipped == [1] and sampler.stats.num_batches == 3 and sampler.stats.num_items == 5
+    data = FastSizeAwareLoader(torch.arange(6), sizes, 5, shuffle=False).data_loader()
+    with pytest.warns(UserWarning, match="skipped in epoch 0"):
+        assert [batch.tolist() for batch in data] == [[0, 2], [3, 4], [5]]
+    assert data.stats.skipped == [1]
