@@ -320,7 +320,7 @@ class EpochCursor:
         if stats is not None and stats.num_skipped:
             warnings.warn(
                 f"{stats.num_skipped} items were larger than max_total_size and were skipped in epoch "
-                f"{stats.epoch}; their indices are in .stats.skipped.",
+                f"{stats.epoch}; their indices are in stats.skipped.",
                 stacklevel=3,
             )
 
