@@ -195,9 +195,10 @@ class _Loader(EpochCursor):
                 self._step_done()
                 self._handed_out, self._rewound = len(ids), False
                 yield (ids, batch) if with_indices else batch
-                lowering = self._take_pending()
-                if lowering is not None:
-                    break
+                if self._pending is not None:  # (read without the lock: the common case is none)
+                    lowering = self._take_pending()
+                    if lowering is not None:
+                        break
                 if self._progress is not None:
                     stream.release(self._progress[1] - 1)  # a retry may take back the batch handed out
         finally:
