@@ -1,7 +1,8 @@
 """Hypothesis profiles of the test suite.
 
 ``default`` is the one CI runs (loaded unless another is chosen); ``long`` runs ten times as
-many examples per property: ``python -m pytest tests/test_differential.py --hypothesis-profile=long``.
+many examples per property (minutes each, past the default per-test timeout):
+``python -m pytest tests/test_differential.py --hypothesis-profile=long --timeout=3600``.
 Tests scale their own ``max_examples`` by the loaded profile's ``max_examples / 100``.
 """
 
