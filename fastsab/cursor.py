@@ -140,7 +140,7 @@ class Stream:
         self._replay = deque(self.lowered)
         self.position = 0  # batches of the stream before the next chunk
         self.stats: EpochStats | None = None
-        self._returned: deque[tuple[int, PlanChunk]] = deque()  # (first position, chunk) not released
+        self._returned: deque[tuple[int, int, PlanChunk]] = deque()  # (first, end position, chunk) not released
 
     def __iter__(self) -> Stream:
         return self
@@ -162,13 +162,13 @@ class Stream:
                 continue
             if self.skip > start:
                 chunk, start = chunk.tail(self.skip - start), self.skip
-            self._returned.append((start, chunk))
+            self._returned.append((start, end, chunk))
             return chunk
 
     def release(self, position: int) -> None:
         """Let go of the chunks whose batches all come before ``position``."""
         returned = self._returned
-        while returned and returned[0][0] + returned[0][1].num_batches <= position:
+        while returned and returned[0][1] <= position:
             returned.popleft()
 
     def lower(self, position: int, limit: Any) -> None:
@@ -178,8 +178,8 @@ class Stream:
         """
         pending = [
             chunk.ids[chunk.offsets[max(position - start, 0)] :]
-            for start, chunk in self._returned
-            if start + chunk.num_batches > position
+            for start, end, chunk in self._returned
+            if end > position
         ]
         self._returned.clear()
         self.plan.lower(np.concatenate(pending) if pending else np.empty(0, dtype=np.int64), limit)
