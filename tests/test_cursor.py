@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -11,6 +12,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from fastsab import FastLoader, FastSizeAwareLoader, adaptive
+from fastsab.plans import PlanChunk
 
 N = 1000
 LENGTHS = np.random.default_rng(0).lognormal(np.log(40), 0.8, N).clip(1, 400).astype(np.int64)
@@ -205,6 +207,18 @@ def test_a_loaded_state_is_saved_again_unchanged():
     assert saved["history"] and saved["steps"] == 0
 
 
+def test_plan_chunks_keep_one_span_per_batch():
+    # invariant: head, tail and select keep each batch's row of spans (the groups it reads);
+    # an epoch of no items, joined from its (no) chunks, is a plan of 0 batches
+    batches = [np.array([0, 1]), np.array([2, 3, 4]), np.array([5])]
+    chunk = replace(PlanChunk.from_batches(batches), spans=np.array([[0, 0], [0, 1], [1, 1]]))
+    assert chunk.head(2).spans.tolist() == [[0, 0], [0, 1]] and chunk.head(2).num_batches == 2
+    assert chunk.tail(1).spans.tolist() == [[0, 1], [1, 1]] and chunk.tail(1).ids.tolist() == [2, 3, 4, 5]
+    assert chunk.select(np.array([2, 0])).spans.tolist() == [[1, 1], [0, 0]]
+    empty = PlanChunk.concat([])
+    assert empty.num_batches == 0 and empty.batches() == [] and empty.tail(0).num_batches == 0
+
+
 # --- lengths and stats of a resumed epoch -------------------------------------------------------
 
 
@@ -261,6 +275,26 @@ def test_lowering_after_a_resume_from_another_world_size():
             loader.lower_limit(300)
     assert sorted(before + after) == list(range(N))
     assert loader.stats.limit_changes[0][2] == [300]
+
+
+def test_lowering_a_fixed_batch_size_after_a_resume_from_another_world_size_cuts_the_rest_in_order():
+    # invariant: the rest of a resumed epoch (a one-rank share after a 2-rank stretch), lowered to
+    # batch size 3 after its first batch, is cut into consecutive batches of 3 items, in order
+    def make(rank=0, world_size=1):
+        return FastLoader(torch.arange(100), 10, seed=2, rank=rank, world_size=world_size)
+
+    before, state = run_steps([make(r, 2) for r in range(2)], 2)
+    unlowered, loader = make(), make()
+    unlowered.load_state_dict(state)
+    loader.load_state_dict(state)
+    rest = [i for batch in unlowered for i in batch.tolist()]
+    batches = []
+    for batch in loader:
+        batches.append(batch.tolist())
+        if len(batches) == 1:
+            loader.lower_limit(3)
+    assert batches[0] == rest[:10] and batches[1:] == [rest[i : i + 3] for i in range(10, len(rest), 3)]
+    assert sorted(before + rest) == list(range(100))
 
 
 def test_lowering_below_an_item_that_is_still_pending_ends_and_keeps_every_item():
