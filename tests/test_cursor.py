@@ -96,6 +96,16 @@ def test_state_is_the_same_for_any_spelling_of_the_configuration():
     as_float.load_state_dict(state)
 
 
+def test_a_state_is_refused_when_a_callable_gives_the_last_item_another_size():
+    # invariant: the fingerprint of sizes computed by a callable samples items up to the last one
+    other = LENGTHS.copy()
+    other[-1] += 1
+    state = FastSizeAwareLoader(torch.arange(N), lambda ids: LENGTHS[ids], BUDGET).state_dict()
+    FastSizeAwareLoader(torch.arange(N), lambda ids: LENGTHS[ids], BUDGET).load_state_dict(state)
+    with pytest.raises(ValueError, match="state was saved for another dataset, sizes or batching configuration"):
+        FastSizeAwareLoader(torch.arange(N), lambda ids: other[ids], BUDGET).load_state_dict(state)
+
+
 @pytest.mark.parametrize(("saved", "loaded"), [(1, 2), (2, 3), (3, 1)])
 def test_a_state_saved_at_the_last_step_starts_the_next_epoch_on_any_world_size(saved, loaded):
     # invariant: a state taken at an epoch's last step (before the loop saw its end) resumes at
