@@ -754,3 +754,13 @@ def test_lower_limit_validation():
         loader.lower_limit(0)
     with pytest.raises(ValueError, match="limit must be a positive integer, got 0"):
         FastLoader(torch.arange(4), 2).lower_limit(0)
+
+
+@pytest.mark.parametrize(("cost", "expected"), [("sum", [3.0]), ("padded", [6.0])])
+def test_the_smaller_limit_is_the_failed_batch_cost_over_the_factor(cost, expected):
+    # invariant: the cap lowered to is the failed batch's cost divided by the factor: the sum of
+    # its sizes, or with padding its length times its largest size (here sizes 1, 4, 1)
+    loader = FastSizeAwareLoader(torch.arange(3), np.array([1, 4, 1]), 100, cost=cost, shuffle=False)
+    iterator = iter(loader)
+    next(iterator)
+    assert loader.smaller_limit(np.array([0, 1, 2]), 2) == expected

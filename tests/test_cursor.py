@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import threading
 from collections import Counter
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -12,6 +13,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from fastsab import FastLoader, FastSizeAwareLoader, adaptive
+from fastsab.plans import PlanChunk
 
 N = 1000
 LENGTHS = np.random.default_rng(0).lognormal(np.log(40), 0.8, N).clip(1, 400).astype(np.int64)
@@ -95,6 +97,16 @@ def test_state_is_the_same_for_any_spelling_of_the_configuration():
     as_float.load_state_dict(state)
 
 
+def test_a_state_is_refused_when_a_callable_gives_the_last_item_another_size():
+    # invariant: the fingerprint of sizes computed by a callable samples items up to the last one
+    other = LENGTHS.copy()
+    other[-1] += 1
+    state = FastSizeAwareLoader(torch.arange(N), lambda ids: LENGTHS[ids], BUDGET).state_dict()
+    FastSizeAwareLoader(torch.arange(N), lambda ids: LENGTHS[ids], BUDGET).load_state_dict(state)
+    with pytest.raises(ValueError, match="state was saved for another dataset, sizes or batching configuration"):
+        FastSizeAwareLoader(torch.arange(N), lambda ids: other[ids], BUDGET).load_state_dict(state)
+
+
 @pytest.mark.parametrize(("saved", "loaded"), [(1, 2), (2, 3), (3, 1)])
 def test_a_state_saved_at_the_last_step_starts_the_next_epoch_on_any_world_size(saved, loaded):
     # invariant: a state taken at an epoch's last step (before the loop saw its end) resumes at
@@ -138,7 +150,7 @@ def saved_state():
 @pytest.mark.parametrize(
     ("change", "error", "message"),
     [
-        ({"steps": 10**6}, ValueError, r"state has steps=1000000, past the \d+ steps of epoch 0"),
+        ({"steps": 10**6}, ValueError, r"state has steps=1000000, past the \d+ steps of epoch 0 on 1 rank\.$"),
         ({"steps": 2.0}, TypeError, r"state\['steps'\] must be an integer, got 2.0"),
         ({"steps": "abc"}, TypeError, r"state\['steps'\] must be an integer, got 'abc'"),
         ({"steps": None}, TypeError, r"state\['steps'\] must be an integer, got None"),
@@ -150,7 +162,13 @@ def saved_state():
             r"state has steps=2, past the 1 steps of epoch 0 on 1000000 ranks",
         ),
         ({"world_size": 0}, ValueError, r"state has world_size=0"),
+        (
+            {"world_size": 2**24 + 1, "steps": 0, "even_batches": "pad", "balance": True},
+            ValueError,
+            r"state has world_size=16777217; it must be from 1 to 16777216",
+        ),
         ({"epoch": -2}, ValueError, r"state\['epoch'\] must be a non-negative integer, got -2"),
+        ({"epoch": 2**63}, ValueError, r"state\['epoch'\] must be below 2\*\*63, got 9223372036854775808"),
         ({"lowered": [[0, -5]]}, ValueError, r"limit must be a positive finite number, got -5"),
         ({"lowered": [[3, 100], [2, 50]]}, ValueError, r"state\['lowered'\] positions must increase"),
         ({"lowered": [[2, 100], [2, 50]]}, ValueError, r"state\['lowered'\] positions must increase"),
@@ -169,6 +187,47 @@ def test_a_state_missing_a_key_names_it(key):
     del state[key]
     with pytest.raises(ValueError, match=f"state has no '{key}' entry"):
         sized().load_state_dict(state)
+
+
+def test_a_state_of_the_largest_world_size_at_its_first_step_loads():
+    # invariant: world sizes from 1 to 2**24 are accepted; a state of 0 steps starts its epoch
+    state = {**sized().state_dict(), "world_size": 2**24, "even_batches": "pad", "balance": True}
+    loader = sized()
+    loader.load_state_dict(state)
+    assert len(loader) == len(sized()) and loader.state_dict() == sized().state_dict()
+
+
+def test_a_loaded_state_is_saved_again_unchanged():
+    # invariant: state_dict() right after load_state_dict() keeps the lowered limits and the
+    # stretches run on other world sizes, so a job preempted before its first step resumes alike
+    loader = FastLoader(torch.arange(40), 8, shuffle=False)
+    iterator = iter(loader)
+    next(iterator)
+    loader.lower_limit(3)
+    next(iterator)
+    lowered = json.loads(json.dumps(loader.state_dict()))
+    _, dealt = run_steps([sized(r, 2) for r in range(2)], 3)
+    for make, state in [(lambda: FastLoader(torch.arange(40), 8, shuffle=False), lowered), (sized, dealt)]:
+        first = make()
+        first.load_state_dict(state)
+        saved = json.loads(json.dumps(first.state_dict()))
+        again = make()
+        again.load_state_dict(saved)
+        assert again.state_dict() == saved and len(again) == len(first)
+        assert [b.tolist() for b in again] == [b.tolist() for b in first]
+    assert saved["history"] and saved["steps"] == 0
+
+
+def test_plan_chunks_keep_one_span_per_batch():
+    # invariant: head, tail and select keep each batch's row of spans (the groups it reads);
+    # an epoch of no items, joined from its (no) chunks, is a plan of 0 batches
+    batches = [np.array([0, 1]), np.array([2, 3, 4]), np.array([5])]
+    chunk = replace(PlanChunk.from_batches(batches), spans=np.array([[0, 0], [0, 1], [1, 1]]))
+    assert chunk.head(2).spans.tolist() == [[0, 0], [0, 1]] and chunk.head(2).num_batches == 2
+    assert chunk.tail(1).spans.tolist() == [[0, 1], [1, 1]] and chunk.tail(1).ids.tolist() == [2, 3, 4, 5]
+    assert chunk.select(np.array([2, 0])).spans.tolist() == [[1, 1], [0, 0]]
+    empty = PlanChunk.concat([])
+    assert empty.num_batches == 0 and empty.batches() == [] and empty.tail(0).num_batches == 0
 
 
 # --- lengths and stats of a resumed epoch -------------------------------------------------------
@@ -227,6 +286,26 @@ def test_lowering_after_a_resume_from_another_world_size():
             loader.lower_limit(300)
     assert sorted(before + after) == list(range(N))
     assert loader.stats.limit_changes[0][2] == [300]
+
+
+def test_lowering_a_fixed_batch_size_after_a_resume_from_another_world_size_cuts_the_rest_in_order():
+    # invariant: the rest of a resumed epoch (a one-rank share after a 2-rank stretch), lowered to
+    # batch size 3 after its first batch, is cut into consecutive batches of 3 items, in order
+    def make(rank=0, world_size=1):
+        return FastLoader(torch.arange(100), 10, seed=2, rank=rank, world_size=world_size)
+
+    before, state = run_steps([make(r, 2) for r in range(2)], 2)
+    unlowered, loader = make(), make()
+    unlowered.load_state_dict(state)
+    loader.load_state_dict(state)
+    rest = [i for batch in unlowered for i in batch.tolist()]
+    batches = []
+    for batch in loader:
+        batches.append(batch.tolist())
+        if len(batches) == 1:
+            loader.lower_limit(3)
+    assert batches[0] == rest[:10] and batches[1:] == [rest[i : i + 3] for i in range(10, len(rest), 3)]
+    assert sorted(before + rest) == list(range(100))
 
 
 def test_lowering_below_an_item_that_is_still_pending_ends_and_keeps_every_item():
@@ -377,6 +456,32 @@ def test_a_state_whose_rest_gives_the_new_ranks_no_step_runs_an_empty_epoch_that
     for loader in ranks:  # the epoch that ran empty reports the two batches it left out
         assert loader.stats.epoch == 0 and sorted(done + loader.stats.dropped) == list(range(100))
     assert [loader.epoch for loader in ranks] == [1] * 4
+    # a state saved before that empty epoch ran (its steps 0, its rest dealt to no step) runs it too
+    saved = FastLoader(torch.arange(100), 10, seed=1, rank=0, world_size=4, even_batches="drop")
+    saved.load_state_dict(state)
+    again = FastLoader(torch.arange(100), 10, seed=1, rank=0, world_size=4, even_batches="drop")
+    again.load_state_dict(json.loads(json.dumps(saved.state_dict())))
+    assert len(again) == 0 and list(again) == [] and sorted(done + again.stats.dropped) == list(range(100))
+
+
+@pytest.mark.parametrize("kind", ["fixed", "size-aware"])
+def test_a_lowering_after_the_last_batch_resumes_at_the_next_epoch(kind):
+    # invariant: a limit lowered right after an epoch's last batch is recorded at its end, and
+    # the state taken then starts the next epoch
+    def make():
+        if kind == "fixed":
+            return FastLoader(torch.arange(40), 8, shuffle=False)
+        return FastSizeAwareLoader(torch.arange(40), np.ones(40, dtype=np.int64), 8, shuffle=False)
+
+    loader = make()
+    for count, _ in enumerate(loader):
+        if count == 4:
+            loader.lower_limit(3)
+            state = json.loads(json.dumps(loader.state_dict()))
+    assert state["steps"] == 5 and state["lowered"] == [[5, 3 if kind == "fixed" else [3]]]
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert resumed.epoch == 1 and len(resumed) == 5
 
 
 @pytest.mark.parametrize("kind", ["fixed", "size-aware"])

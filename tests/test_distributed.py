@@ -359,3 +359,11 @@ def test_the_dealing_of_a_seed_and_epoch_is_pinned():
     assert assign_steps(costs, 2, seed=3, epoch=1).batches.tolist() == [[10, 0], [6, 8], [5, 3], [4, 1], [2, 0], [7, 9]]
     assert assign_steps(costs, 3, seed=3, epoch=1).batches.tolist() == [[6, 5, 3], [2, 0, 7], [8, 10, 0], [1, 4, 9]]
     assert assign_steps(costs, 1, seed=3, epoch=1).batches.ravel().tolist() == list(range(11))  # plan order
+
+
+def test_the_dealing_defaults_to_seed_0_and_epoch_0():
+    # invariant: assign_steps without seed and epoch deals as seed 0, epoch 0 (pinned)
+    costs = np.array([5.0, 1, 4, 9, 2, 8, 7, 3, 6, 2, 5])
+    expected = [[8, 6], [7, 9], [2, 0], [3, 5], [10, 0], [4, 1]]
+    assert assign_steps(costs, 2).batches.tolist() == expected
+    assert assign_steps(costs, 2, seed=0, epoch=0).batches.tolist() == expected
