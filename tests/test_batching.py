@@ -57,16 +57,22 @@ def kernel_args(rows, caps, options):
     return costs, (caps[0] if len(caps) == 1 else list(caps)), kwargs
 
 
+def split_like_the_loop(problem, as_float=False):
+    """Split ``problem`` with the kernel; assert the greedy loop's batches and skipped items."""
+    rows, caps, options = problem
+    expected, expected_skipped = greedy_reference(rows, caps, **options)
+    costs, cap, kwargs = kernel_args(rows, caps, options)
+    split = split_batches(costs.astype(np.float64) if as_float else costs, cap, **kwargs)
+    assert as_lists(split) == expected
+    assert split.skipped.tolist() == expected_skipped
+    return split
+
+
 @settings(max_examples=400, deadline=None)
 @given(problems())
 def test_kernel_equals_greedy_loop(problem):
     # invariant: the vectorized kernel gives exactly the batches of the plain greedy loop
-    rows, caps, options = problem
-    expected, expected_skipped = greedy_reference(rows, caps, **options)
-    costs, cap, kwargs = kernel_args(rows, caps, options)
-    split = split_batches(costs, cap, **kwargs)
-    assert as_lists(split) == expected
-    assert split.skipped.tolist() == expected_skipped
+    split = split_like_the_loop(problem)
     assert split.carry is None
 
 
@@ -193,12 +199,7 @@ def jumping_problems(draw):
 def test_batch_lengths_that_jump_equal_greedy_loop(problem, as_float):
     # invariant: however much a batch's length differs from the previous one's, the kernel
     # finds the loop's end (exact fills of the cap included)
-    rows, caps, options = problem
-    expected, expected_skipped = greedy_reference(rows, caps, **options)
-    costs, cap, kwargs = kernel_args(rows, caps, options)
-    split = split_batches(costs.astype(np.float64) if as_float else costs, cap, **kwargs)
-    assert as_lists(split) == expected
-    assert split.skipped.tolist() == expected_skipped
+    split_like_the_loop(problem, as_float)
 
 
 def test_torch_and_list_inputs_and_ids():
@@ -412,12 +413,7 @@ def long_padded_problems(draw):
 @given(long_padded_problems())
 def test_long_runs_of_equal_padded_costs_equal_greedy_loop(problem):
     # invariant: batches of hundreds of items (many window widenings) are the loop's batches
-    rows, caps, options = problem
-    expected, expected_skipped = greedy_reference(rows, caps, **options)
-    costs, cap, kwargs = kernel_args(rows, caps, options)
-    split = split_batches(costs, cap, **kwargs)
-    assert as_lists(split) == expected
-    assert split.skipped.tolist() == expected_skipped
+    split_like_the_loop(problem)
 
 
 INT64_MAX = 2**63 - 1
@@ -468,12 +464,7 @@ def int64_extreme_problems(draw):
 @given(int64_extreme_problems())
 def test_padded_int64_extremes_equal_greedy_loop(problem):
     # invariant: padded costs are compared exactly, whatever len * max would be in int64
-    rows, caps, options = problem
-    expected, expected_skipped = greedy_reference(rows, caps, **options)
-    costs, cap, kwargs = kernel_args(rows, caps, options)
-    split = split_batches(costs, cap, **kwargs)
-    assert as_lists(split) == expected
-    assert split.skipped.tolist() == expected_skipped
+    split_like_the_loop(problem)
 
 
 # --- caps past int64 ----------------------------------------------------------------------

@@ -25,6 +25,13 @@ def sized(rank=0, world_size=1, **options):
     return FastSizeAwareLoader(torch.arange(N), LENGTHS, BUDGET, rank=rank, world_size=world_size, **options)
 
 
+def unit_cost_loader(kind, n, limit, **options):
+    """An unshuffled loader over ``range(n)``: batches of ``limit`` items, fixed or size-aware."""
+    if kind == "fixed":
+        return FastLoader(torch.arange(n), limit, shuffle=False, **options)
+    return FastSizeAwareLoader(torch.arange(n), np.ones(n, dtype=np.int64), limit, shuffle=False, **options)
+
+
 def run_steps(loaders, steps):
     """Every rank runs ``steps`` batches in lockstep; returns the indices and the (common) state."""
     seen = []
@@ -347,9 +354,7 @@ def test_lowering_twice_at_the_end_of_an_epoch_keeps_every_item(kind):
     # invariant: the items a lowering takes back are batched again even when the epoch's
     # order has no chunk left (the second lowering falls in the epoch's last planned chunk)
     def make():
-        if kind == "fixed":
-            return FastLoader(torch.arange(100), 32, shuffle=False)
-        return FastSizeAwareLoader(torch.arange(100), np.ones(100, dtype=np.int64), 32, shuffle=False)
+        return unit_cost_loader(kind, 100, 32)
 
     def run(loader, stop=None):
         seen = []
@@ -469,9 +474,7 @@ def test_a_lowering_after_the_last_batch_resumes_at_the_next_epoch(kind):
     # invariant: a limit lowered right after an epoch's last batch is recorded at its end, and
     # the state taken then starts the next epoch
     def make():
-        if kind == "fixed":
-            return FastLoader(torch.arange(40), 8, shuffle=False)
-        return FastSizeAwareLoader(torch.arange(40), np.ones(40, dtype=np.int64), 8, shuffle=False)
+        return unit_cost_loader(kind, 40, 8)
 
     loader = make()
     for count, _ in enumerate(loader):
@@ -490,9 +493,7 @@ def test_resume_after_a_lowering_at_the_end_of_a_chunk(kind):
     # groups of 20 items, batches of 10: a fixed-size chunk holds two batches; a size-aware chunk
     # holds the batch left open by the chunk before and its own first (the first chunk: one)
     def make():
-        if kind == "fixed":
-            return FastLoader(torch.arange(100), 10, shuffle=False, group_size=20)
-        return FastSizeAwareLoader(torch.arange(100), np.ones(100, dtype=np.int64), 10, shuffle=False, group_size=20)
+        return unit_cost_loader(kind, 100, 10, group_size=20)
 
     last_of_a_chunk = 1 if kind == "fixed" else 2
     whole = []
