@@ -184,7 +184,7 @@ class Stream:
         self._returned.clear()
         self.plan.lower(np.concatenate(pending) if pending else np.empty(0, dtype=np.int64), limit)
         self.position = position
-        self.lowered = [(at, old) for at, old in self.lowered if at < position] + [(position, limit)]
+        self.lowered = _lowered_at(self.lowered, position, limit)
 
     @property
     def lowered_past_end(self) -> bool:
@@ -447,7 +447,7 @@ class EpochCursor:
             pending = self._pending_lowering()
             if pending is not None:  # applied before the next batch: where a resume replays it
                 steps = pending[0]
-                lowered = [(at, old) for at, old in lowered if at < steps] + [pending]
+                lowered = _lowered_at(lowered, *pending)
             history, segment = run.history, replace(run.segment, lowered=lowered)
         elif self._resuming and epoch == self.epoch:
             history, segment = self._history, self._segment
@@ -556,6 +556,11 @@ class EpochCursor:
                 raise type(error)(f"state['lowered'] has a bad limit {entry[1]!r}: {error}") from None
             entries.append((position, limit))
         return Segment(world, steps, even, balance, entries)  # type: ignore[arg-type]
+
+
+def _lowered_at(lowered: list[tuple[int, Any]], position: int, limit: Any) -> list[tuple[int, Any]]:
+    """The record ``lowered`` with ``limit`` from ``position`` on (replacing later entries)."""
+    return [(at, old) for at, old in lowered if at < position] + [(position, limit)]
 
 
 def _check_steps(segment: Segment, steps: int, epoch: int) -> None:

@@ -217,18 +217,19 @@ class _Loader(EpochCursor):
         self.limit = limit
         return stream
 
-    def _take_pending(self) -> tuple[Any, bool] | None:
-        """The lowering asked for since the last batch, unless it changes nothing."""
+    def _take_pending(self, keep: bool = False) -> tuple[Any, bool] | None:
+        """The lowering asked for since the last batch (kept with ``keep``), unless it changes nothing."""
         with self._pending_lock:
-            pending, self._pending = self._pending, None
+            pending = self._pending
+            if not keep:
+                self._pending = None
         if pending is None or (not pending[1] and _same_limit(pending[0], self.limit)):
             return None
         return pending
 
     def _pending_lowering(self) -> tuple[int, Any] | None:
-        with self._pending_lock:
-            pending = self._pending
-        if pending is None or self._progress is None or (not pending[1] and _same_limit(pending[0], self.limit)):
+        pending = self._take_pending(keep=True)
+        if pending is None or self._progress is None:
             return None
         return self._progress[1] - (1 if pending[1] else 0), pending[0]
 
