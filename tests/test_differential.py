@@ -243,9 +243,11 @@ def make_ranks(case: Case, stack: ExitStack, world_size: int | None = None) -> l
 
 # -- running epochs -----------------------------------------------------------------------
 
-#: CPU seconds one ``next()`` of a loader may take; a batch of at most 300 items takes
-#: milliseconds, so a step past this is a loop inside the loader that does not end.
-BATCH_CPU_SECONDS = 2.0
+#: CPU seconds (of the whole process) one ``next()`` of a loader may take. A batch of at most
+#: 300 items takes milliseconds, but a step of ``adaptive.run`` may retry several times, and
+#: each retry runs a full garbage collection of the test process: a step past this is a loop
+#: inside the loader that does not end.
+BATCH_CPU_SECONDS = 10.0
 
 
 class LoaderHang(Exception):
