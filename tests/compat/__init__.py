@@ -1,0 +1,1 @@
+"""Differential tests against the peers whose APIs fastsab mirrors (bionemo-size-aware-batching, toma)."""
