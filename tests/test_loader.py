@@ -11,9 +11,12 @@ from collections import namedtuple
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from fastsab import FastLoader, FastSizeAwareLoader, split_batches
+from fastsab.memory import PolynomialRegression
 from tests.reference import running_sum_reference
 
 N = 1000
@@ -454,3 +457,105 @@ def test_a_batch_spanning_many_groups_is_planned_in_memory_proportional_to_it():
         tracemalloc.stop()
     assert peak < 64 * 2**20
     assert [len(batch) for batch in loader] == [n]
+
+
+def _fitted_model(num_features: int, degree: int, seed: int) -> PolynomialRegression:
+    rng = np.random.default_rng(seed)
+    x = rng.integers(0, 100, (3 * (degree + 1) ** num_features, num_features)).astype(np.float64)
+    y = 50 + (x * rng.uniform(1, 5, num_features)).sum(axis=1) + 0.1 * (x**degree).sum(axis=1)
+    model = PolynomialRegression(degree, num_features)
+    model.fit(x[:, 0] if num_features == 1 else x, y, upper_quantile=1.0)
+    return model
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    n=st.integers(0, 300),
+    num_features=st.integers(1, 2),
+    degree=st.integers(1, 2),
+    seed=st.integers(0, 2**16),
+    budget=st.integers(100, 5000),
+    shuffle=st.booleans(),
+)
+def test_features_as_int_tensor_float_tensor_array_or_list_give_the_same_batches(
+    n, num_features, degree, seed, budget, shuffle
+):
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(0, 100, (n,) if num_features == 1 else (n, num_features))
+    model = _fitted_model(num_features, degree, seed)
+    forms = {
+        "int64 tensor": torch.from_numpy(lengths),
+        "int32 tensor": torch.from_numpy(lengths).to(torch.int32),
+        "float64 tensor": torch.from_numpy(lengths).double(),
+        "float32 tensor": torch.from_numpy(lengths).float(),
+        "int numpy array": lengths,
+        "float numpy array": lengths.astype(np.float32),
+        "list": lengths.tolist(),
+        "tuple": tuple(lengths.tolist()),
+    }
+    data = torch.arange(n)
+    batches = {}
+    for name, features in forms.items():
+        loader = FastSizeAwareLoader(
+            data,
+            sizeof=model,
+            features=features,
+            max_total_size=budget,
+            shuffle=shuffle,
+            seed=seed,
+            oversize="own_batch",
+        )
+        batches[name] = [b.tolist() for b in loader]
+        assert sorted(i for b in batches[name] for i in b) == list(range(n))
+    reference = batches["float64 tensor"]
+    assert all(b == reference for b in batches.values())
+
+
+def test_features_reach_a_callable_sizeof_converted_once_in_their_own_kind():
+    seen = []
+
+    def sizeof(rows):
+        seen.append((type(rows).__name__, rows.dtype))
+        return rows * 2
+
+    lengths = [3, 1, 2, 4]
+    for features in (lengths, np.array(lengths, dtype=np.int16), torch.tensor(lengths, dtype=torch.int32)):
+        loader = FastSizeAwareLoader(torch.arange(4), sizeof, 8, features=features, shuffle=False)
+        assert [b.tolist() for b in loader] == [[0, 1], [2], [3]]  # costs 6, 2, 4, 8
+    assert seen == [("ndarray", np.int64), ("ndarray", np.int64), ("Tensor", torch.int64)]
+
+
+@pytest.mark.parametrize(
+    ("features", "error", "message"),
+    [
+        (torch.tensor([True, False, True]), TypeError, r"features must hold integers or floats, got dtype torch.bool"),
+        (
+            np.array([1, 2, 3], dtype=np.complex64),
+            TypeError,
+            r"features must hold integers or floats, got dtype complex",
+        ),
+        (["a", "b", "c"], TypeError, r"features must hold integers or floats, got dtype <U1: \['a', 'b', 'c'\]"),
+        ([1, None, 3], TypeError, r"features must hold integers or floats, got dtype object"),
+        ([[1, 2], [3], [4]], TypeError, r"features must be an array of numbers, got \[\[1, 2\], \[3\], \[4\]\]"),
+        (torch.tensor([1.0, float("nan"), 2.0]), ValueError, r"features must be finite, got nan at position 1"),
+        (np.array([1.0, 2.0, np.inf]), ValueError, r"features must be finite, got inf at position 2"),
+        (torch.ones(3, 2), ValueError, r"features must be 1-D for a model with num_features=1, got shape \(3, 2\)"),
+        (torch.ones(3, 1, 1), ValueError, r"features must be 1-D or 2-D, got shape \(3, 1, 1\)"),
+        (7, ValueError, r"features must be 1-D or 2-D, got shape \(\): 7"),
+        ([1, 2], ValueError, r"features has 2 rows but the dataset has 3 items"),
+    ],
+)
+def test_bad_features_are_named(features, error, message):
+    model = _fitted_model(1, 1, 0)
+    with pytest.raises(error, match=message):
+        FastSizeAwareLoader(torch.arange(3), model, 1000, features=features)
+
+
+def test_an_error_of_sizeof_on_features_names_features():
+    two = _fitted_model(2, 1, 0)
+    with pytest.raises(ValueError, match=r"features must be of shape \(n, 2\) for a model with num_features=2"):
+        FastSizeAwareLoader(torch.arange(3), two, 1000, features=[1, 2, 3])
+    columns = _fitted_model(1, 1, 0)
+    loader = FastSizeAwareLoader(torch.arange(3), lambda rows: columns(rows[:, None]), 1000, features=[1, 2, 3])
+    with pytest.raises(ValueError, match=r"sizeof failed on features\[indices\] \(shape \(3,\), dtype int64\): x must"):
+        list(loader)
