@@ -1,12 +1,15 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import pickle
+import re
 import threading
 import time
 import tracemalloc
 import warnings
 from collections import namedtuple
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,6 +19,7 @@ from hypothesis import strategies as st
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from fastsab import FastLoader, FastSizeAwareLoader, split_batches
+from fastsab.dataloader_keywords import advice_for, keyword_list
 from fastsab.memory import PolynomialRegression
 from tests.reference import running_sum_reference
 
@@ -559,3 +563,54 @@ def test_an_error_of_sizeof_on_features_names_features():
     loader = FastSizeAwareLoader(torch.arange(3), lambda rows: columns(rows[:, None]), 1000, features=[1, 2, 3])
     with pytest.raises(ValueError, match=r"sizeof failed on features\[indices\] \(shape \(3,\), dtype int64\): x must"):
         list(loader)
+
+
+# a value of each DataLoader keyword a loader takes with DataLoader's meaning
+ACCEPTED_VALUES = {"batch_size": 2, "shuffle": False, "drop_last": True, "collate_fn": None, "pin_memory": False}
+
+
+def _make_loader(loader_class, **keywords):
+    data = torch.arange(5)
+    if loader_class is FastLoader:
+        positional = (data,) if "batch_size" in keywords else (data, 2)
+        return FastLoader(*positional, **keywords)
+    return FastSizeAwareLoader(data, [1, 1, 1, 1, 1], 2, **keywords)
+
+
+@pytest.mark.parametrize("loader_class", [FastLoader, FastSizeAwareLoader])
+@pytest.mark.parametrize("name", [name for name in inspect.signature(DataLoader).parameters if name != "dataset"])
+def test_every_dataloader_keyword_is_taken_or_named_with_advice(loader_class, name):
+    if name in inspect.signature(loader_class).parameters:
+        loader = _make_loader(loader_class, **{name: ACCEPTED_VALUES[name]})
+        seen = [i for b in loader for i in b.tolist()]
+        assert len(set(seen)) == len(seen) >= 4 and set(seen) <= set(range(5))  # drop_last drops one
+        return
+    assert advice_for(loader_class.__name__, name), f"no advice for DataLoader's keyword {name}"
+    value = inspect.signature(DataLoader).parameters[name].default
+    message = (
+        rf"{loader_class.__name__} does not take DataLoader's keyword {name} \(got {name}={re.escape(repr(value))}\): "
+    )
+    with pytest.raises(TypeError, match=message + re.escape(advice_for(loader_class.__name__, name))):
+        _make_loader(loader_class, **{name: value})
+
+
+def test_dataloader_keywords_with_fastsab_meanings():
+    assert [len(b) for b in FastLoader(torch.arange(5), batch_size=2, shuffle=False, drop_last=True)] == [2, 2]
+    with pytest.raises(
+        TypeError, match=r"keyword num_workers \(got num_workers=4\): .* loader.data_loader\(num_workers="
+    ):
+        FastLoader(torch.arange(5), 2, shuffle=False, num_workers=4)
+    with pytest.raises(TypeError, match=r"keyword batch_size \(got batch_size=8\): .*max_total_size=.*max_batch_size="):
+        FastSizeAwareLoader(torch.arange(5), [1] * 5, 4, batch_size=8)
+    with pytest.raises(TypeError, match=r"unexpected keyword argument 'num_worker'"):
+        FastLoader(torch.arange(5), 2, num_worker=4)  # not DataLoader's: Python's own error
+    loader = FastLoader(torch.arange(6), 2, shuffle=False)
+    with pytest.raises(ValueError, match=r"PlannedDataLoader yields batches in the order of the plan.*in_order=False"):
+        loader.data_loader(in_order=False)
+    assert [b.tolist() for b in loader.data_loader(in_order=True)] == [[0, 1], [2, 3], [4, 5]]
+    assert len(pickle.loads(pickle.dumps(loader))) == 3
+
+
+def test_readme_lists_every_dataloader_keyword_from_the_table():
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    assert keyword_list() in readme
