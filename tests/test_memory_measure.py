@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import gc
 import io
 import subprocess
 import sys
@@ -78,6 +79,33 @@ def test_progress_bar_is_drawn_on_a_terminal_only_when_asked(monkeypatch):
     assert terminal.getvalue() == ""
     with pytest.raises(TypeError, match="progress must be a bool, got 'yes'"):
         collect_peak_alloc([1], len, progress="yes")
+
+
+def test_a_cycle_left_by_an_item_is_freed_before_the_next_item():
+    def work(n):
+        gc.collect()  # as an automatic collection might: it must find nothing of the item before
+        kept = torch.empty(MiB, dtype=torch.uint8)
+        cycle = [torch.empty(2 * MiB, dtype=torch.uint8)]
+        cycle.append(cycle)  # garbage that only a collection frees
+        return n + kept.numel() * 0
+
+    assert collect_peak_alloc([1, 2, 3], work, progress=False).peaks == [3 * MiB] * 3
+
+
+def test_objects_alive_before_are_left_out_of_collections_during_the_measurement_only():
+    counts = []
+    collect_peak_alloc([1, 2], lambda n: counts.append(gc.get_freeze_count()) or n, progress=False)
+    assert len(counts) == 2 and min(counts) > 0 and gc.get_freeze_count() == 0
+    with pytest.raises(ValueError, match="boom"):
+        collect_peak_alloc([1], lambda n: (_ for _ in ()).throw(ValueError("boom")), progress=False)
+    assert gc.get_freeze_count() == 0
+    gc.freeze()  # a process that froze objects itself keeps them frozen
+    try:
+        frozen = gc.get_freeze_count()
+        collect_peak_alloc([1], lambda n: n, progress=False)
+        assert gc.get_freeze_count() == frozen
+    finally:
+        gc.unfreeze()
 
 
 def test_linear_forward_activation_is_measured_exactly():
