@@ -13,6 +13,7 @@ __all__ = [
     "NotANumberError",
     "as_numeric_array",
     "as_python_number",
+    "as_real_array",
     "as_size",
     "check_choice",
     "check_nonnegative_int",
@@ -190,28 +191,81 @@ def as_numeric_array(name: str, values: Any, *, ndim: tuple[int, ...] = (1,)) ->
     """
     if isinstance(values, torch.Tensor):
         values = values.detach().cpu().numpy()
-    try:
-        array = np.asarray(values)
-    except (TypeError, ValueError) as err:
-        raise TypeError(f"{name} must be an array of numbers, got {values!r}.") from err
-    if array.dtype == bool or not (np.issubdtype(array.dtype, np.integer) or np.issubdtype(array.dtype, np.floating)):
-        raise TypeError(f"{name} must hold integers or floats, got dtype {array.dtype}.")
-    if array.ndim not in ndim:
-        allowed = " or ".join(f"{d}-D" for d in ndim)
-        raise ValueError(f"{name} must be {allowed}, got shape {tuple(array.shape)}.")
-    if np.issubdtype(array.dtype, np.integer):
-        if array.dtype == np.uint64 and array.size and array.max() > np.iinfo(np.int64).max:
-            raise ValueError(f"{name} has values too large for int64: {array.max().item()!r}.")
-        array = array.astype(np.int64, copy=False)
-    else:
-        array = array.astype(np.float64, copy=False)
-        finite = np.isfinite(array)
-        if not finite.all():
-            pos = np.unravel_index(int(np.argmin(finite)), array.shape)
-            where = pos[0] if len(pos) == 1 else pos
-            raise ValueError(f"{name} must be finite, got {array[pos].item()!r} at position {where}.")
+    array = _as_real_numpy(name, values, ndim)
     if array.size and array.min() < 0:
         pos = np.unravel_index(int(np.argmin(array)), array.shape)
         where = pos[0] if len(pos) == 1 else pos
         raise ValueError(f"{name} must be non-negative, got {array[pos].item()!r} at position {where}.")
+    return array
+
+
+def as_real_array(name: str, values: Any, *, ndim: tuple[int, ...] = (1, 2)) -> np.ndarray | torch.Tensor:
+    """Convert real-valued data (e.g. the features of a memory model) to checked int64 or float64.
+
+    A tensor stays a tensor on its device; a numpy array or a sequence becomes a numpy
+    array. Integer input becomes ``int64``, floating input ``float64``; negative values are
+    allowed. Booleans (a mask is rarely meant as numbers: convert it first), complex,
+    strings and other objects raise ``TypeError``; NaN and infinity raise ``ValueError``
+    naming the first offending position.
+
+    Examples:
+        >>> as_real_array("features", [3, -1, 2])
+        array([ 3, -1,  2])
+        >>> as_real_array("features", torch.tensor([1, 2], dtype=torch.int32))
+        tensor([1, 2])
+        >>> as_real_array("features", torch.tensor([[1.0, float("inf")]]))
+        Traceback (most recent call last):
+        ...
+        ValueError: features must be finite, got inf at position (0, 1).
+    """
+    if not isinstance(values, torch.Tensor):
+        return _as_real_numpy(name, values, ndim)
+    if values.dtype == torch.bool or not (values.is_floating_point() or values.dtype in _TORCH_INTEGERS):
+        raise TypeError(f"{name} must hold integers or floats, got dtype {values.dtype}: {short_repr(values)}.")
+    _check_ndim(name, values, tuple(values.shape), ndim)
+    if not values.is_floating_point():
+        if values.dtype == torch.uint64 and values.numel() and int(values.max()) > np.iinfo(np.int64).max:
+            raise ValueError(f"{name} has values too large for int64: {int(values.max())!r}.")
+        return values.detach().to(torch.int64)
+    values = values.detach().to(torch.float64)
+    finite = torch.isfinite(values)
+    if not bool(finite.all()):
+        pos = tuple(int(i) for i in (~finite).nonzero()[0])
+        raise ValueError(f"{name} must be finite, got {values[pos].item()!r} at position {_position(pos)}.")
+    return values
+
+
+_TORCH_INTEGERS = frozenset(
+    (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint16, torch.uint32, torch.uint64)
+)
+
+
+def _position(pos: tuple[int, ...]) -> Any:
+    return pos[0] if len(pos) == 1 else pos
+
+
+def _check_ndim(name: str, values: Any, shape: tuple[int, ...], ndim: tuple[int, ...]) -> None:
+    if len(shape) not in ndim:
+        allowed = " or ".join(f"{d}-D" for d in ndim)
+        raise ValueError(f"{name} must be {allowed}, got shape {shape}: {short_repr(values)}.")
+
+
+def _as_real_numpy(name: str, values: Any, ndim: tuple[int, ...]) -> np.ndarray:
+    """``values`` as a finite int64 or float64 numpy array of one of the ranks ``ndim``."""
+    try:
+        array = np.asarray(values)
+    except (TypeError, ValueError) as err:
+        raise TypeError(f"{name} must be an array of numbers, got {short_repr(values)}.") from err
+    if array.dtype == bool or not (np.issubdtype(array.dtype, np.integer) or np.issubdtype(array.dtype, np.floating)):
+        raise TypeError(f"{name} must hold integers or floats, got dtype {array.dtype}: {short_repr(values)}.")
+    _check_ndim(name, values, tuple(array.shape), ndim)
+    if np.issubdtype(array.dtype, np.integer):
+        if array.dtype == np.uint64 and array.size and array.max() > np.iinfo(np.int64).max:
+            raise ValueError(f"{name} has values too large for int64: {array.max().item()!r}.")
+        return array.astype(np.int64, copy=False)
+    array = array.astype(np.float64, copy=False)
+    finite = np.isfinite(array)
+    if not finite.all():
+        pos = tuple(int(i) for i in np.unravel_index(int(np.argmin(finite)), array.shape))
+        raise ValueError(f"{name} must be finite, got {array[pos].item()!r} at position {_position(pos)}.")
     return array

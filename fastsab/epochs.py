@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fastsab._checks import as_numeric_array, as_python_number, check_positive_int, check_positive_real
+from fastsab._checks import as_numeric_array, as_python_number, as_real_array, check_positive_int, check_positive_real
 from fastsab.batching import Carry, CostMode, OversizePolicy, split_batches
 from fastsab.plans import _EMPTY_IDS, PlanChunk
 from fastsab.shuffle import DEFAULT_GROUP_SIZE, GroupedPermutation
@@ -396,7 +396,10 @@ def make_cost_source(sizeof: Any, n: int, features: Any = None) -> Callable[[np.
 
     Accepted forms: a 1-D (or ``(n, k)``) array, tensor or sequence of per-item sizes; a
     callable applied to ``features[indices]`` when ``features`` is given (e.g. a fitted
-    memory model over per-item lengths, evaluated in one call per chunk); a vectorized
+    memory model over per-item lengths, evaluated in one call per chunk; ``features`` is a
+    1-D or ``(n, d)`` real-valued tensor, array or sequence, converted once to int64 or
+    float64: a tensor stays a tensor on its device, anything else becomes a numpy array;
+    booleans, complex, strings, objects, NaN and infinity are refused); a vectorized
     callable taking an index array; a per-item callable (accepted, warned about as slow).
     The result pickles whenever ``sizeof`` does.
 
@@ -421,11 +424,7 @@ def make_cost_source(sizeof: Any, n: int, features: Any = None) -> Callable[[np.
             f"sizeof must be an array, tensor or sequence of sizes, or a callable, got {type(sizeof).__name__}."
         )
     if features is not None:
-        if not isinstance(features, (np.ndarray, torch.Tensor)):
-            raise TypeError(f"features must be a numpy array or a tensor, got {type(features).__name__}.")
-        if len(features) != n:
-            raise ValueError(f"features has {len(features)} rows but the dataset has {n} items.")
-        return _FeatureCosts(sizeof, features)
+        return _FeatureCosts(sizeof, _checked_features(features, n, sizeof))
     probe = np.arange(min(n, 2), dtype=np.int64)
     if n and _is_vectorized(sizeof, probe):
         return _IndexCosts(sizeof, per_item=False)
@@ -447,6 +446,22 @@ class _ArrayCosts:
         return self.sizes[ids]
 
 
+def _checked_features(features: Any, n: int, sizeof: Any) -> np.ndarray | torch.Tensor:
+    """``features`` converted once to int64 or float64 (a tensor stays a tensor), checked against ``n``."""
+    # NOTE: booleans are refused (as for sizes): a mask passed as features is more likely a
+    # mistake than a 0/1 feature, and converting one is a single call.
+    values = as_real_array("features", features, ndim=(1, 2))
+    if len(values) != n:
+        raise ValueError(f"features has {len(values)} rows but the dataset has {n} items.")
+    columns = getattr(sizeof, "num_features", None)  # a PolynomialRegression's number of inputs
+    if isinstance(columns, int) and not isinstance(columns, bool) and n:  # (an empty list has no columns)
+        shape = tuple(values.shape)
+        if (columns == 1 and len(shape) != 1) or (columns > 1 and shape[1:] != (columns,)):
+            wanted = "1-D" if columns == 1 else f"of shape (n, {columns})"
+            raise ValueError(f"features must be {wanted} for a model with num_features={columns}, got shape {shape}.")
+    return values
+
+
 class _FeatureCosts:
     """Costs from ``fn(features[ids])``: one call per chunk, without autograd."""
 
@@ -458,7 +473,16 @@ class _FeatureCosts:
         features = self.features
         rows = features[torch.from_numpy(ids)] if isinstance(features, torch.Tensor) else features[ids]
         with torch.no_grad():
-            return _check_costs(self.fn(rows), ids)
+            try:
+                costs = self.fn(rows)
+            except (TypeError, ValueError) as err:
+                if type(err) not in (TypeError, ValueError):
+                    raise
+                # NOTE: a memory model names its own argument (x); say which loader input it is
+                raise type(err)(
+                    f"sizeof failed on features[indices] (shape {tuple(rows.shape)}, dtype {rows.dtype}): {err}"
+                ) from err
+        return _check_costs(costs, ids)
 
 
 class _IndexCosts:

@@ -470,6 +470,12 @@ class PlannedDataLoader(DataLoader):  # type: ignore[type-arg]
         for name in ("batch_size", "shuffle", "sampler", "drop_last"):
             if name in options:
                 raise ValueError(f"{name} is decided by the batch plan; do not pass it to PlannedDataLoader.")
+        if options.get("in_order", True) is not True:
+            # NOTE: the state counts the batches received; out of order they are not the plan's first ones
+            raise ValueError(
+                f"PlannedDataLoader yields batches in the order of the plan, so that a saved state resumes "
+                f"exactly; got in_order={options['in_order']!r}."
+            )
         options.setdefault("collate_fn", collate_batch)
         super().__init__(dataset, batch_sampler=batch_sampler, **options)
         batch_sampler._counted_by = self

@@ -1,19 +1,26 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import pickle
+import re
 import threading
 import time
 import tracemalloc
 import warnings
 from collections import namedtuple
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from fastsab import FastLoader, FastSizeAwareLoader, split_batches
+from fastsab.dataloader_keywords import advice_for, keyword_list
+from fastsab.memory import PolynomialRegression
 from tests.reference import running_sum_reference
 
 N = 1000
@@ -454,3 +461,156 @@ def test_a_batch_spanning_many_groups_is_planned_in_memory_proportional_to_it():
         tracemalloc.stop()
     assert peak < 64 * 2**20
     assert [len(batch) for batch in loader] == [n]
+
+
+def _fitted_model(num_features: int, degree: int, seed: int) -> PolynomialRegression:
+    rng = np.random.default_rng(seed)
+    x = rng.integers(0, 100, (3 * (degree + 1) ** num_features, num_features)).astype(np.float64)
+    y = 50 + (x * rng.uniform(1, 5, num_features)).sum(axis=1) + 0.1 * (x**degree).sum(axis=1)
+    model = PolynomialRegression(degree, num_features)
+    model.fit(x[:, 0] if num_features == 1 else x, y, upper_quantile=1.0)
+    return model
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    n=st.integers(0, 300),
+    num_features=st.integers(1, 2),
+    degree=st.integers(1, 2),
+    seed=st.integers(0, 2**16),
+    budget=st.integers(100, 5000),
+    shuffle=st.booleans(),
+)
+def test_features_as_int_tensor_float_tensor_array_or_list_give_the_same_batches(
+    n, num_features, degree, seed, budget, shuffle
+):
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(0, 100, (n,) if num_features == 1 else (n, num_features))
+    model = _fitted_model(num_features, degree, seed)
+    forms = {
+        "int64 tensor": torch.from_numpy(lengths),
+        "int32 tensor": torch.from_numpy(lengths).to(torch.int32),
+        "float64 tensor": torch.from_numpy(lengths).double(),
+        "float32 tensor": torch.from_numpy(lengths).float(),
+        "int numpy array": lengths,
+        "float numpy array": lengths.astype(np.float32),
+        "list": lengths.tolist(),
+        "tuple": tuple(lengths.tolist()),
+    }
+    data = torch.arange(n)
+    batches = {}
+    for name, features in forms.items():
+        loader = FastSizeAwareLoader(
+            data,
+            sizeof=model,
+            features=features,
+            max_total_size=budget,
+            shuffle=shuffle,
+            seed=seed,
+            oversize="own_batch",
+        )
+        batches[name] = [b.tolist() for b in loader]
+        assert sorted(i for b in batches[name] for i in b) == list(range(n))
+    reference = batches["float64 tensor"]
+    assert all(b == reference for b in batches.values())
+
+
+def test_features_reach_a_callable_sizeof_converted_once_in_their_own_kind():
+    seen = []
+
+    def sizeof(rows):
+        seen.append((type(rows).__name__, rows.dtype))
+        return rows * 2
+
+    lengths = [3, 1, 2, 4]
+    for features in (lengths, np.array(lengths, dtype=np.int16), torch.tensor(lengths, dtype=torch.int32)):
+        loader = FastSizeAwareLoader(torch.arange(4), sizeof, 8, features=features, shuffle=False)
+        assert [b.tolist() for b in loader] == [[0, 1], [2], [3]]  # costs 6, 2, 4, 8
+    assert seen == [("ndarray", np.int64), ("ndarray", np.int64), ("Tensor", torch.int64)]
+
+
+@pytest.mark.parametrize(
+    ("features", "error", "message"),
+    [
+        (torch.tensor([True, False, True]), TypeError, r"features must hold integers or floats, got dtype torch.bool"),
+        (
+            np.array([1, 2, 3], dtype=np.complex64),
+            TypeError,
+            r"features must hold integers or floats, got dtype complex",
+        ),
+        (["a", "b", "c"], TypeError, r"features must hold integers or floats, got dtype <U1: \['a', 'b', 'c'\]"),
+        ([1, None, 3], TypeError, r"features must hold integers or floats, got dtype object"),
+        ([[1, 2], [3], [4]], TypeError, r"features must be an array of numbers, got \[\[1, 2\], \[3\], \[4\]\]"),
+        (torch.tensor([1.0, float("nan"), 2.0]), ValueError, r"features must be finite, got nan at position 1"),
+        (np.array([1.0, 2.0, np.inf]), ValueError, r"features must be finite, got inf at position 2"),
+        (torch.ones(3, 2), ValueError, r"features must be 1-D for a model with num_features=1, got shape \(3, 2\)"),
+        (torch.ones(3, 1, 1), ValueError, r"features must be 1-D or 2-D, got shape \(3, 1, 1\)"),
+        (7, ValueError, r"features must be 1-D or 2-D, got shape \(\): 7"),
+        ([1, 2], ValueError, r"features has 2 rows but the dataset has 3 items"),
+    ],
+)
+def test_bad_features_are_named(features, error, message):
+    model = _fitted_model(1, 1, 0)
+    with pytest.raises(error, match=message):
+        FastSizeAwareLoader(torch.arange(3), model, 1000, features=features)
+
+
+def test_an_error_of_sizeof_on_features_names_features():
+    two = _fitted_model(2, 1, 0)
+    with pytest.raises(ValueError, match=r"features must be of shape \(n, 2\) for a model with num_features=2"):
+        FastSizeAwareLoader(torch.arange(3), two, 1000, features=[1, 2, 3])
+    columns = _fitted_model(1, 1, 0)
+    loader = FastSizeAwareLoader(torch.arange(3), lambda rows: columns(rows[:, None]), 1000, features=[1, 2, 3])
+    with pytest.raises(ValueError, match=r"sizeof failed on features\[indices\] \(shape \(3,\), dtype int64\): x must"):
+        list(loader)
+
+
+# a value of each DataLoader keyword a loader takes with DataLoader's meaning
+ACCEPTED_VALUES = {"batch_size": 2, "shuffle": False, "drop_last": True, "collate_fn": None, "pin_memory": False}
+
+
+def _make_loader(loader_class, **keywords):
+    data = torch.arange(5)
+    if loader_class is FastLoader:
+        positional = (data,) if "batch_size" in keywords else (data, 2)
+        return FastLoader(*positional, **keywords)
+    return FastSizeAwareLoader(data, [1, 1, 1, 1, 1], 2, **keywords)
+
+
+@pytest.mark.parametrize("loader_class", [FastLoader, FastSizeAwareLoader])
+@pytest.mark.parametrize("name", [name for name in inspect.signature(DataLoader).parameters if name != "dataset"])
+def test_every_dataloader_keyword_is_taken_or_named_with_advice(loader_class, name):
+    if name in inspect.signature(loader_class).parameters:
+        loader = _make_loader(loader_class, **{name: ACCEPTED_VALUES[name]})
+        seen = [i for b in loader for i in b.tolist()]
+        assert len(set(seen)) == len(seen) >= 4 and set(seen) <= set(range(5))  # drop_last drops one
+        return
+    assert advice_for(loader_class.__name__, name), f"no advice for DataLoader's keyword {name}"
+    value = inspect.signature(DataLoader).parameters[name].default
+    message = (
+        rf"{loader_class.__name__} does not take DataLoader's keyword {name} \(got {name}={re.escape(repr(value))}\): "
+    )
+    with pytest.raises(TypeError, match=message + re.escape(advice_for(loader_class.__name__, name))):
+        _make_loader(loader_class, **{name: value})
+
+
+def test_dataloader_keywords_with_fastsab_meanings():
+    assert [len(b) for b in FastLoader(torch.arange(5), batch_size=2, shuffle=False, drop_last=True)] == [2, 2]
+    with pytest.raises(
+        TypeError, match=r"keyword num_workers \(got num_workers=4\): .* loader.data_loader\(num_workers="
+    ):
+        FastLoader(torch.arange(5), 2, shuffle=False, num_workers=4)
+    with pytest.raises(TypeError, match=r"keyword batch_size \(got batch_size=8\): .*max_total_size=.*max_batch_size="):
+        FastSizeAwareLoader(torch.arange(5), [1] * 5, 4, batch_size=8)
+    with pytest.raises(TypeError, match=r"unexpected keyword argument 'num_worker'"):
+        FastLoader(torch.arange(5), 2, num_worker=4)  # not DataLoader's: Python's own error
+    loader = FastLoader(torch.arange(6), 2, shuffle=False)
+    with pytest.raises(ValueError, match=r"PlannedDataLoader yields batches in the order of the plan.*in_order=False"):
+        loader.data_loader(in_order=False)
+    assert [b.tolist() for b in loader.data_loader(in_order=True)] == [[0, 1], [2, 3], [4, 5]]
+    assert len(pickle.loads(pickle.dumps(loader))) == 3
+
+
+def test_readme_lists_every_dataloader_keyword_from_the_table():
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    assert keyword_list() in readme

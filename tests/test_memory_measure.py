@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import gc
+import io
 import subprocess
 import sys
 import textwrap
@@ -32,6 +34,78 @@ def test_memory_held_before_is_not_counted():
     _, peak = profile_peak_bytes(lambda: torch.empty(MiB, dtype=torch.uint8).numel())
     assert peak == MiB
     del held
+
+
+@pytest.mark.parametrize("nbytes", [1, 1000, 12345, 3 * MiB + 7])
+def test_a_known_allocation_inside_the_step_is_the_peak(nbytes):
+    def work(n):
+        scratch = [torch.ones(16) for _ in range(50)]  # allocated and freed before the big one
+        del scratch
+        return torch.empty(n, dtype=torch.uint8).fill_(1).numel()
+
+    features, peaks = collect_peak_alloc([nbytes, nbytes], work, progress=False)
+    assert features == [nbytes, nbytes]
+    assert peaks == [max(nbytes, 50 * 16 * 4)] * 2
+
+
+def test_cpu_measurement_prints_nothing(capfd):
+    linear = torch.nn.Linear(32, 64)
+
+    def work(rows):
+        linear(torch.randn(rows, 32)).sum().backward()
+        return rows
+
+    # pytest's stderr is not a terminal: the default progress bar is not drawn
+    assert collect_peak_alloc([4, 8, 16], work).features == [4, 8, 16]
+    profile_peak_bytes(lambda: torch.ones(10).sum())
+    assert tuple(capfd.readouterr()) == ("", "")
+    assert collect_peak_alloc([4, 8, 16], work, progress=False).features == [4, 8, 16]
+    assert tuple(capfd.readouterr()) == ("", "")
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_bar_is_drawn_on_a_terminal_only_when_asked(monkeypatch):
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    collect_peak_alloc([1, 2, 3], lambda n: torch.zeros(n).numel())
+    assert "3/3" in terminal.getvalue()
+    terminal.seek(0)
+    terminal.truncate()
+    collect_peak_alloc([1, 2, 3], lambda n: torch.zeros(n).numel(), progress=False)
+    assert terminal.getvalue() == ""
+    with pytest.raises(TypeError, match="progress must be a bool, got 'yes'"):
+        collect_peak_alloc([1], len, progress="yes")
+
+
+def test_a_cycle_left_by_an_item_is_freed_before_the_next_item():
+    def work(n):
+        gc.collect()  # as an automatic collection might: it must find nothing of the item before
+        kept = torch.empty(MiB, dtype=torch.uint8)
+        cycle = [torch.empty(2 * MiB, dtype=torch.uint8)]
+        cycle.append(cycle)  # garbage that only a collection frees
+        return n + kept.numel() * 0
+
+    assert collect_peak_alloc([1, 2, 3], work, progress=False).peaks == [3 * MiB] * 3
+
+
+def test_objects_alive_before_are_left_out_of_collections_during_the_measurement_only():
+    counts = []
+    collect_peak_alloc([1, 2], lambda n: counts.append(gc.get_freeze_count()) or n, progress=False)
+    assert len(counts) == 2 and min(counts) > 0 and gc.get_freeze_count() == 0
+    with pytest.raises(ValueError, match="boom"):
+        collect_peak_alloc([1], lambda n: (_ for _ in ()).throw(ValueError("boom")), progress=False)
+    assert gc.get_freeze_count() == 0
+    gc.freeze()  # a process that froze objects itself keeps them frozen
+    try:
+        frozen = gc.get_freeze_count()
+        collect_peak_alloc([1], lambda n: n, progress=False)
+        assert gc.get_freeze_count() == frozen
+    finally:
+        gc.unfreeze()
 
 
 def test_linear_forward_activation_is_measured_exactly():

@@ -101,6 +101,32 @@ def test_forward_keeps_the_input_dtype_and_is_vectorized():
     assert out[:3].tolist() == [1.0, 2.0, 5.0]
 
 
+def test_int_tensors_arrays_and_lists_are_accepted_like_float_tensors():
+    reference = PolynomialRegression(2)
+    x, y = torch.arange(0.0, 50.0, dtype=f64), 5 + 3 * torch.arange(0.0, 50.0, dtype=f64) ** 2
+    reference.fit(x, y)
+    points = [0, 7, 49, 100]
+    expected = reference(torch.tensor(points, dtype=f64))
+    for form in (
+        torch.tensor(points),
+        torch.tensor(points, dtype=torch.int32),
+        np.array(points),
+        points,
+        tuple(points),
+    ):
+        out = reference(form)
+        assert out.dtype == f64 and torch.equal(out, expected)
+    for x_form, y_form in ((x.long(), y), (x.numpy(), y.numpy()), (x.tolist(), y.long().tolist())):
+        model = PolynomialRegression(2)
+        model.fit(x_form, y_form)
+        assert torch.equal(model.coefficients, reference.coefficients)
+    two = PolynomialRegression(1, 2)
+    two.fit([[0, 0], [1, 0], [0, 1], [1, 1]], [1, 3, 4, 6])
+    assert two(np.array([[2, 2]])).round().tolist() == [11.0]
+    with pytest.raises(ValueError, match=r"x must be finite, got inf at position 1"):
+        reference([1.0, float("inf")])
+
+
 def test_as_loader_sizeof_with_features():
     lengths = torch.randint(8, 200, (500,))
     model = PolynomialRegression(1)
@@ -119,24 +145,25 @@ def test_as_loader_sizeof_with_features():
         (lambda: PolynomialRegression(1, num_features=0), ValueError, r"num_features must be a positive integer"),
         (
             lambda: PolynomialRegression(1).fit(torch.ones(3, 1), torch.ones(3)),
-            TypeError,
-            r"x must be a 1-D torch tensor, got \(3, 1\)",
+            ValueError,
+            r"x must be 1-D, got shape \(3, 1\)",
         ),
         (
-            lambda: PolynomialRegression(1).fit([1.0, 2.0], torch.ones(2)),
+            lambda: PolynomialRegression(1).fit(["1", "2"], torch.ones(2)),
             TypeError,
-            r"x must be a 1-D torch tensor, got list",
+            r"x must hold integers or floats, got dtype <U1: \['1', '2'\]",
         ),
         (
-            lambda: PolynomialRegression(1).fit(torch.arange(3), torch.ones(3)),
+            lambda: PolynomialRegression(1).fit(torch.tensor([True, False]), torch.ones(2)),
             TypeError,
-            r"x must be a floating point tensor, got dtype torch.int64",
+            r"x must hold integers or floats, got dtype torch.bool",
         ),
         (
-            lambda: PolynomialRegression(1).fit(torch.ones(3), torch.arange(3)),
+            lambda: PolynomialRegression(1).fit(torch.ones(3), torch.ones(3, dtype=torch.complex64)),
             TypeError,
-            r"y must be a floating point tensor",
+            r"y must hold integers or floats, got dtype torch.complex64",
         ),
+        (lambda: PolynomialRegression(1)([1.0, None]), TypeError, r"x must hold integers or floats, got dtype object"),
         (
             lambda: PolynomialRegression(1).fit(torch.ones(3), torch.ones(4)),
             ValueError,
@@ -150,7 +177,7 @@ def test_as_loader_sizeof_with_features():
         (
             lambda: PolynomialRegression(1).fit(torch.ones(3), torch.tensor([1.0, float("nan"), 2.0])),
             ValueError,
-            r"x and y must be finite",
+            r"y must be finite, got nan at position 1",
         ),
         (
             lambda: PolynomialRegression(1).fit(torch.arange(3.0), torch.ones(3), upper_quantile=0),

@@ -70,6 +70,7 @@ def fit_memory_model(
     cleanup: Callable[[], None] | None = None,
     upper_quantile: float | None = 1.0,
     safety_margin: float = 0.0,
+    progress: bool = True,
 ) -> MemoryFit:
     """Measure ``work(size)`` for every size, then fit a polynomial memory model.
 
@@ -85,6 +86,7 @@ def fit_memory_model(
         cleanup: Called after each measured item (e.g. ``model.zero_grad(set_to_none=True)``).
         upper_quantile: Passed to :meth:`PolynomialRegression.fit` (``1.0``: upper bound).
         safety_margin: Passed to :meth:`PolynomialRegression.fit`.
+        progress: Show a progress bar over the sizes (drawn only where stderr is a terminal).
 
     Returns:
         A :class:`MemoryFit`.
@@ -109,7 +111,7 @@ def fit_memory_model(
         work(size)
         return size
 
-    measured = collect_peak_alloc(sizes, measure, device, cleanup, baseline="subtract")
+    measured = collect_peak_alloc(sizes, measure, device, cleanup, baseline="subtract", progress=progress)
     skipped = [sizes[position] for position in measured.skipped]
     model = PolynomialRegression(degree)
     x = torch.tensor([float(s) for s in measured.features], dtype=torch.float64)

@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from fastsab._checks import as_real_array
+
 __all__ = ["FitReport", "PolynomialRegression"]
 
 
@@ -41,15 +43,6 @@ class FitReport:
     max_under_prediction: float
     offset: float
     max_under_prediction_final: float
-
-
-def _check_float_tensor(name: str, value: Any, ndim: int) -> torch.Tensor:
-    if not isinstance(value, torch.Tensor) or value.ndim != ndim:
-        shape = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
-        raise TypeError(f"{name} must be a {ndim}-D torch tensor, got {shape}.")
-    if not value.is_floating_point():
-        raise TypeError(f"{name} must be a floating point tensor, got dtype {value.dtype}.")
-    return value
 
 
 class PolynomialRegression(torch.nn.Module):
@@ -122,13 +115,17 @@ class PolynomialRegression(torch.nn.Module):
         return len(self.exponents)
 
     def _features(self, name: str, x: Any) -> torch.Tensor:
-        if self.num_features == 1:
-            x = _check_float_tensor(name, x, 1)
-            return x.to(torch.float64)[:, None]
-        x = _check_float_tensor(name, x, 2)
-        if x.shape[1] != self.num_features:
-            raise ValueError(f"{name} must have {self.num_features} columns, got shape {tuple(x.shape)}.")
-        return x.to(torch.float64)
+        """``x`` as an ``(n, num_features)`` float64 tensor on the model's device, checked."""
+        return self._values(name, x, 1 if self.num_features == 1 else 2).reshape(-1, self.num_features)
+
+    def _values(self, name: str, x: Any, ndim: int) -> torch.Tensor:
+        # NOTE: integer features (lengths, counts) are exact in float64 up to 2**53
+        values = torch.as_tensor(
+            as_real_array(name, x, ndim=(ndim,)), dtype=torch.float64, device=self.coefficients.device
+        )
+        if ndim == 2 and values.shape[1] != self.num_features:
+            raise ValueError(f"{name} must have {self.num_features} columns, got shape {tuple(values.shape)}.")
+        return values
 
     def _design(self, scaled: torch.Tensor) -> torch.Tensor:
         """The monomials of the scaled features, shape ``(n, num_terms)``."""
@@ -144,24 +141,36 @@ class PolynomialRegression(torch.nn.Module):
             return result * self.y_scale
         return (self._design(scaled) @ self.coefficients) * self.y_scale
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: Any) -> torch.Tensor:
         """Predict for every point of ``x`` (1-D, or ``(n, num_features)``), vectorized.
 
+        ``x`` is any real-valued tensor, numpy array or sequence (integers too; booleans are
+        refused), converted to float64 once per call. The prediction has the dtype of a
+        floating point tensor ``x``, and is float64 otherwise.
+
         Raises:
-            TypeError: If ``x`` is not a floating point tensor of the right rank.
+            TypeError: If ``x`` does not hold integers or floats.
+            ValueError: If ``x`` has the wrong rank or number of columns, or is not finite.
             RuntimeError: If the model was neither fitted nor loaded.
+
+        Examples:
+            >>> import numpy as np
+            >>> model = PolynomialRegression(1)
+            >>> _ = model.fit([0, 10], [100, 1100])
+            >>> model([3, 5]).round().tolist(), model(np.array([3])).dtype, model(torch.tensor([3.0])).dtype
+            ([400.0, 600.0], torch.float64, torch.float32)
         """
         features = self._features("x", x)
         if not bool(self.fitted):
             raise RuntimeError("PolynomialRegression is not fitted: call fit(x, y) or load_state_dict first.")
         scaled = (features - self.x_center) / self.x_scale
         out = (self._polynomial(scaled) + self.offset) * (1 + self.safety_margin)
-        return out.to(x.dtype)
+        return out.to(x.dtype) if isinstance(x, torch.Tensor) and x.is_floating_point() else out
 
     def fit(
         self,
-        x: torch.Tensor,
-        y: torch.Tensor,
+        x: Any,
+        y: Any,
         *,
         upper_quantile: float | None = None,
         safety_margin: float = 0.0,
@@ -169,8 +178,9 @@ class PolynomialRegression(torch.nn.Module):
         """Fit the polynomial to the points ``(x, y)`` by least squares.
 
         Args:
-            x: Features: 1-D, or ``(n, num_features)``; floating point.
-            y: Targets (e.g. peak bytes): 1-D floating point, one per point.
+            x: Features: 1-D, or ``(n, num_features)``; a real-valued tensor, numpy array
+                or sequence (as for :meth:`forward`).
+            y: Targets (e.g. peak bytes): 1-D, real-valued, one per point.
             upper_quantile: If given (in ``(0, 1]``), add the smallest constant for which
                 that quantile of the fitting points is not under-predicted; ``1.0`` makes
                 the model an upper bound of every measured peak.
@@ -181,12 +191,13 @@ class PolynomialRegression(torch.nn.Module):
             the upper bound.
 
         Raises:
-            TypeError: If ``x`` or ``y`` is not a floating point tensor of the right rank.
-            ValueError: If their lengths differ, there are fewer points than coefficients,
-                or ``upper_quantile`` / ``safety_margin`` is out of range.
+            TypeError: If ``x`` or ``y`` does not hold integers or floats.
+            ValueError: If either has the wrong rank or is not finite, their lengths differ,
+                there are fewer points than coefficients, or ``upper_quantile`` /
+                ``safety_margin`` is out of range.
         """
         features = self._features("x", x)
-        targets = _check_float_tensor("y", y, 1).to(torch.float64)
+        targets = self._values("y", y, 1)
         if len(features) != len(targets):
             raise ValueError(f"x and y must have the same number of points, got {len(features)} and {len(targets)}.")
         if len(targets) < self.num_terms:
@@ -194,8 +205,6 @@ class PolynomialRegression(torch.nn.Module):
                 f"fitting {self.num_terms} coefficients (degree {self.degree}) needs at least "
                 f"{self.num_terms} points, got {len(targets)}."
             )
-        if not (torch.isfinite(features).all() and torch.isfinite(targets).all()):
-            raise ValueError("x and y must be finite.")
         if upper_quantile is not None and not (0 < upper_quantile <= 1):
             raise ValueError(f"upper_quantile must be in (0, 1], got {upper_quantile!r}.")
         if not (isinstance(safety_margin, (int, float)) and math.isfinite(safety_margin) and safety_margin >= 0):

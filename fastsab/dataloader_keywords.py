@@ -1,0 +1,148 @@
+"""The keywords of ``torch.utils.data.DataLoader`` and what fastsab's loaders take instead.
+
+A user moving from ``DataLoader`` passes its keywords out of habit. The loaders take the
+ones that mean the same thing in fastsab (``batch_size``, ``shuffle``, ``drop_last``,
+``collate_fn``, ``pin_memory``); for every other keyword, :func:`check_dataloader_keywords`
+raises a ``TypeError`` that names it and says what to use instead. The advice lives in one
+table, which also renders the "Coming from DataLoader" list of the README
+(:func:`keyword_list`).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+__all__ = ["ACCEPTED_NOTES", "ADVICE", "LOADER_ADVICE", "check_dataloader_keywords", "keyword_list"]
+
+_WORKER_OPTION = "an option of worker processes: pass it to loader.data_loader(num_workers=..., {name}=...)"
+
+#: What to use instead of a DataLoader keyword that no fastsab loader takes.
+ADVICE: dict[str, str] = {
+    "sampler": (
+        "the loader orders each epoch itself: use shuffle= and seed= (a seeded grouped permutation that depends "
+        "only on seed and epoch); to batch the indices of a sampler of your own by size, give "
+        "fastsab.SizeAwareBatchSampler(sampler, sizeof, max_total_size) to a DataLoader as its batch_sampler"
+    ),
+    "batch_sampler": (
+        "the loader is its own batch sampler: loader.batch_sampler() gives its plan to a DataLoader, and "
+        "fastsab.SizeAwareBatchSampler and fastsab.BucketBatchSampler are batch samplers for a DataLoader"
+    ),
+    "num_workers": (
+        "batches are fetched in this process (prefetch=k prepares k batches ahead in a background thread); for "
+        "worker processes use loader.data_loader(num_workers=...), a DataLoader over the same batch plan"
+    ),
+    "timeout": _WORKER_OPTION.format(name="timeout"),
+    "worker_init_fn": _WORKER_OPTION.format(name="worker_init_fn"),
+    "multiprocessing_context": _WORKER_OPTION.format(name="multiprocessing_context"),
+    "persistent_workers": _WORKER_OPTION.format(name="persistent_workers"),
+    "prefetch_factor": (
+        "prefetch=k is the number of batches a background thread prepares ahead; with worker processes pass "
+        "prefetch_factor to loader.data_loader(num_workers=..., prefetch_factor=...)"
+    ),
+    "generator": (
+        "epoch orders depend only on (seed, epoch), not on the state of a generator: pass seed= an integer "
+        "(and set_epoch(epoch) for a given epoch)"
+    ),
+    "pin_memory_device": (
+        "pin_memory=True pins host memory for the accelerator in use, and device= moves every batch to that device"
+    ),
+    "in_order": (
+        "batches are always yielded in the order of the plan, so that a saved state resumes exactly; "
+        "loader.data_loader(...) keeps that order too"
+    ),
+}
+
+#: What to use instead of a DataLoader keyword that one loader takes and another does not.
+LOADER_ADVICE: dict[str, dict[str, str]] = {
+    "FastSizeAwareLoader": {
+        "batch_size": (
+            "its batches are bounded by their total cost, max_total_size=, and max_batch_size= caps the items per "
+            "batch too; FastLoader makes batches of a fixed size"
+        ),
+        "drop_last": (
+            "size-aware batches have no fixed size, so no batch is a partial last one: every batch is kept "
+            "(oversize= decides about items above the cap); FastLoader(drop_last=True) drops a partial last batch"
+        ),
+    },
+}
+
+#: How a keyword a loader takes compares with DataLoader's (for the README list).
+ACCEPTED_NOTES: dict[str, str] = {
+    "dataset": "same (also tensors, arrays and pytrees of them)",
+    "batch_size": "same",
+    "shuffle": "same; the default is True (DataLoader's is False)",
+    "drop_last": "same (counted in stats.num_dropped)",
+    "collate_fn": "same (default fastsab.collate_batch)",
+    "pin_memory": "same (a warning where no accelerator exists)",
+}
+
+
+@functools.cache
+def _accepted(loader: type) -> frozenset[str]:
+    """The keywords ``loader``'s constructor takes."""
+    return frozenset(inspect.signature(loader).parameters)
+
+
+@functools.cache
+def _dataloader_keywords() -> tuple[str, ...]:
+    return tuple(inspect.signature(torch.utils.data.DataLoader).parameters)
+
+
+def advice_for(loader_name: str, name: str) -> str | None:
+    """What to use instead of the DataLoader keyword ``name`` with the loader ``loader_name``, if known."""
+    return LOADER_ADVICE.get(loader_name, {}).get(name) or ADVICE.get(name)
+
+
+def check_dataloader_keywords(loader: type, keywords: Mapping[str, Any]) -> None:
+    """Raise a ``TypeError`` naming the first DataLoader keyword in ``keywords`` that ``loader`` does not take.
+
+    Keywords that are not DataLoader's are left alone (the constructor call raises
+    Python's own error for them).
+
+    Examples:
+        >>> from fastsab import FastLoader
+        >>> check_dataloader_keywords(FastLoader, {"batch_size": 4})
+        >>> check_dataloader_keywords(FastLoader, {"generator": None})
+        Traceback (most recent call last):
+        ...
+        TypeError: FastLoader does not take DataLoader's keyword generator (got generator=None): epoch orders ...
+    """
+    extra = keywords.keys() - _accepted(loader)
+    if not extra:
+        return
+    for name in keywords:  # in the order given
+        if name not in extra or name not in _dataloader_keywords():
+            continue
+        advice = advice_for(loader.__name__, name) or "fastsab's loaders have no such option"
+        raise TypeError(
+            f"{loader.__name__} does not take DataLoader's keyword {name} (got {name}={keywords[name]!r}): {advice}."
+        )
+
+
+def keyword_list(loaders: tuple[type, ...] | None = None) -> str:
+    """The README's list: every DataLoader keyword and what the loaders take instead.
+
+    Examples:
+        >>> print(keyword_list().splitlines()[1])
+        - `batch_size`: FastLoader: same. FastSizeAwareLoader: its batches are bounded by their total cost, ...
+    """
+    if loaders is None:
+        from fastsab.loader import FastLoader, FastSizeAwareLoader
+
+        loaders = (FastLoader, FastSizeAwareLoader)
+    lines = []
+    for name in _dataloader_keywords():
+        texts = [
+            ACCEPTED_NOTES.get(name, "same") if name in _accepted(loader) else advice_for(loader.__name__, name) or "-"
+            for loader in loaders
+        ]
+        if len(set(texts)) == 1:
+            lines.append(f"- `{name}`: {texts[0]}.")
+        else:
+            lines.append(f"- `{name}`: " + " ".join(f"{c.__name__}: {t}." for c, t in zip(loaders, texts)))
+    return "\n".join(lines)
