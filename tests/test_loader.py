@@ -454,3 +454,20 @@ def test_a_batch_spanning_many_groups_is_planned_in_memory_proportional_to_it():
         tracemalloc.stop()
     assert peak < 64 * 2**20
     assert [len(batch) for batch in loader] == [n]
+
+
+@pytest.mark.parametrize("balance", [True, False])
+def test_zero_budget_batches_the_zero_cost_items_on_every_rank(balance):
+    lengths = torch.tensor([0, 0, 3, 0, 0, 0, 0, 0])
+    dealt = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # no cost divided by a zero cap
+        warnings.simplefilter("ignore", UserWarning)  # the skipped item is reported
+        for rank in (0, 1):
+            loader = FastSizeAwareLoader(
+                torch.arange(8), lengths, 0, shuffle=False, rank=rank, world_size=2, max_batch_size=2, balance=balance
+            )
+            dealt += [b.tolist() for b in loader]
+            assert loader.stats.num_skipped == 1
+    assert sorted(i for batch in dealt for i in batch) == [0, 1, 3, 4, 5, 6, 7]
+    assert all(len(batch) <= 2 for batch in dealt)
