@@ -56,9 +56,9 @@ class SizeAwareBatchSampler(Sampler[list[int]]):
 
     Indices come from ``sampler`` in its order and are batched greedily (see
     :mod:`fastsab.batching`); an index whose size alone exceeds the cap is skipped, reported
-    to ``warn_logger``, and counted in :attr:`num_skipped`. Each skip is reported at the
-    point of the iteration where bionemo's item-by-item sampler reports it (before the batch
-    that the next batched index closes), although sizes are looked up 2**16 indices ahead.
+    to ``warn_logger``, and counted in :attr:`num_skipped`. Sizes are looked up 2**16 indices
+    ahead, yet each skip is reported where bionemo's item-by-item sampler reports it: after
+    the batches that such a loop yields before it reaches the skipped index.
 
     Args:
         sampler: The underlying index sampler (a ``Sampler`` or any iterable of indices).
