@@ -481,6 +481,15 @@ def test_bucket_batch_sampler_matches_bionemo(case):
         assert torch.equal(our_generator.get_state(), peer_generator.get_state())
 
 
+def test_bucket_batch_sampler_without_a_generator_seeds_from_torch_as_bionemo():
+    def two_passes(api):
+        torch.manual_seed(5)
+        sampler = empty_bucket_sampler(api, shuffle=True, bucket_boundaries=torch.tensor([0, 6, 15, 25]))
+        return list(sampler), list(sampler)
+
+    assert two_passes(OURS) == two_passes(PEER)
+
+
 def empty_bucket_sampler(api, **kwargs):
     arguments = {
         "sizes": torch.arange(25),
@@ -733,6 +742,16 @@ def test_difference_budgets_bionemo_accepts_are_refused(cap, error, message):
         size_aware_batching(range(3), lambda i: 1, cap)
     with pytest.raises(error, match=message):
         SizeAwareBatchSampler(range(3), lambda i: 1, cap)
+
+
+def test_difference_tensor_sizes_compare_exactly_with_a_float_budget():
+    # torch compares an integer tensor with a Python float in float32: 2.9999999 becomes 3.0
+    sizes = torch.tensor([3, 1])
+    assert list(PEER.size_aware_batching(range(2), lambda i: sizes[i], 2.9999999)) == [[0], [1]]
+    messages: list[str] = []
+    assert list(size_aware_batching(range(2), lambda i: sizes[i], 2.9999999, warn_logger=messages.append)) == [[1]]
+    assert messages[0] == "Size of element 0 exceeds max_total_size (3 > 2.9999999), skipping"
+    assert list(SizeAwareBatchSampler(range(2), sizes, 2.9999999, warn_logger=None)) == [[1]]
 
 
 def test_difference_size_aware_batching_checks_arguments_when_called():
