@@ -365,7 +365,11 @@ def test_first_batch_of_a_huge_epoch_is_fast_and_small():
     [
         (lambda: FastLoader(torch.arange(4), 0), ValueError, r"batch_size must be a positive integer, got 0"),
         (lambda: FastLoader(torch.arange(4), 2.0), TypeError, r"batch_size must be an integer, got 2.0"),
-        (lambda: FastSizeAwareLoader(torch.arange(4), [1] * 4, 0), ValueError, r"max_total_size must be a positive"),
+        (
+            lambda: FastSizeAwareLoader(torch.arange(4), [1] * 4, -1),
+            ValueError,
+            r"max_total_size must be a finite number >= 0, got -1",
+        ),
         (
             lambda: FastSizeAwareLoader(torch.arange(4), [1] * 3, 5),
             ValueError,
