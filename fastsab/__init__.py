@@ -7,6 +7,7 @@ from fastsab.fetch import collate_batch
 from fastsab.loader import FastLoader, FastSizeAwareLoader
 from fastsab.samplers import (
     BucketBatchSampler,
+    Buckets,
     PlannedBatchSampler,
     PlannedDataLoader,
     SizeAwareBatchSampler,
@@ -17,6 +18,7 @@ from fastsab.shuffle import GroupedPermutation, grouped_permutation
 __all__ = [
     "BatchSplit",
     "BucketBatchSampler",
+    "Buckets",
     "Carry",
     "EpochStats",
     "FastLoader",

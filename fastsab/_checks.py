@@ -11,12 +11,15 @@ import torch
 
 __all__ = [
     "NotANumberError",
+    "NotASingleNumberError",
+    "NotAnIntegerError",
     "as_numeric_array",
     "as_python_number",
     "as_real_array",
     "as_size",
     "check_choice",
     "check_nonnegative_int",
+    "check_nonnegative_real",
     "check_optional_positive_int",
     "check_positive_int",
     "check_positive_real",
@@ -33,13 +36,34 @@ class NotANumberError(TypeError, ValueError):
     """
 
 
+class NotAnIntegerError(TypeError, ValueError):
+    """A count or width that is not an integer (``2.0``, ``"3"``, ``None``).
+
+    A ``TypeError`` (the house rule for wrong types) that is also a ``ValueError``: bionemo's
+    ``create_buckets`` raises ``ValueError`` for a ``max_width`` or ``min_bucket_count`` that
+    is not an ``int``, and code written for it keeps working.
+    """
+
+
+class NotASingleNumberError(TypeError, ValueError, RuntimeError):
+    """A size given as a tensor or array of several numbers instead of one number.
+
+    A ``TypeError`` (the house rule for wrong types) that is also the ``RuntimeError`` (torch)
+    and the ``ValueError`` (numpy) that bionemo's batching runs into when it compares such a
+    size with the budget, so code written for it keeps working.
+    """
+
+
 def check_optional_positive_int(name: str, value: Any) -> int | None:
     """``None``, or ``value`` checked by :func:`check_positive_int`."""
     return None if value is None else check_positive_int(name, value)
 
 
-def check_positive_int(name: str, value: Any) -> int:
+def check_positive_int(name: str, value: Any, *, error: type[TypeError] = TypeError) -> int:
     """Return ``value`` as an ``int`` if it is an integer >= 1, else raise.
+
+    ``error`` is the ``TypeError`` subclass raised for a value that is not an integer
+    (e.g. :class:`NotAnIntegerError`).
 
     Examples:
         >>> check_positive_int("batch_size", 3)
@@ -50,7 +74,7 @@ def check_positive_int(name: str, value: Any) -> int:
         ValueError: batch_size must be a positive integer, got 0.
     """
     if isinstance(value, bool) or not isinstance(value, Integral):
-        raise TypeError(f"{name} must be an integer, got {value!r} of type {type(value).__name__}.")
+        raise error(f"{name} must be an integer, got {value!r} of type {type(value).__name__}.")
     if value < 1:
         raise ValueError(f"{name} must be a positive integer, got {value!r}.")
     return int(value)
@@ -110,7 +134,7 @@ def as_size(name: str, value: Any, element: Any) -> int | float:
     if isinstance(number, (torch.Tensor, np.ndarray)):
         count = number.numel() if isinstance(number, torch.Tensor) else number.size
         if count != 1:
-            raise TypeError(
+            raise NotASingleNumberError(
                 f"{name} must return a single number, got {short_repr(number)} of shape {tuple(number.shape)} "
                 f"for the element {short_repr(element)}."
             )
@@ -143,19 +167,44 @@ def check_positive_real(name: str, value: Any) -> int | float:
         ...
         ValueError: max_total_size must be a positive finite number, got -1.
     """
+    value = _as_real_number(name, value)
+    if not (_is_finite(value) and value > 0):
+        raise ValueError(f"{name} must be a positive finite number, got {value!r}.")
+    return value
+
+
+def check_nonnegative_real(name: str, value: Any) -> int | float:
+    """Return ``value`` if it is a finite real number >= 0, else raise.
+
+    Integers stay integers (so integer budgets compare exactly). A budget of 0 is allowed:
+    items of size 0 fit it.
+
+    Examples:
+        >>> check_nonnegative_real("max_total_size", 0)
+        0
+        >>> check_nonnegative_real("max_total_size", -0.5)
+        Traceback (most recent call last):
+        ...
+        ValueError: max_total_size must be a finite number >= 0, got -0.5.
+    """
+    value = _as_real_number(name, value)
+    if not (_is_finite(value) and value >= 0):
+        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}.")
+    return value
+
+
+def _as_real_number(name: str, value: Any) -> int | float:
+    """``value`` as a Python ``int`` or ``float``; raise :class:`NotANumberError` if it is no real number."""
     if isinstance(value, (np.ndarray, torch.Tensor)) and value.ndim == 0:
         value = value.item()
     if isinstance(value, bool) or not isinstance(value, Real):
         raise NotANumberError(f"{name} must be a real number, got {value!r} of type {type(value).__name__}.")
-    if isinstance(value, Integral):
-        value = int(value)
-        finite = True  # NOTE: math.isfinite would overflow for ints past 1e308
-    else:
-        value = float(value)
-        finite = math.isfinite(value)
-    if not (finite and value > 0):
-        raise ValueError(f"{name} must be a positive finite number, got {value!r}.")
-    return value
+    return int(value) if isinstance(value, Integral) else float(value)
+
+
+def _is_finite(value: int | float) -> bool:
+    # NOTE: math.isfinite would overflow for ints past 1e308
+    return isinstance(value, int) or math.isfinite(value)
 
 
 def check_choice(name: str, value: Any, choices: tuple[str, ...]) -> str:

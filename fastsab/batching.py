@@ -30,9 +30,9 @@ from fastsab._checks import (
     as_numeric_array,
     as_size,
     check_choice,
+    check_nonnegative_real,
     check_optional_positive_int,
     check_positive_int,
-    check_positive_real,
     short_repr,
 )
 
@@ -148,7 +148,8 @@ def split_batches(
             nodes and edges of a graph); numpy array, torch tensor or sequence; finite, >= 0.
         max_total_size: The inclusive cap of a batch's cost; one number, or ``k`` numbers
             for ``(n, k)`` costs (an item joins while every column stays within its cap).
-            Finite; caps past int64 (``2**70``, ``1e19``) work as "no practical cap".
+            Finite and >= 0 (a cap of 0 batches the items of cost 0); caps past int64
+            (``2**70``, ``1e19``) work as "no practical cap".
         max_batch_size: Optional cap on the number of items in a batch.
         cost: ``"sum"`` (a batch costs the sum of its items, bionemo) or ``"padded"`` (a
             batch costs ``len(batch) * max(cost in batch)``, the padded-tensor cost).
@@ -170,7 +171,7 @@ def split_batches(
 
     Raises:
         TypeError: If an argument has the wrong type.
-        ValueError: If a value is out of range (negative or NaN costs, non-positive or
+        ValueError: If a value is out of range (negative or NaN costs, negative or
             infinite caps, a mismatched ``ids`` length or carry), an item is oversize with
             ``oversize="error"``, or integer costs that may share a batch sum past 2**62
             in one call (``cost="sum"``; split the order into chunks).
@@ -271,11 +272,11 @@ def _row(c: np.ndarray, pos: int) -> Any:
 
 def _as_caps(max_total_size: Any, k: int) -> list[int | float]:
     if isinstance(max_total_size, (Sequence, np.ndarray)) and not isinstance(max_total_size, str):
-        caps = [check_positive_real("max_total_size", v) for v in max_total_size]
+        caps = [check_nonnegative_real("max_total_size", v) for v in max_total_size]
         if len(caps) != k:
             raise ValueError(f"max_total_size has {len(caps)} caps but costs has {k} columns: {max_total_size!r}.")
         return caps
-    return [check_positive_real("max_total_size", max_total_size)] * k
+    return [check_nonnegative_real("max_total_size", max_total_size)] * k
 
 
 def _caps_for_dtype(caps: list[int | float], float_mode: bool) -> np.ndarray:
@@ -552,8 +553,9 @@ def size_aware_batching(
     Args:
         dataset: The input iterable.
         sizeof: A function (or mapping) giving the size of each element of ``dataset``.
-        max_total_size: The inclusive cap on a batch's total size; a positive finite number
-            (a huge one such as ``2**70`` works as "no practical cap").
+        max_total_size: The inclusive cap on a batch's total size; a finite number >= 0
+            (a huge one such as ``2**70`` works as "no practical cap"; with 0, the elements
+            of size 0 are batched and the others skipped).
         collate_fn: Optional function applied to each batch (a list) before it is yielded.
         info_logger: Optional function called with a summary at the end.
         warn_logger: Optional function called for each skipped oversize element and with
@@ -565,10 +567,10 @@ def size_aware_batching(
         Batches (lists of elements, or what ``collate_fn`` returns).
 
     Raises:
-        TypeError: If ``sizeof`` is neither callable nor a mapping, ``max_total_size`` is
-            not a number, or ``sizeof`` gives an element a size that is not one real number
-            (a 0-d tensor or a numpy number is fine).
-        ValueError: If ``max_total_size`` is not positive and finite, or ``sizeof`` gives an
+        TypeError: If ``dataset`` is not iterable, ``sizeof`` is neither callable nor a
+            mapping, ``max_total_size`` is not a number, or ``sizeof`` gives an element a size
+            that is not one real number (a 0-d tensor or a numpy number is fine).
+        ValueError: If ``max_total_size`` is negative or not finite, or ``sizeof`` gives an
             element a NaN, infinite or negative size (checked as each element arrives).
         RuntimeError: If ``sizeof`` raises for an element.
 
@@ -582,11 +584,13 @@ def size_aware_batching(
                 [3, 4]]), tensor([[5, 6],
                 [7, 8]]), tensor([[ 9, 10]])]
     """
+    if not (isinstance(dataset, Iterable) or hasattr(type(dataset), "__getitem__")):
+        raise TypeError(f"dataset must be an iterable, got {short_repr(dataset)} of type {type(dataset).__name__}.")
     if isinstance(sizeof, Mapping):
         sizeof = sizeof.__getitem__
     elif not callable(sizeof):
         raise TypeError(f"sizeof must be a callable or a mapping, got {type(sizeof).__name__}.")
-    max_total_size = check_positive_real("max_total_size", max_total_size)
+    max_total_size = check_nonnegative_real("max_total_size", max_total_size)
     if collate_fn is not None and not callable(collate_fn):
         raise TypeError(f"collate_fn must be callable or None, got {type(collate_fn).__name__}.")
     max_items = check_optional_positive_int("max_batch_size", max_batch_size)

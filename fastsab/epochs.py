@@ -251,8 +251,8 @@ class SizeAwarePlanner:
     def batch_costs(self, ids: np.ndarray, offsets: np.ndarray) -> np.ndarray:
         """Cost of each batch ``ids[offsets[b]:offsets[b + 1]]`` for balancing.
 
-        The batch cost of every column (sum, or size times maximum) divided by its cap; the
-        largest column counts.
+        The batch cost of every column (sum, or size times maximum) divided by its cap (a
+        cap of 0 divides by 1); the largest column counts.
         """
         if len(offsets) < 2:
             return np.empty(0, dtype=np.float64)
@@ -262,7 +262,10 @@ class SizeAwarePlanner:
             per_batch = np.add.reduceat(costs, starts, axis=0)
         else:
             per_batch = np.maximum.reduceat(costs, starts, axis=0) * np.diff(offsets)[:, None]
-        return (per_batch / np.asarray(self.limit, dtype=np.float64)).max(axis=1)
+        caps = np.asarray(self.limit, dtype=np.float64)
+        # NOTE: a column capped at 0 holds only items of cost 0 (and own-batch oversize items):
+        # its costs count as they are, not divided by 0.
+        return (per_batch / np.where(caps > 0, caps, 1.0)).max(axis=1)
 
     def fingerprint_options(self) -> dict[str, Any]:
         """What besides the order and the sizes decides the batches."""

@@ -10,16 +10,24 @@ derives bucket boundaries from the sizes.
 from __future__ import annotations
 
 import itertools
+import math
 import sys
 import warnings
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Sampler
 
-from fastsab._checks import as_numeric_array, as_python_number, check_positive_int, check_positive_real
+from fastsab._checks import (
+    NotAnIntegerError,
+    as_numeric_array,
+    as_size,
+    check_nonnegative_real,
+    check_positive_int,
+)
 from fastsab.batching import report_batching, split_batches
 from fastsab.cursor import EpochCursor
 from fastsab.epochs import EpochStats
@@ -27,6 +35,7 @@ from fastsab.fetch import collate_batch
 
 __all__ = [
     "BucketBatchSampler",
+    "Buckets",
     "NoElementInBucketsError",
     "PlannedBatchSampler",
     "PlannedDataLoader",
@@ -47,22 +56,26 @@ class SizeAwareBatchSampler(Sampler[list[int]]):
 
     Indices come from ``sampler`` in its order and are batched greedily (see
     :mod:`fastsab.batching`); an index whose size alone exceeds the cap is skipped, reported
-    to ``warn_logger``, and counted in :attr:`num_skipped`.
+    to ``warn_logger``, and counted in :attr:`num_skipped`. Sizes are looked up 2**16 indices
+    ahead, yet each skip is reported where bionemo's item-by-item sampler reports it: after
+    the batches that such a loop yields before it reaches the skipped index.
 
     Args:
         sampler: The underlying index sampler (a ``Sampler`` or any iterable of indices).
         sizeof: Size of each index: a callable ``index -> size``, a mapping, a sequence,
             a 1-D numpy array or a 1-D tensor of per-index sizes. Array-like sizes are
             validated once and batched by the vectorized kernel, 2**16 indices at a time.
-        max_total_size: The inclusive cap on a batch's total size; a positive number.
+        max_total_size: The inclusive cap on a batch's total size; a finite number >= 0
+            (with 0, the indices of size 0 are batched and the others skipped).
         info_logger: Called with a summary after each pass. Defaults to ``None``.
         warn_logger: Called for each skipped index and with a count of skips after each
             pass. Defaults to :func:`warnings.warn`, so no skip goes unnoticed.
 
     Raises:
         TypeError: If ``sampler`` is not iterable or ``sizeof`` is of an unsupported type.
-        ValueError: If ``max_total_size`` is not a positive finite number, or array-like
-            sizes are negative, NaN or infinite.
+        ValueError: If ``max_total_size`` is negative or not finite, or array-like sizes are
+            negative, NaN or infinite. A ``max_total_size`` that is not a number raises
+            ``NotANumberError``, both a ``TypeError`` and a ``ValueError``.
 
     Examples:
         >>> import torch
@@ -74,6 +87,14 @@ class SizeAwareBatchSampler(Sampler[list[int]]):
         [[0, 1], [2, 3], [4]]
         >>> list(SizeAwareBatchSampler(range(5), torch.tensor([2, 2, 2, 2, 2]), 4))
         [[0, 1], [2, 3], [4]]
+
+        Skipped indices go to ``warn_logger`` (``warnings.warn`` by default):
+
+        >>> sizes = [1, 5, 1, 1]
+        >>> list(SizeAwareBatchSampler(range(4), sizes.__getitem__, 2, warn_logger=print))
+        Size of element 1 exceeds max_total_size (5 > 2), skipping
+        3 samples were batched from 4 of the input data. Missing samples are due to exceeding max_total_size=2
+        [[0, 2], [3]]
     """
 
     def __init__(
@@ -88,7 +109,7 @@ class SizeAwareBatchSampler(Sampler[list[int]]):
             raise TypeError(
                 f"sampler must be a torch.utils.data.Sampler or an iterable of indices, got {type(sampler).__name__}."
             )
-        self._max_total_size = check_positive_real("max_total_size", max_total_size)
+        self._max_total_size = check_nonnegative_real("max_total_size", max_total_size)
         self._sizes: np.ndarray | None = None
         self._sizeof: Callable[[Any], Any] | None = None
         if isinstance(sizeof, (np.ndarray, torch.Tensor)) or (
@@ -122,23 +143,32 @@ class SizeAwareBatchSampler(Sampler[list[int]]):
                     f"sampler yielded index {ids[bad][0].item()!r}, outside the {len(self._sizes)} sizes of sizeof."
                 )
             return ids, self._sizes[ids]
-        assert self._sizeof is not None
+        sizeof = self._sizeof
+        assert sizeof is not None  # NOTE: set whenever _sizes is None (see __init__)
         sizes = []
         for index in chunk:
             try:
-                sizes.append(self._sizeof(index))
+                size = sizeof(index)
             except Exception as err:
                 raise RuntimeError(f"sizeof raised an error for index {index!r}: {err}") from err
+            kind = type(size)
+            # NOTE: one cheap test per index for a plain int or float >= 0; the rest (numpy and
+            # tensor numbers, bad values) gets the full check, which names the index.
+            if not ((kind is int and size >= 0) or (kind is float and 0 <= size < math.inf)):
+                size = as_size("sizeof", size, index)
+            sizes.append(size)
         ids = np.empty(len(chunk), dtype=object)
         ids[:] = chunk
-        return ids, as_numeric_array("sizeof values", [as_python_number(s) for s in sizes])
+        return ids, as_numeric_array("sizeof values", sizes)
 
     def __iter__(self) -> Iterator[list[int]]:
         """Yield batches of indices, planning 2**16 indices at a time."""
         iterator = iter(self._sampler)
         carry = None
+        carry_indices: np.ndarray | None = None  # the sampler's indices of the carried items
         n_samples = n_batched = n_batches = 0
         skipped: list[Any] = []
+        pending: deque[tuple[int, str]] = deque()  # (sampler position, message) of skips not yet reported
         while True:
             chunk = list(itertools.islice(iterator, CHUNK_SIZE))
             final = len(chunk) < CHUNK_SIZE
@@ -146,52 +176,112 @@ class SizeAwareBatchSampler(Sampler[list[int]]):
                 ids, costs = self._chunk_costs(chunk)
             else:
                 ids, costs = np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
-            split = split_batches(costs, self._max_total_size, ids=ids, carry=carry, final=final)
-            n_samples += len(chunk)
+            # NOTE: the split works on positions in the sampler's order (an index may come
+            # twice); they place each skip among the batches, and map back to the indices.
+            positions = np.arange(n_samples, n_samples + len(chunk), dtype=np.int64)
+            split = split_batches(costs, self._max_total_size, ids=positions, carry=carry, final=final)
+            kept = np.ones(len(chunk), dtype=bool)
             if split.skipped.size:
-                skipped += split.skipped.tolist()
+                where = split.skipped - n_samples
+                kept[where] = False
+                skipped += ids[where].tolist()
                 if self._warn_logger is not None:
                     cap = self._max_total_size
-                    over = costs > cap
-                    for index, size in zip(ids[over].tolist(), costs[over].tolist()):
-                        self._warn_logger(f"Size of element {index} exceeds max_total_size ({size} > {cap}), skipping")
+                    pending.extend(
+                        (position, f"Size of element {index} exceeds max_total_size ({size} > {cap}), skipping")
+                        for position, index, size in zip(
+                            split.skipped.tolist(), ids[where].tolist(), costs[where].tolist()
+                        )
+                    )
+            # the split's items are the carried ones, then the chunk's kept ones, in order
+            indices = ids[kept] if carry_indices is None else np.concatenate([carry_indices, ids[kept]])
+            n_samples += len(chunk)
             n_batched += len(split.ids)
             n_batches += split.num_batches
-            yield from (batch.tolist() for batch in split.batches())
+            yield from self._batches_and_warnings(split, indices, pending)
             carry = split.carry
+            carry_indices = indices[len(split.ids) :]
             if final:
                 break
         self.skipped = skipped
         self.num_skipped = len(skipped)
         report_batching(n_samples, n_batched, n_batches, self._max_total_size, self._info_logger, self._warn_logger)
 
+    def _batches_and_warnings(
+        self, split: Any, indices: np.ndarray, pending: deque[tuple[int, str]]
+    ) -> Iterator[list[int]]:
+        """Yield the split's batches (of positions) as indices, reporting each skip where an
+        item-by-item loop would.
+
+        Such a loop reports a skipped item when it reaches it and yields a batch when it
+        reaches the first item of the next batch (the last batch after the whole input), so
+        each batch comes after the skips that precede its successor's first item.
+        """
+        offsets = split.offsets.tolist()
+        positions = split.ids
+        if split.carry is not None and len(split.carry):
+            positions = np.concatenate([positions, split.carry.ids[:1]])
+        for b in range(len(offsets) - 1):
+            if pending:
+                end = offsets[b + 1]
+                # NOTE: the last batch of a final split has no successor: every skip comes first.
+                limit = positions[end].item() if end < len(positions) else sys.maxsize
+                while pending and pending[0][0] < limit:
+                    self._report(pending.popleft()[1])
+            yield indices[offsets[b] : offsets[b + 1]].tolist()
+        if split.carry is None:
+            while pending:
+                self._report(pending.popleft()[1])
+
+    def _report(self, message: str) -> None:
+        if self._warn_logger is not None:  # NOTE: skips are pending only with a warn_logger
+            self._warn_logger(message)
+
 
 class BucketBatchSampler(Sampler[list[int]]):
     """Batches drawn from size buckets, each bucket with its own base batch sampler.
 
     Element sizes are put into the left-closed, right-open intervals given by the sorted
-    ``bucket_boundaries`` (``len(bucket_boundaries) - 1`` buckets). Elements outside every
-    bucket are skipped with a warning. For bucket ``k`` a base batch sampler is built as
-    ``base_batch_sampler_class(indices_k, **shared_kwargs, **{key: values[k] ...})``.
-    With ``shuffle=True`` the indices of each bucket are shuffled every pass and each batch
-    comes from a bucket drawn with probability proportional to its remaining elements;
-    otherwise buckets are visited in ascending order. Empty buckets are left out of the
-    draw while each bucket keeps its own kwargs.
+    ``bucket_boundaries`` (``len(bucket_boundaries) - 1`` buckets, empty ones included).
+    Elements outside every bucket are skipped with a warning. For bucket ``k`` a base batch
+    sampler is built as ``base_batch_sampler_class(indices_k, **shared_kwargs,
+    **{key: values[k] ...})``. With ``shuffle=True`` the indices of each bucket are shuffled
+    in place every pass and each batch comes from a bucket drawn with probability
+    proportional to its remaining elements; otherwise buckets are visited in ascending
+    order. The generator is used exactly as bionemo's ``BucketBatchSampler`` uses it, so a
+    generator seeded the same way gives the same batches, pass after pass.
 
     Args:
-        sizes: 1-D tensor (or array) of per-element sizes, integer or float.
-        bucket_boundaries: 1-D tensor (or array) of at least two distinct boundaries.
+        sizes: 1-D tensor (or array) of per-element sizes, integer or float, no NaN.
+        bucket_boundaries: 1-D tensor (or array) of at least two distinct boundaries, no NaN.
         base_batch_sampler_class: A ``torch.utils.data.Sampler`` subclass producing batches.
         base_batch_sampler_shared_kwargs: Keyword arguments given to every base sampler.
         base_batch_sampler_individual_kwargs: Keyword arguments given per bucket: each value
-            is a sequence with one entry per bucket.
+            is an iterable with one entry per bucket.
         shuffle: Shuffle within buckets and draw buckets at random.
         generator: The ``torch.Generator`` used when shuffling (seeded at random if None).
+
+    Attributes:
+        sizes: The sizes, as a tensor.
+        bucket_boundaries: The sorted boundaries.
+        num_buckets: ``len(bucket_boundaries) - 1``.
+        bucket_sizes: Number of elements of each bucket (a tensor, zeros for empty buckets).
+        bucket_element_indices: Indices of the elements of each bucket (one list per bucket).
+        num_samples: Number of elements inside the buckets.
+        num_skipped: Number of elements outside every bucket.
+        base_batch_sampler_class: The class of the base samplers.
+        base_batch_sampler_shared_kwargs: The keyword arguments shared by the base samplers.
+        base_batch_sampler_individual_kwargs: The keyword arguments of each bucket's base
+            sampler, one dict per bucket.
+        base_batch_samplers: The base samplers, one per bucket.
+        shuffle: Whether batches are shuffled.
+        generator: The generator used when shuffling.
 
     Raises:
         TypeError: If an argument has the wrong type.
         ValueError: For bad sizes or boundaries, kwargs of the wrong length, or when every
-            element lies outside the buckets.
+            element lies outside the buckets (:class:`NoElementInBucketsError`, also a
+            ``RuntimeError``).
 
     Examples:
         >>> import torch
@@ -205,6 +295,37 @@ class BucketBatchSampler(Sampler[list[int]]):
         ... )
         >>> list(sampler)
         [[0, 1], [2, 3], [4, 5], [6, 7, 8], [9, 10, 11], [12, 13, 14], [15, 16, 17, 18, 19], [20, 21, 22, 23, 24]]
+
+        Shuffled with a seeded generator (the batches bionemo gives for the same seed), and
+        with empty buckets kept, each with its own keyword arguments:
+
+        >>> sampler = BucketBatchSampler(
+        ...     sizes=torch.arange(25),
+        ...     bucket_boundaries=torch.tensor([0, 6, 15, 25]),
+        ...     base_batch_sampler_class=torch.utils.data.BatchSampler,
+        ...     base_batch_sampler_shared_kwargs={"drop_last": False},
+        ...     base_batch_sampler_individual_kwargs={"batch_size": [2, 3, 5]},
+        ...     generator=torch.Generator().manual_seed(0),
+        ... )
+        >>> list(sampler)
+        [[2, 5], [24, 17, 16, 22, 19], [3, 0], [15, 18, 20, 21, 23], [12, 10, 11], [7, 13, 6], [1, 4], [14, 9, 8]]
+        >>> list(sampler)  # the next pass draws on from the same generator
+        [[6, 8, 14], [22, 19, 23, 17, 15], [4, 5], [1, 3], [0, 2], [13, 7, 9], [10, 12, 11], [16, 21, 18, 24, 20]]
+        >>> sampler = BucketBatchSampler(
+        ...     torch.arange(25), torch.tensor([-25, 0, 25, 50]), torch.utils.data.BatchSampler,
+        ...     {"drop_last": False}, {"batch_size": [2, 10, 4]}, shuffle=False)
+        >>> sampler.num_buckets, sampler.bucket_sizes.tolist(), sampler.base_batch_sampler_individual_kwargs[1]
+        (3, [0, 25, 0], {'batch_size': 10})
+
+        With :class:`SizeAwareBatchSampler` as base sampler, to cap each batch's total size:
+
+        >>> costs = torch.arange(25).tolist()
+        >>> sampler = BucketBatchSampler(
+        ...     torch.arange(25), torch.tensor([0, 6, 15, 25]), SizeAwareBatchSampler,
+        ...     base_batch_sampler_shared_kwargs={"sizeof": costs.__getitem__, "max_total_size": 40},
+        ...     generator=torch.Generator().manual_seed(0))
+        >>> list(sampler)
+        [[2, 5, 3, 0, 1, 4], [24], [12, 10, 11, 7], [17, 16], [13, 6, 14], [22], [19, 15], [9, 8], [18, 20], [21], [23]]
     """
 
     def __init__(
@@ -217,8 +338,9 @@ class BucketBatchSampler(Sampler[list[int]]):
         shuffle: bool = True,
         generator: torch.Generator | None = None,
     ) -> None:
-        size_array = _as_real_tensor("sizes", sizes)
-        boundaries = torch.sort(_as_real_tensor("bucket_boundaries", bucket_boundaries))[0]
+        size_array = _check_not_nan("sizes", _as_real_tensor("sizes", sizes))
+        boundaries = _check_not_nan("bucket_boundaries", _as_real_tensor("bucket_boundaries", bucket_boundaries))
+        boundaries = torch.sort(boundaries)[0]
         if len(boundaries) < 2:
             raise ValueError(f"bucket_boundaries must have at least 2 values, got {boundaries.tolist()!r}.")
         if bool((boundaries[:-1] >= boundaries[1:]).any()):
@@ -235,7 +357,7 @@ class BucketBatchSampler(Sampler[list[int]]):
         shared = _check_kwargs("base_batch_sampler_shared_kwargs", base_batch_sampler_shared_kwargs)
         individual = _check_kwargs("base_batch_sampler_individual_kwargs", base_batch_sampler_individual_kwargs)
         num_buckets = len(boundaries) - 1
-        per_bucket_values = {key: list(values) for key, values in individual.items()}
+        per_bucket_values = {key: _per_bucket_values(key, values) for key, values in individual.items()}
         lengths = {key: len(values) for key, values in per_bucket_values.items()}
         if any(length != num_buckets for length in lengths.values()):
             raise ValueError(
@@ -243,31 +365,32 @@ class BucketBatchSampler(Sampler[list[int]]):
                 f"(one per bucket), got lengths {lengths!r}."
             )
 
-        # bucket k holds boundaries[k] <= size < boundaries[k + 1]; 0 and num_buckets + 1 are outside
-        bucket_of = torch.bucketize(size_array, boundaries, right=True)
-        order = torch.argsort(bucket_of, stable=True)
-        counts = torch.bincount(bucket_of, minlength=num_buckets + 2)
-        starts = torch.cumsum(counts, 0) - counts
         self.sizes = size_array
         self.bucket_boundaries = boundaries
+        self.num_buckets = num_buckets
         self.shuffle = shuffle
         if shuffle and generator is None:
             generator = torch.Generator()
             generator.manual_seed(int(torch.empty((), dtype=torch.int64).random_().item()))
         self.generator = generator
-        self.bucket_element_indices: list[list[int]] = []
-        self.base_batch_samplers: list[Sampler] = []
-        for k in range(1, num_buckets + 1):
-            count = int(counts[k])
-            if count == 0:
-                continue
-            indices = order[int(starts[k]) : int(starts[k]) + count].tolist()
-            kwargs = {key: values[k - 1] for key, values in per_bucket_values.items()}
-            self.bucket_element_indices.append(indices)
-            # NOTE: the base sampler keeps a reference to the list; shuffling it in place
-            # (as __iter__ does) reshuffles what the base sampler iterates over.
-            self.base_batch_samplers.append(base_batch_sampler_class(indices, **shared, **kwargs))  # type: ignore[call-arg]
-        self.bucket_sizes = torch.tensor([len(b) for b in self.bucket_element_indices], dtype=torch.int64)
+        self.base_batch_sampler_class = base_batch_sampler_class
+        self.base_batch_sampler_shared_kwargs = shared
+        #: The keyword arguments of each bucket's base sampler, one dict per bucket.
+        self.base_batch_sampler_individual_kwargs = [
+            {key: values[k] for key, values in per_bucket_values.items()} for k in range(num_buckets)
+        ]
+
+        # bucket k holds boundaries[k] <= size < boundaries[k + 1]; 0 and num_buckets + 1 are outside
+        bucket_of = torch.bucketize(size_array, boundaries, right=True)
+        order = torch.argsort(bucket_of, stable=True)
+        counts = torch.bincount(bucket_of, minlength=num_buckets + 2)
+        starts = (torch.cumsum(counts, 0) - counts).tolist()
+        # NOTE: every bucket is kept, empty ones too, so that bucket k always has the k-th
+        # individual kwargs and shuffling draws from the generator as bionemo does.
+        self.bucket_element_indices: list[list[int]] = [
+            order[starts[k] : starts[k] + int(counts[k])].tolist() for k in range(1, num_buckets + 1)
+        ]
+        self.bucket_sizes = counts[1 : num_buckets + 1].clone()
         self.num_samples = int(self.bucket_sizes.sum())
         self.num_skipped = len(size_array) - self.num_samples
         if self.num_samples == 0:
@@ -278,6 +401,12 @@ class BucketBatchSampler(Sampler[list[int]]):
             warnings.warn(
                 f"{self.num_skipped} elements are outside the buckets provided and will be skipped", stacklevel=2
             )
+        # NOTE: each base sampler keeps a reference to its bucket's list; shuffling the list in
+        # place (as __iter__ does) reshuffles what the base sampler iterates over.
+        self.base_batch_samplers: list[Sampler] = [
+            base_batch_sampler_class(indices, **shared, **kwargs)  # type: ignore[call-arg]
+            for indices, kwargs in zip(self.bucket_element_indices, self.base_batch_sampler_individual_kwargs)
+        ]
 
     def __len__(self) -> int:
         """Number of batches per pass: the sum over the base samplers' lengths."""
@@ -322,6 +451,31 @@ def _as_real_tensor(name: str, values: Any) -> torch.Tensor:
         raise ValueError(f"{name} must be 1-D, got shape {tuple(values.shape)}.")
     if values.dtype == torch.bool or values.is_complex():
         raise ValueError(f"{name} must hold integers or floats, got dtype {values.dtype}.")
+    if values.dtype in (torch.uint16, torch.uint32, torch.uint64):
+        # NOTE: torch does not promote these with other integer types (bucketize would fail).
+        array = values.cpu().numpy()
+        if array.size and array.max() > np.iinfo(np.int64).max:
+            raise ValueError(f"{name} has values too large for int64: {array.max().item()!r}.")
+        values = torch.from_numpy(array.astype(np.int64))
+    return values
+
+
+def _per_bucket_values(key: str, values: Any) -> list[Any]:
+    if not isinstance(values, Iterable):
+        raise TypeError(
+            f"base_batch_sampler_individual_kwargs[{key!r}] must be a sequence with one value per bucket, "
+            f"got {values!r}."
+        )
+    return list(values)
+
+
+def _check_not_nan(name: str, values: torch.Tensor) -> torch.Tensor:
+    # NOTE: a NaN size would silently fall outside every bucket, a NaN boundary would make
+    # bucketing meaningless; infinities compare fine and are allowed.
+    if values.is_floating_point():
+        nan = torch.isnan(values)
+        if bool(nan.any()):
+            raise ValueError(f"{name} must not hold NaN, got nan at position {int(torch.argmax(nan.to(torch.int8)))}.")
     return values
 
 
@@ -336,9 +490,20 @@ def _check_kwargs(name: str, kwargs: Any) -> dict[str, Any]:
     return kwargs
 
 
-def create_buckets(
-    sizes: torch.Tensor | np.ndarray, max_width: int, min_bucket_count: int
-) -> tuple[torch.Tensor, torch.Tensor]:
+class Buckets(NamedTuple):
+    """What :func:`create_buckets` returns: a named tuple, so both
+    ``boundaries, counts = create_buckets(...)`` and ``result.bucket_boundaries`` work.
+
+    Attributes:
+        bucket_boundaries: 1-D tensor of ascending boundaries (``num_buckets + 1`` values).
+        bucket_sizes: 1-D tensor of the number of elements of each bucket.
+    """
+
+    bucket_boundaries: torch.Tensor
+    bucket_sizes: torch.Tensor
+
+
+def create_buckets(sizes: torch.Tensor | np.ndarray, max_width: int, min_bucket_count: int) -> Buckets:
     """Bucket boundaries for integer sizes, with a maximal width and a minimal count.
 
     Walking the distinct sizes in ascending order, a bucket takes sizes while it has fewer
@@ -353,13 +518,25 @@ def create_buckets(
             reached first), a positive integer.
 
     Returns:
-        ``(bucket_boundaries, bucket_sizes)``: ascending boundaries and element counts.
+        A :class:`Buckets` named tuple ``(bucket_boundaries, bucket_sizes)``: ascending
+        boundaries and the element count of each bucket.
+
+    Raises:
+        TypeError: If ``sizes`` is not a tensor or array. A ``max_width`` or
+            ``min_bucket_count`` that is not an integer raises ``NotAnIntegerError``, both a
+            ``TypeError`` and a ``ValueError``.
+        ValueError: If ``sizes`` is empty, not 1-D or not integer, or ``max_width`` or
+            ``min_bucket_count`` is not positive.
 
     Examples:
         >>> sizes = torch.tensor([1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3, 3, 22, 22, 22, 22])
-        >>> create_buckets(sizes, max_width=5, min_bucket_count=10)
-        (tensor([ 1,  6, 11, 16, 21, 23]), tensor([12,  0,  0,  0,  4]))
-        >>> create_buckets(torch.arange(20), max_width=10, min_bucket_count=5)
+        >>> buckets = create_buckets(sizes, max_width=5, min_bucket_count=10)
+        >>> buckets.bucket_boundaries
+        tensor([ 1,  6, 11, 16, 21, 23])
+        >>> buckets.bucket_sizes
+        tensor([12,  0,  0,  0,  4])
+        >>> boundaries, counts = create_buckets(torch.arange(20), max_width=10, min_bucket_count=5)
+        >>> boundaries, counts
         (tensor([ 0,  5, 10, 15, 20]), tensor([5, 5, 5, 5]))
     """
     tensor = _as_real_tensor("sizes", sizes)
@@ -367,8 +544,8 @@ def create_buckets(
         raise ValueError(f"sizes must hold integers, got dtype {tensor.dtype}.")
     if len(tensor) == 0:
         raise ValueError("sizes must not be empty.")
-    max_width = check_positive_int("max_width", max_width)
-    min_bucket_count = check_positive_int("min_bucket_count", min_bucket_count)
+    max_width = check_positive_int("max_width", max_width, error=NotAnIntegerError)
+    min_bucket_count = check_positive_int("min_bucket_count", min_bucket_count, error=NotAnIntegerError)
     values_t, counts_t = torch.unique(tensor, sorted=True, return_counts=True)
     values, counts = values_t.tolist(), counts_t.tolist()
     boundaries = [values[0]]
@@ -389,7 +566,7 @@ def create_buckets(
         else:
             boundaries.append(upper)
         start = end
-    return torch.tensor(boundaries), torch.tensor(bucket_sizes)
+    return Buckets(torch.tensor(boundaries), torch.tensor(bucket_sizes))
 
 
 class PlannedBatchSampler(EpochCursor, Sampler[list[int]]):

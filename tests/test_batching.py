@@ -267,11 +267,11 @@ def test_empty_input_gives_no_batches():
             ValueError,
             r"costs must be 1-D or 2-D, got shape \(2, 2, 2\)",
         ),
-        ({"costs": [1], "max_total_size": 0}, ValueError, r"max_total_size must be a positive finite number, got 0"),
+        ({"costs": [1], "max_total_size": -1}, ValueError, r"max_total_size must be a finite number >= 0, got -1"),
         (
             {"costs": [1], "max_total_size": float("nan")},
             ValueError,
-            r"max_total_size must be a positive finite number, got nan",
+            r"max_total_size must be a finite number >= 0, got nan",
         ),
         ({"costs": [1], "max_total_size": "4"}, TypeError, r"max_total_size must be a real number, got '4'"),
         ({"costs": [[1, 2]], "max_total_size": [3]}, ValueError, r"max_total_size has 1 caps but costs has 2 columns"),
@@ -362,7 +362,7 @@ def test_generator_logs_skips_and_summary():
 def test_generator_bad_input():
     with pytest.raises(TypeError, match="sizeof must be a callable or a mapping, got int"):
         size_aware_batching([1], 3, 4)
-    with pytest.raises(ValueError, match="max_total_size must be a positive finite number, got -4"):
+    with pytest.raises(ValueError, match="max_total_size must be a finite number >= 0, got -4"):
         size_aware_batching([1], len, -4)
     with pytest.raises(RuntimeError, match="sizeof raised an error for data=1"):
         list(size_aware_batching([1], len, 4))
@@ -514,10 +514,10 @@ def test_sums_past_2_62_with_a_cap_past_int64_are_refused():
 
 @pytest.mark.parametrize("cap", [float("inf"), -float("inf"), np.float64("inf"), [1, float("inf")]])
 def test_non_finite_caps_are_refused(cap):
-    with pytest.raises(ValueError, match=r"max_total_size must be a positive finite number, got -?inf"):
+    with pytest.raises(ValueError, match=r"max_total_size must be a finite number >= 0, got -?inf"):
         split_batches(np.ones((3, 2)) if isinstance(cap, list) else [1, 2], cap)
     if not isinstance(cap, list):
-        with pytest.raises(ValueError, match=r"max_total_size must be a positive finite number, got -?inf"):
+        with pytest.raises(ValueError, match=r"max_total_size must be a finite number >= 0, got -?inf"):
             size_aware_batching([1], len, cap)
 
 

@@ -372,7 +372,11 @@ def test_first_batch_of_a_huge_epoch_is_fast_and_small():
     [
         (lambda: FastLoader(torch.arange(4), 0), ValueError, r"batch_size must be a positive integer, got 0"),
         (lambda: FastLoader(torch.arange(4), 2.0), TypeError, r"batch_size must be an integer, got 2.0"),
-        (lambda: FastSizeAwareLoader(torch.arange(4), [1] * 4, 0), ValueError, r"max_total_size must be a positive"),
+        (
+            lambda: FastSizeAwareLoader(torch.arange(4), [1] * 4, -1),
+            ValueError,
+            r"max_total_size must be a finite number >= 0, got -1",
+        ),
         (
             lambda: FastSizeAwareLoader(torch.arange(4), [1] * 3, 5),
             ValueError,
@@ -614,3 +618,20 @@ def test_dataloader_keywords_with_fastsab_meanings():
 def test_readme_lists_every_dataloader_keyword_from_the_table():
     readme = (Path(__file__).parents[1] / "README.md").read_text()
     assert keyword_list() in readme
+
+
+@pytest.mark.parametrize("balance", [True, False])
+def test_zero_budget_batches_the_zero_cost_items_on_every_rank(balance):
+    lengths = torch.tensor([0, 0, 3, 0, 0, 0, 0, 0])
+    dealt = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # no cost divided by a zero cap
+        warnings.simplefilter("ignore", UserWarning)  # the skipped item is reported
+        for rank in (0, 1):
+            loader = FastSizeAwareLoader(
+                torch.arange(8), lengths, 0, shuffle=False, rank=rank, world_size=2, max_batch_size=2, balance=balance
+            )
+            dealt += [b.tolist() for b in loader]
+            assert loader.stats.num_skipped == 1
+    assert sorted(i for batch in dealt for i in batch) == [0, 1, 3, 4, 5, 6, 7]
+    assert all(len(batch) <= 2 for batch in dealt)

@@ -94,8 +94,8 @@ def test_summary_logs():
             TypeError,
             r"sizeof must be a callable, a mapping, a sequence, a numpy array or a tensor, got int",
         ),
-        ((range(1), [1], 0), ValueError, r"max_total_size must be a positive finite number, got 0"),
-        ((range(1), [1], -2.5), ValueError, r"max_total_size must be a positive finite number, got -2.5"),
+        ((range(1), [1], -1), ValueError, r"max_total_size must be a finite number >= 0, got -1"),
+        ((range(1), [1], -2.5), ValueError, r"max_total_size must be a finite number >= 0, got -2.5"),
         ((range(1), [1], "3"), TypeError, r"max_total_size must be a real number, got '3'"),
         ((range(1), [1, -1], 3), ValueError, r"sizeof must be non-negative, got -1 at position 1"),
         ((range(1), [float("nan")], 3), ValueError, r"sizeof must be finite, got nan at position 0"),
@@ -117,7 +117,7 @@ def test_bad_indices_and_sizes_during_iteration():
         list(SizeAwareBatchSampler([0, 5], [1, 1], 3))
     with pytest.raises(IndexError, match=r"sampler yielded index -1"):
         list(SizeAwareBatchSampler([-1], [1, 1], 3))
-    with pytest.raises(ValueError, match=r"sizeof values must be non-negative"):
+    with pytest.raises(ValueError, match=r"sizeof must return a finite number >= 0, got -1 for the element 0"):
         list(SizeAwareBatchSampler([0], lambda i: -1, 3))
     with pytest.raises(RuntimeError, match=r"sizeof raised an error for index 0"):
         list(SizeAwareBatchSampler([0], lambda i: 1 / 0, 3))
@@ -261,3 +261,13 @@ def test_create_buckets_properties():
 def test_create_buckets_bad_arguments(args, error, message):
     with pytest.raises(error, match=message):
         create_buckets(*args)
+
+
+def test_every_skip_is_reported_for_float_sizes_past_2_53_and_an_integer_cap():
+    # 2**53 + 4 > 2**53 + 3 exactly, while float(2**53 + 3) rounds up to 2**53 + 4
+    messages: list[str] = []
+    sampler = SizeAwareBatchSampler(range(3), [1.0, float(2**53 + 4), 1.0], 2**53 + 3, warn_logger=messages.append)
+    assert list(sampler) == [[0, 2]]
+    assert sampler.skipped == [1]
+    assert len(messages) == 2
+    assert messages[0] == "Size of element 1 exceeds max_total_size (9007199254740996.0 > 9007199254740995), skipping"
