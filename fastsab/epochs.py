@@ -400,8 +400,10 @@ def make_cost_source(sizeof: Any, n: int, features: Any = None) -> Callable[[np.
     Accepted forms: a 1-D (or ``(n, k)``) array, tensor or sequence of per-item sizes; a
     callable applied to ``features[indices]`` when ``features`` is given (e.g. a fitted
     memory model over per-item lengths, evaluated in one call per chunk; ``features`` is a
-    1-D or ``(n, d)`` real-valued tensor, array or sequence, converted once to int64 or
-    float64: a tensor stays a tensor on its device, anything else becomes a numpy array;
+    1-D or ``(n, d)`` real-valued tensor, array or sequence, converted once: integers to
+    int64, floats to float64 for a memory model (one with ``num_features``) and to their own
+    floating dtype for another callable; a tensor stays a tensor on its device, anything else
+    becomes a numpy array;
     booleans, complex, strings, objects, NaN and infinity are refused); a vectorized
     callable taking an index array; a per-item callable (accepted, warned about as slow).
     The result pickles whenever ``sizeof`` does.
@@ -450,18 +452,34 @@ class _ArrayCosts:
 
 
 def _checked_features(features: Any, n: int, sizeof: Any) -> np.ndarray | torch.Tensor:
-    """``features`` converted once to int64 or float64 (a tensor stays a tensor), checked against ``n``."""
+    """``features`` checked against ``n`` and converted once: integers to int64, floats to float64 for a
+    memory model and to their own floating dtype for another callable (a tensor stays a tensor)."""
     # NOTE: booleans are refused (as for sizes): a mask passed as features is more likely a
     # mistake than a 0/1 feature, and converting one is a single call.
     values = as_real_array("features", features, ndim=(1, 2))
     if len(values) != n:
         raise ValueError(f"features has {len(values)} rows but the dataset has {n} items.")
     columns = getattr(sizeof, "num_features", None)  # a PolynomialRegression's number of inputs
-    if isinstance(columns, int) and not isinstance(columns, bool) and n:  # (an empty list has no columns)
+    if not isinstance(columns, int) or isinstance(columns, bool):
+        return _own_float_dtype(values, features)
+    if n:  # (an empty list has no columns)
         shape = tuple(values.shape)
         if (columns == 1 and len(shape) != 1) or (columns > 1 and shape[1:] != (columns,)):
             wanted = "1-D" if columns == 1 else f"of shape (n, {columns})"
             raise ValueError(f"features must be {wanted} for a model with num_features={columns}, got shape {shape}.")
+    return values
+
+
+def _own_float_dtype(values: np.ndarray | torch.Tensor, features: Any) -> np.ndarray | torch.Tensor:
+    """Checked float features back in the floating dtype they were given in (ints stay int64)."""
+    # NOTE: a callable of the user's own (a float32 module) needs the dtype it was given; the
+    # memory model computes in float64 whatever it gets, so its features are float64.
+    if isinstance(values, torch.Tensor):
+        if isinstance(features, torch.Tensor) and features.is_floating_point():
+            return values.to(features.dtype)
+        return values
+    if isinstance(features, np.ndarray) and np.issubdtype(features.dtype, np.floating):
+        return values.astype(features.dtype, copy=False)
     return values
 
 

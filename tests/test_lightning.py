@@ -164,6 +164,19 @@ def test_data_module_arguments():
         FastDataModule(train=torch.arange(3), batch_size=2).test_dataloader()
 
 
+def test_data_module_refuses_a_dataloader_keyword_when_made():
+    # refused at construction, not later when the trainer asks for a loader
+    with pytest.raises(
+        TypeError, match=r"FastLoader does not take DataLoader's keyword num_workers \(got num_workers=2\)"
+    ):
+        FastDataModule(train=torch.arange(3), batch_size=2, num_workers=2)
+    sized = {"sizeof": {"train": [1, 1, 1]}, "max_total_size": 2}
+    with pytest.raises(TypeError, match=r"FastSizeAwareLoader does not take DataLoader's keyword drop_last"):
+        FastDataModule(train=torch.arange(3), drop_last=True, **sized)
+    module = FastDataModule(train=torch.arange(3), batch_size=2, drop_last=True, prefetch=1)
+    assert [batch.tolist() for batch in module.train_dataloader()] != []
+
+
 def test_two_process_ddp_with_lightning(tmp_path):
     script = Path(__file__).with_name("lightning_ddp_worker.py")
     out = subprocess.run(

@@ -635,3 +635,23 @@ def test_zero_budget_batches_the_zero_cost_items_on_every_rank(balance):
             assert loader.stats.num_skipped == 1
     assert sorted(i for batch in dealt for i in batch) == [0, 1, 3, 4, 5, 6, 7]
     assert all(len(batch) <= 2 for batch in dealt)
+
+
+def test_float_features_reach_a_callable_sizeof_of_their_own_dtype():
+    # a float32 module as sizeof needs float32 features
+    net = torch.nn.Linear(1, 1)
+    with torch.no_grad():
+        net.weight.fill_(2.0)
+        net.bias.zero_()
+
+    def sizeof(rows):
+        return net(torch.as_tensor(rows)[:, None]).squeeze(1)
+
+    for features in (torch.tensor([3.0, 1.0, 2.0, 4.0]), np.array([3.0, 1.0, 2.0, 4.0], dtype=np.float32)):
+        loader = FastSizeAwareLoader(torch.arange(4), sizeof, 8, features=features, shuffle=False)
+        assert [b.tolist() for b in loader] == [[0, 1], [2], [3]]  # costs 6, 2, 4, 8
+    seen = []
+    half = FastSizeAwareLoader(
+        torch.arange(2), lambda rows: seen.append(rows.dtype) or rows, 8, features=torch.ones(2).half()
+    )
+    assert len(half) == 1 and seen == [torch.float16]

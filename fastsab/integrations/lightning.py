@@ -18,6 +18,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 
+from fastsab.dataloader_keywords import check_dataloader_keywords
 from fastsab.loader import FastLoader, FastSizeAwareLoader
 
 __all__ = ["SPLITS", "FastDataModule"]
@@ -79,6 +80,8 @@ class FastDataModule(pl.LightningDataModule):
             ``collate_fn``, ``even_batches``, ...); ``device`` is left to Lightning.
 
     Raises:
+        TypeError: If ``loader_options`` holds a ``DataLoader`` keyword the loaders do not
+            take (the error says what to use instead).
         ValueError: If neither ``batch_size`` nor ``sizeof`` and ``max_total_size`` are
             given, or ``sizeof`` names an unknown split.
 
@@ -116,6 +119,11 @@ class FastDataModule(pl.LightningDataModule):
             raise ValueError("give batch_size, or sizeof and max_total_size.")
         if "device" in loader_options:
             raise ValueError("device is chosen by the Lightning trainer; do not pass it to FastDataModule.")
+        # NOTE: checked now rather than when the trainer first asks for a loader, mid-setup
+        if sizeof:
+            check_dataloader_keywords(FastSizeAwareLoader, loader_options)
+        if batch_size is not None:
+            check_dataloader_keywords(FastLoader, loader_options)
         self.batch_size = batch_size
         self.sizeof = dict(sizeof or {})
         self.max_total_size = max_total_size
