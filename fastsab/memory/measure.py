@@ -190,11 +190,12 @@ def collect_cuda_peak_alloc(
 def profile_peak_bytes(fn: Callable[[], Any]) -> tuple[Any, int]:
     """Run ``fn()`` recording the CPU allocator's events; return its result and the peak in bytes.
 
-    Every allocation and free of torch's CPU allocator during ``fn`` (in every thread that
-    runs its operators) is recorded with its signed size; the peak is the maximum running
-    sum of these events in time order, i.e. the most memory ``fn`` held at once above what
-    was allocated before it started (never below 0). Memory that is not allocated through
-    torch (Python objects, numpy arrays) is not counted.
+    Every allocation and free of torch's CPU allocator during ``fn`` in the calling thread
+    is recorded with its signed size; the peak is the maximum running sum of these events
+    in time order, i.e. the most memory ``fn`` held at once above what was allocated before
+    it started (never below 0). Memory that is not allocated through torch (Python objects,
+    numpy arrays) or that other threads allocate is not counted; nor is a free of memory
+    allocated before ``fn`` started, so the peak then errs on the high side.
 
     The events come from torch's lightweight (legacy) CPU profiler, which costs about
     nothing per operator and prints nothing; where a torch build lacks it, from
