@@ -17,7 +17,15 @@ from typing import Any
 
 import torch
 
-__all__ = ["ACCEPTED_NOTES", "ADVICE", "LOADER_ADVICE", "check_dataloader_keywords", "keyword_list"]
+__all__ = [
+    "ACCEPTED_NOTES",
+    "ADVICE",
+    "LOADER_ADVICE",
+    "TakesDataLoaderKeywords",
+    "check_dataloader_keywords",
+    "keyword_list",
+    "without_dataloader_defaults",
+]
 
 _WORKER_OPTION = "an option of worker processes: pass it to loader.data_loader(num_workers=..., {name}=...)"
 
@@ -98,11 +106,68 @@ def advice_for(loader_name: str, name: str) -> str | None:
     return LOADER_ADVICE.get(loader_name, {}).get(name) or ADVICE.get(name)
 
 
+@functools.cache
+def _dataloader_defaults() -> dict[str, Any]:
+    """DataLoader's keywords whose default value asks for nothing fastsab does not do already.
+
+    ``batch_size`` is not one: its default (batches of one item) is a choice, not the absence of one.
+    """
+    return {
+        name: parameter.default
+        for name, parameter in inspect.signature(torch.utils.data.DataLoader).parameters.items()
+        if parameter.default is not inspect.Parameter.empty and name != "batch_size"
+    }
+
+
+def _is_default(name: str, value: Any) -> bool:
+    defaults = _dataloader_defaults()
+    if name not in defaults:
+        return False
+    default = defaults[name]
+    # NOTE: the same type too: 0.0 or False for num_workers=0 is not what DataLoader's default says
+    return value is default or (type(value) is type(default) and value == default)
+
+
+def without_dataloader_defaults(loader: type, keywords: dict[str, Any]) -> dict[str, Any]:
+    """``keywords`` without the DataLoader keywords ``loader`` does not take that are at their default values.
+
+    ``num_workers=0``, ``sampler=None``, ``timeout=0``, ... ask for what the loaders do
+    anyway, so a call written for ``DataLoader`` keeps working; any other value of such a
+    keyword raises the ``TypeError`` of :func:`check_dataloader_keywords`.
+    """
+    extra = keywords.keys() - _accepted(loader)
+    if not extra:
+        return keywords
+    kept = {name: value for name, value in keywords.items() if name not in extra or not _is_default(name, value)}
+    check_dataloader_keywords(loader, kept)
+    return kept
+
+
+class TakesDataLoaderKeywords(type):
+    """The metaclass of the loaders: a call drops the DataLoader keywords at their default values.
+
+    The constructors keep their explicit signatures (``inspect.signature`` shows ``__init__``'s);
+    a DataLoader keyword the loader does not take, at another value, raises a ``TypeError``
+    naming it with what to use instead.
+    """
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        return super().__call__(*args, **without_dataloader_defaults(cls, kwargs))
+
+    @property
+    def __signature__(cls) -> inspect.Signature:
+        signature = inspect.signature(cls.__init__)  # type: ignore[misc]
+        return signature.replace(
+            parameters=tuple(signature.parameters.values())[1:], return_annotation=inspect.Signature.empty
+        )
+
+
 def check_dataloader_keywords(loader: type, keywords: Mapping[str, Any]) -> None:
     """Raise a ``TypeError`` naming the first DataLoader keyword in ``keywords`` that ``loader`` does not take.
 
     Keywords that are not DataLoader's are left alone (the constructor call raises
-    Python's own error for them).
+    Python's own error for them). Calling the loader also accepts DataLoader's keywords at
+    their default values (:func:`without_dataloader_defaults`); this check does not.
 
     Examples:
         >>> from fastsab import FastLoader

@@ -10,7 +10,7 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Callable, Generator, Iterator
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 import torch
@@ -18,7 +18,7 @@ import torch
 from fastsab._checks import check_positive_int
 from fastsab.batching import CostMode, OversizePolicy
 from fastsab.cursor import EpochCursor, Stream
-from fastsab.dataloader_keywords import check_dataloader_keywords
+from fastsab.dataloader_keywords import TakesDataLoaderKeywords
 from fastsab.distributed import EvenBatches, resolve_rank
 from fastsab.epochs import EpochOrder, EpochStats, FixedSizePlanner, SizeAwarePlanner, make_cost_source
 from fastsab.fetch import Fetcher
@@ -50,17 +50,12 @@ _SHARED_OPTIONS = (
 )
 
 
-_L = TypeVar("_L", bound="_Loader")
+class _Loader(EpochCursor, metaclass=TakesDataLoaderKeywords):
+    """What both loaders share: epochs, ranks, fetching, transfer, prefetch, stats and state.
 
-
-class _Loader(EpochCursor):
-    """What both loaders share: epochs, ranks, fetching, transfer, prefetch, stats and state."""
-
-    def __new__(cls: type[_L], *args: Any, **kwargs: Any) -> _L:
-        # NOTE: checked here so that the constructors keep explicit signatures: a keyword of
-        # DataLoader the loader does not take gets a TypeError naming it, with what to use instead.
-        check_dataloader_keywords(cls, kwargs)
-        return super().__new__(cls)
+    The metaclass drops DataLoader's keywords at their default values (``num_workers=0``) and
+    refuses the others with what to use instead, so that the constructors keep explicit signatures.
+    """
 
     def __init__(
         self,

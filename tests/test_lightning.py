@@ -175,6 +175,8 @@ def test_data_module_refuses_a_dataloader_keyword_when_made():
         FastDataModule(train=torch.arange(3), drop_last=True, **sized)
     module = FastDataModule(train=torch.arange(3), batch_size=2, drop_last=True, prefetch=1)
     assert [batch.tolist() for batch in module.train_dataloader()] != []
+    module = FastDataModule(train=torch.arange(3), batch_size=2, num_workers=0, shuffle=False)  # DataLoader's default
+    assert [batch.tolist() for batch in module.train_dataloader()] == [[0, 1], [2]]
 
 
 def test_two_process_ddp_with_lightning(tmp_path):

@@ -581,6 +581,24 @@ def _make_loader(loader_class, **keywords):
     return FastSizeAwareLoader(data, [1, 1, 1, 1, 1], 2, **keywords)
 
 
+# a value of each DataLoader keyword other than its default (a new keyword of torch needs one here)
+OTHER_VALUES = {
+    "batch_size": 3,
+    "drop_last": True,
+    "sampler": [0, 1],
+    "batch_sampler": [[0]],
+    "num_workers": 2,
+    "timeout": 5.0,
+    "worker_init_fn": print,
+    "multiprocessing_context": "spawn",
+    "generator": torch.Generator(),
+    "prefetch_factor": 2,
+    "persistent_workers": True,
+    "pin_memory_device": "cuda",
+    "in_order": False,
+}
+
+
 @pytest.mark.parametrize("loader_class", [FastLoader, FastSizeAwareLoader])
 @pytest.mark.parametrize("name", [name for name in inspect.signature(DataLoader).parameters if name != "dataset"])
 def test_every_dataloader_keyword_is_taken_or_named_with_advice(loader_class, name):
@@ -590,12 +608,28 @@ def test_every_dataloader_keyword_is_taken_or_named_with_advice(loader_class, na
         assert len(set(seen)) == len(seen) >= 4 and set(seen) <= set(range(5))  # drop_last drops one
         return
     assert advice_for(loader_class.__name__, name), f"no advice for DataLoader's keyword {name}"
-    value = inspect.signature(DataLoader).parameters[name].default
+    default = inspect.signature(DataLoader).parameters[name].default
+    if name != "batch_size":  # DataLoader's default asks for nothing the loader does not do: accepted
+        plain = [b.tolist() for b in _make_loader(loader_class, shuffle=False)]
+        assert [b.tolist() for b in _make_loader(loader_class, shuffle=False, **{name: default})] == plain
+    value = default if name == "batch_size" else OTHER_VALUES[name]
     message = (
         rf"{loader_class.__name__} does not take DataLoader's keyword {name} \(got {name}={re.escape(repr(value))}\): "
     )
     with pytest.raises(TypeError, match=message + re.escape(advice_for(loader_class.__name__, name))):
         _make_loader(loader_class, **{name: value})
+
+
+def test_a_default_of_another_type_is_not_a_default():
+    with pytest.raises(TypeError, match=r"keyword num_workers \(got num_workers=0\.0\)"):
+        FastLoader(torch.arange(4), 2, num_workers=0.0)
+    with pytest.raises(TypeError, match=r"keyword persistent_workers \(got persistent_workers=0\)"):
+        FastLoader(torch.arange(4), 2, persistent_workers=0)
+
+
+def test_the_loaders_show_their_own_signatures():
+    assert "num_workers" not in inspect.signature(FastLoader).parameters
+    assert list(inspect.signature(FastSizeAwareLoader).parameters)[:3] == ["dataset", "sizeof", "max_total_size"]
 
 
 def test_dataloader_keywords_with_fastsab_meanings():

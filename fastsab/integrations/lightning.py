@@ -18,7 +18,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 
-from fastsab.dataloader_keywords import check_dataloader_keywords
+from fastsab.dataloader_keywords import without_dataloader_defaults
 from fastsab.loader import FastLoader, FastSizeAwareLoader
 
 __all__ = ["SPLITS", "FastDataModule"]
@@ -121,9 +121,9 @@ class FastDataModule(pl.LightningDataModule):
             raise ValueError("device is chosen by the Lightning trainer; do not pass it to FastDataModule.")
         # NOTE: checked now rather than when the trainer first asks for a loader, mid-setup
         if sizeof:
-            check_dataloader_keywords(FastSizeAwareLoader, loader_options)
+            without_dataloader_defaults(FastSizeAwareLoader, loader_options)
         if batch_size is not None:
-            check_dataloader_keywords(FastLoader, loader_options)
+            without_dataloader_defaults(FastLoader, loader_options)
         self.batch_size = batch_size
         self.sizeof = dict(sizeof or {})
         self.max_total_size = max_total_size
