@@ -29,6 +29,7 @@ import sys
 import threading
 import traceback
 import types
+import weakref
 from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
@@ -313,19 +314,42 @@ def _context_slot(context: Any, cache: Any) -> _CacheSlot:
 def code_context(func: Callable[..., Any]) -> Any:
     """The default context of a function's calls: the code it runs, not the function object.
 
-    A lambda made anew on each iteration of a loop, a ``functools.partial`` and a bound method
-    (made anew at each attribute access) keep their context, so their sizes are remembered; and
-    no function object (nor the tensors its closure holds) is kept alive by the cache.
+    A lambda made anew on each iteration of a loop and a ``functools.partial`` keep their
+    context (the file and the code of the function), so their sizes are remembered; and no
+    function object (nor the tensors its closure holds) is kept alive by the cache. A callable
+    object (a model) and a bound method (made anew at each attribute access) are remembered
+    per object, by a weak reference: two models of one class keep their sizes apart, and
+    neither is kept alive.
     """
     while isinstance(func, functools.partial):
         func = func.func
-    func = getattr(func, "__func__", func)  # a bound method: the function it binds
+    if isinstance(func, types.MethodType):
+        return _code_of(func.__func__), _identity(func.__self__)
     code = getattr(func, "__code__", None)
-    if code is not None:
-        return code
+    if isinstance(code, types.CodeType):
+        # NOTE: the file too: Python's equality of code objects ignores it, and the same function at the
+        # same line of two files (copies of a script) is not the same work
+        return code.co_filename, code
     if isinstance(func, (type, types.BuiltinFunctionType)):
-        return func
-    return type(func)  # a callable object: its class
+        self = getattr(func, "__self__", None)
+        if self is None or isinstance(self, types.ModuleType):
+            return func
+        return func.__qualname__, _identity(self)  # a builtin method of an object: not the object itself
+    return _identity(func)  # a callable object
+
+
+def _code_of(func: Any) -> Any:
+    code = getattr(func, "__code__", None)
+    return (code.co_filename, code) if isinstance(code, types.CodeType) else func
+
+
+def _identity(obj: Any) -> Any:
+    """A hashable key for ``obj`` that does not keep it alive: a weak reference, else its class."""
+    try:
+        hash(obj)
+        return weakref.ref(obj)
+    except TypeError:  # unhashable, or no weak references: every object of the class shares
+        return type(obj)
 
 
 # -- the retry loops --------------------------------------------------------------------------

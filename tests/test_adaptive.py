@@ -341,10 +341,51 @@ def test_code_contexts():
             return batch_size
 
     a, b = Model(), Model()
-    assert adaptive.code_context(a.forward) == adaptive.code_context(b.forward) == Model.forward.__code__
-    assert adaptive.code_context(functools.partial(a.forward, 1)) == Model.forward.__code__
-    assert adaptive.code_context(a) is Model
+    code = (__file__, Model.forward.__code__)
+    assert adaptive.code_context(Model.forward) == code
+    assert adaptive.code_context(a.forward) == adaptive.code_context(a.forward) == (code, weakref.ref(a))
+    assert adaptive.code_context(a.forward) != adaptive.code_context(b.forward)
+    assert adaptive.code_context(functools.partial(a.forward, 1)) == adaptive.code_context(a.forward)
+    assert adaptive.code_context(a) == weakref.ref(a) != adaptive.code_context(b)
     assert adaptive.code_context(len) is len and adaptive.code_context(int) is int
+    assert adaptive.code_context([].append) == ("list.append", list)  # unhashable: per class
+
+
+def test_explicit_forms_keep_the_sizes_of_each_callable_object_and_bound_method_apart():
+    class Model:
+        def __init__(self, limit):
+            self.limit, self.sizes = limit, []
+
+        def __call__(self, batch_size):
+            self.sizes.append(batch_size)
+            if batch_size > self.limit:
+                raise OOM("CUDA out of memory.")
+            return batch_size
+
+        def forward(self, batch_size):
+            return self(batch_size)
+
+    small, large = Model(4), Model(100)
+    for model in (small, large, small):  # a loop over models, one line
+        adaptive.explicit.batch(model, 64, adaptive_cache=GlobalCache)
+        adaptive.explicit.batch(model.forward, 64, adaptive_cache=GlobalCache)  # a new bound method each time
+    assert large.sizes == [64, 64]  # not the small model's 4
+    assert small.sizes == [64, 32, 16, 8, 4, 64, 32, 16, 8, 4, 4, 4]
+    alive = weakref.ref(small)
+    del small, model
+    gc.collect()
+    assert alive() is None  # remembered, not kept alive
+
+
+def test_explicit_forms_keep_the_sizes_of_equal_code_in_two_files_apart():
+    source = "\n".join(["def step(batch_size):", "    return work(batch_size)"])
+    tasks = [{"work": Workload(4)}, {"work": Workload(100)}]
+    for task, file in zip(tasks, ["task_a.py", "task_b.py"]):
+        exec(compile(source, file, "exec"), task)
+    assert tasks[0]["step"].__code__ == tasks[1]["step"].__code__  # Python's equality ignores the file
+    for task in tasks:
+        adaptive.explicit.batch(task["step"], 64, adaptive_cache=GlobalCache)
+    assert tasks[1]["work"].sizes == [64]
 
 
 def test_the_cache_does_not_keep_a_block_or_what_it_holds_alive():

@@ -16,7 +16,8 @@ Where this module differs from toma 1.1 (README, "Coming from bionemo / toma"):
 - When the last, shorter chunk of a range fails, the step shrinks until the chunk gets
   shorter, instead of rerunning the same chunk at every step above its length.
 - Without a context, sizes are remembered per code of the function
-  (:func:`fastsab.adaptive.code_context`), so a lambda made anew in a loop reuses them.
+  (:func:`fastsab.adaptive.code_context`), so a lambda made anew in a loop reuses them (a
+  callable object, such as a model, and a bound method: per object, without keeping it alive).
 - ``toma.chunked(dimension=...)`` chunks along ``dimension`` and ``explicit.chunked`` passes
   extra arguments on; ``toma.batch(context=...)`` without a function keeps the context.
 - Sizes, steps and cache types are checked: a size that is not a positive integer, or a

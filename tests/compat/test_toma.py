@@ -353,3 +353,24 @@ def test_cudnn_not_supported_is_not_out_of_memory():
 def test_bad_arguments_are_named(call, error, message):
     with pytest.raises(error, match=message):
         call()
+
+
+@pytest.mark.parametrize("lib", [peer, ours], ids=["toma", "fastsab"])
+def test_two_models_of_one_class_keep_their_sizes_apart(lib):
+    class Model(torch.nn.Module):
+        def __init__(self, limit: int) -> None:
+            super().__init__()
+            self.limit, self.sizes = limit, []
+
+        def forward(self, batchsize: int) -> int:
+            self.sizes.append(batchsize)
+            if batchsize > self.limit:
+                raise RuntimeError(OOM_MESSAGE)
+            return batchsize
+
+    small, large = Model(4), Model(100)
+    with fresh_caches():
+        for model in (small, large):
+            lib.explicit.batch(model, 64, toma_cache_type=cache_type(lib, "GlobalBatchsizeCache"))
+            lib.explicit.batch(model.forward, 64, toma_cache_type=cache_type(lib, "GlobalBatchsizeCache"))
+    assert large.sizes == [64, 64]
