@@ -91,6 +91,20 @@ def _cache_type(name: str, value: Any) -> type[BatchSizeCache]:
     return value
 
 
+def _check_function(form: str, size_name: str, func: Any) -> Callable[..., Any]:
+    """``func``, the function to decorate; a size given in its place (``@toma.batch(64)``) is named."""
+    if not callable(func):
+        raise TypeError(
+            f"{form} takes its options by keyword ({size_name}={func!r}); func must be a function, "
+            f"got {func!r} of type {type(func).__name__}."
+        )
+    kind = adaptive._lazy_kind(func)
+    if kind is not None:  # NOTE: refused when decorated, as by fastsab.adaptive's decorators, not at the first call
+        name = getattr(func, "__qualname__", None) or repr(func)
+        raise TypeError(f"{name} is {kind}; {form} cannot retry it: {adaptive._LAZY_ADVICE}")
+    return func
+
+
 def _first(given: Any, default: Any) -> Any:
     return default if given is None else given
 
@@ -211,7 +225,7 @@ class toma:
                 toma.batch, initial_batchsize=initial_batchsize, cache_type=cache_type, context=context
             )
         cache = _cache_type("cache_type", cache_type)
-        function = func
+        function = _check_function("toma.batch", "initial_batchsize", func)
 
         @functools.wraps(function)
         def wrapped(
@@ -239,7 +253,7 @@ class toma:
         if func is None:
             return functools.partial(toma.range, initial_step=initial_step, cache_type=cache_type, context=context)
         cache = _cache_type("cache_type", cache_type)
-        function = func
+        function = _check_function("toma.range", "initial_step", func)
 
         @functools.wraps(function)
         def wrapped(
@@ -276,7 +290,7 @@ class toma:
                 toma.chunked, initial_step=initial_step, dimension=dimension, cache_type=cache_type, context=context
             )
         cache = _cache_type("cache_type", cache_type)
-        function = func
+        function = _check_function("toma.chunked", "initial_step", func)
 
         @functools.wraps(function)
         def wrapped(

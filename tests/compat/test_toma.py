@@ -348,6 +348,13 @@ def test_cudnn_not_supported_is_not_out_of_memory():
             r"toma_cache_type must be a cache class \(StacktraceMemoryBatchsizeCache",
         ),
         (lambda: ours.toma.execute.batch(4, context=[1])(len), TypeError, r"context must be hashable, got \[1\]"),
+        (
+            lambda: ours.toma.batch(64),
+            TypeError,
+            r"toma\.batch takes its options by keyword \(initial_batchsize=64\); func must be a function, got 64",
+        ),
+        (lambda: ours.toma.range(8), TypeError, r"toma\.range takes .* \(initial_step=8\); func .* got 8"),
+        (lambda: ours.toma.chunked(8), TypeError, r"toma\.chunked takes .* \(initial_step=8\); func .* got 8"),
     ],
 )
 def test_bad_arguments_are_named(call, error, message):
@@ -374,3 +381,12 @@ def test_two_models_of_one_class_keep_their_sizes_apart(lib):
             lib.explicit.batch(model, 64, toma_cache_type=cache_type(lib, "GlobalBatchsizeCache"))
             lib.explicit.batch(model.forward, 64, toma_cache_type=cache_type(lib, "GlobalBatchsizeCache"))
     assert large.sizes == [64, 64]
+
+
+def test_generator_functions_are_refused_when_decorated():
+    def rows(batchsize):
+        yield batchsize
+
+    for decorate in (ours.toma.batch(initial_batchsize=4), ours.toma.range(initial_step=4)):
+        with pytest.raises(TypeError, match=r"rows is a generator function; toma\.(batch|range) cannot retry it"):
+            decorate(rows)
