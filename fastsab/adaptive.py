@@ -25,6 +25,7 @@ import gc
 import inspect
 import math
 import os
+import pickle
 import sys
 import threading
 import traceback
@@ -84,11 +85,23 @@ class AdaptiveOOMError(RuntimeError):
     def __reduce__(self) -> tuple[Any, ...]:
         # NOTE: rebuilt from the message, not by __init__ (whose arguments are not kept), so that
         # the error crosses process boundaries (multiprocessing, DataLoader workers) intact
-        return _restore_error, (type(self), str(self)), self.__dict__
+        state = {**self.__dict__, "last": _portable(getattr(self, "last", None))}
+        return _restore_error, (type(self), str(self)), state
 
 
 def _restore_error(cls: type[AdaptiveOOMError], message: str) -> AdaptiveOOMError:
     return cls.__new__(cls, message)
+
+
+def _portable(error: BaseException | None) -> BaseException | None:
+    """``error`` if it survives pickling, else a ``RuntimeError`` with its type and message."""
+    # NOTE: an exception whose __init__ takes more than its message pickles but fails to unpickle
+    # (its args are not its __init__'s), which would lose the whole AdaptiveOOMError on the other side
+    try:
+        pickle.loads(pickle.dumps(error))
+    except Exception:
+        return RuntimeError(f"{type(error).__name__}: {error}")
+    return error
 
 
 def free_memory(error: BaseException | None = None) -> None:

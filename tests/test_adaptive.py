@@ -740,6 +740,25 @@ def test_adaptive_oom_error_survives_pickling():
     assert type(copy) is AdaptiveOOMError and str(copy) == str(error) and copy.tried == [4, 2]
 
 
+class DeviceOOM(RuntimeError):
+    """An out-of-memory error whose ``__init__`` takes more than its message (pickles, does not unpickle)."""
+
+    def __init__(self, device: int, message: str) -> None:
+        super().__init__(message)
+        self.device = device
+
+
+def test_adaptive_oom_error_survives_pickling_with_a_last_error_that_does_not():
+    import pickle
+
+    error = AdaptiveOOMError("fn", [4, 2], 2, DeviceOOM(0, "CUDA out of memory."))
+    copy = pickle.loads(pickle.dumps(error))
+    assert str(copy) == str(error) and copy.tried == [4, 2]
+    assert type(copy.last) is RuntimeError and str(copy.last) == "DeviceOOM: CUDA out of memory."
+    copy = pickle.loads(pickle.dumps(AdaptiveOOMError("fn", [1], 1, OOM("CUDA out of memory."))))
+    assert type(copy.last) is OOM  # an error that pickles is kept as it is
+
+
 # --- set_cpu_memory_limit, in child processes (the limit is per process) ----------------------------
 
 
