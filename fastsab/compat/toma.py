@@ -43,6 +43,7 @@ from __future__ import annotations
 import functools
 import sys
 from collections.abc import Callable
+from numbers import Integral
 from typing import Any
 
 import torch
@@ -170,20 +171,39 @@ class explicit:
         **kwargs: Any,
     ) -> None:
         """``func(chunk, chunk_start, chunk_end, *args, **kwargs)`` over ``tensor`` along ``toma_dimension``."""
-        initial = _size(initial_step, "initial_step")
-        cache = _cache_type("toma_cache_type", toma_cache_type)
-        _as_toma_error(
-            lambda: adaptive.explicit.chunked(
-                func,
-                tensor,
-                initial,
-                *args,
-                adaptive_dim=_first(toma_dimension, 0),
-                adaptive_cache=cache,
-                adaptive_context=toma_context,
-                **kwargs,
-            )
+        dim = _dimension("toma_dimension", toma_dimension, tensor)
+        _chunked(func, tensor, initial_step, args, kwargs, dim=dim, context=toma_context, cache_type=toma_cache_type)
+
+
+def _dimension(name: str, value: Any, tensor: Any) -> int:
+    """The dimension to chunk along (``None``: 0), checked against ``tensor`` under the name the call gave it."""
+    given = _first(value, 0)
+    if isinstance(given, bool) or not isinstance(given, Integral):
+        raise TypeError(f"{name} must be an integer, got {value!r} of type {type(value).__name__}.")
+    dim = int(given)
+    if isinstance(tensor, torch.Tensor) and not -tensor.dim() <= dim < tensor.dim():
+        raise ValueError(f"{name}={value!r} is out of range for a tensor of shape {tuple(tensor.shape)}.")
+    return dim
+
+
+def _chunked(
+    func: Callable[..., Any],
+    tensor: torch.Tensor,
+    initial_step: int,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    *,
+    dim: int,
+    context: Any,
+    cache_type: Any,
+) -> None:
+    initial = _size(initial_step, "initial_step")
+    cache = _cache_type("toma_cache_type", cache_type)
+    _as_toma_error(
+        lambda: adaptive.explicit.chunked(
+            func, tensor, initial, *args, adaptive_dim=dim, adaptive_cache=cache, adaptive_context=context, **kwargs
         )
+    )
 
 
 class simple:
@@ -202,7 +222,8 @@ class simple:
     @staticmethod
     def chunked(func: Callable[..., Any], tensor: torch.Tensor, initial_step: int, dimension: int = 0) -> None:
         """``func(chunk, chunk_start, chunk_end)`` over ``tensor`` along ``dimension``."""
-        explicit.chunked(func, tensor, initial_step, toma_dimension=dimension, toma_cache_type=NoBatchsizeCache)
+        dim = _dimension("dimension", dimension, tensor)
+        _chunked(func, tensor, initial_step, (), {}, dim=dim, context=None, cache_type=NoBatchsizeCache)
 
 
 class toma:
@@ -303,15 +324,17 @@ class toma:
         ) -> None:
             initial = _first(toma_initial_step, initial_step)
             _size(initial, "toma_initial_step", "initial_step")
-            explicit.chunked(
+            given = _first(toma_dimension, dimension)
+            dim = _dimension("toma_dimension or dimension", given, tensor)
+            _chunked(
                 function,
                 tensor,
                 initial,
-                *args,
-                toma_dimension=_first(toma_dimension, dimension),
-                toma_context=_first(toma_context, context),
-                toma_cache_type=cache,
-                **kwargs,
+                args,
+                kwargs,
+                dim=dim,
+                context=_first(toma_context, context),
+                cache_type=cache,
             )
 
         return wrapped
@@ -353,6 +376,13 @@ class toma:
         ) -> Callable[[Callable[..., Any]], None]:
             """``@toma.execute.chunked(tensor, 64)`` over ``def block(chunk, start, end): ...``."""
             context = adaptive.call_site(sys._getframe(1)) if context is None else context
-            return lambda func: explicit.chunked(
-                func, tensor, initial_step, toma_dimension=dimension, toma_cache_type=cache_type, toma_context=context
+            return lambda func: _chunked(
+                func,
+                tensor,
+                initial_step,
+                (),
+                {},
+                dim=_dimension("dimension", dimension, tensor),
+                context=context,
+                cache_type=cache_type,
             )

@@ -390,3 +390,22 @@ def test_generator_functions_are_refused_when_decorated():
     for decorate in (ours.toma.batch(initial_batchsize=4), ours.toma.range(initial_step=4)):
         with pytest.raises(TypeError, match=r"rows is a generator function; toma\.(batch|range) cannot retry it"):
             decorate(rows)
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "message"),
+    [
+        (lambda t: ours.explicit.chunked(print, t, 2, toma_dimension=2), ValueError, r"^toma_dimension=2 is out of"),
+        (lambda t: ours.explicit.chunked(print, t, 2, toma_dimension=1.0), TypeError, r"^toma_dimension must be an"),
+        (lambda t: ours.simple.chunked(print, t, 2, dimension=-3), ValueError, r"^dimension=-3 is out of range"),
+        (lambda t: ours.toma.execute.chunked(t, 2, dimension=5)(print), ValueError, r"^dimension=5 is out of range"),
+        (
+            lambda t: ours.toma.chunked(initial_step=2, dimension=5)(print)(t),
+            ValueError,
+            r"^toma_dimension or dimension=5 is out of range for a tensor of shape \(3, 4\)",
+        ),
+    ],
+)
+def test_a_bad_dimension_is_named_as_the_call_names_it(call, error, message):
+    with pytest.raises(error, match=message):
+        call(torch.ones(3, 4))
