@@ -25,10 +25,14 @@ import gc
 import inspect
 import math
 import os
+import pickle
 import sys
 import threading
 import traceback
+import types
+import weakref
 from abc import ABC, abstractmethod
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from numbers import Integral, Real
@@ -46,7 +50,9 @@ __all__ = [
     "NoCache",
     "StackMemoryCache",
     "batch",
+    "call_site",
     "chunked",
+    "code_context",
     "execute",
     "explicit",
     "free_memory",
@@ -64,6 +70,7 @@ class AdaptiveOOMError(RuntimeError):
 
     Attributes:
         tried: The sizes tried, in order.
+        last: The out-of-memory error of the last size tried.
     """
 
     def __init__(self, name: str, tried: list[int], minimum: int, last: BaseException) -> None:
@@ -73,15 +80,28 @@ class AdaptiveOOMError(RuntimeError):
             f"Last error: {type(last).__name__}: {last}"
         )
         self.tried = tried
+        self.last = last
 
     def __reduce__(self) -> tuple[Any, ...]:
         # NOTE: rebuilt from the message, not by __init__ (whose arguments are not kept), so that
         # the error crosses process boundaries (multiprocessing, DataLoader workers) intact
-        return _restore_error, (type(self), str(self)), self.__dict__
+        state = {**self.__dict__, "last": _portable(getattr(self, "last", None))}
+        return _restore_error, (type(self), str(self)), state
 
 
 def _restore_error(cls: type[AdaptiveOOMError], message: str) -> AdaptiveOOMError:
     return cls.__new__(cls, message)
+
+
+def _portable(error: BaseException | None) -> BaseException | None:
+    """``error`` if it survives pickling, else a ``RuntimeError`` with its type and message."""
+    # NOTE: an exception whose __init__ takes more than its message pickles but fails to unpickle
+    # (its args are not its __init__'s), which would lose the whole AdaptiveOOMError on the other side
+    try:
+        pickle.loads(pickle.dumps(error))
+    except Exception:
+        return RuntimeError(f"{type(error).__name__}: {error}")
+    return error
 
 
 def free_memory(error: BaseException | None = None) -> None:
@@ -133,6 +153,11 @@ class BatchSizeCache:
         entry = self._entries.get(key)
         return initial if entry is None else entry.size
 
+    def shrunk(self, key: Any, size: int) -> None:
+        """Record that a call ran out of memory and goes on at ``size`` (the next call starts there)."""
+        with self._lock:
+            self._entries[key] = _Entry(size)
+
     def success(self, key: Any, size: int, initial: int, factor: float) -> None:
         """Record that ``size`` worked (and grow back after enough successes)."""
         with self._lock:
@@ -155,6 +180,9 @@ class NoCache(BatchSizeCache):
     def get(self, key: Any, initial: int) -> int:
         return initial
 
+    def shrunk(self, key: Any, size: int) -> None:
+        return None
+
     def success(self, key: Any, size: int, initial: int, factor: float) -> None:
         return None
 
@@ -176,11 +204,16 @@ class StackMemoryCache(BatchSizeCache):
         self.bucket_bytes = check_positive_int("bucket_bytes", bucket_bytes)
 
     def key(self, frame: Any) -> Any:
-        sites: list[tuple[str, int]] = []
-        while frame is not None and len(sites) < self.depth:
-            sites.append((frame.f_code.co_filename, frame.f_lineno))
-            frame = frame.f_back
-        return tuple(sites), available_memory() // self.bucket_bytes
+        return call_site(frame, self.depth), available_memory() // self.bucket_bytes
+
+
+def call_site(frame: Any, depth: int = 16) -> tuple[tuple[str, int], ...]:
+    """``(file, line)`` of ``frame`` and of up to ``depth - 1`` of its callers: where a call comes from."""
+    sites: list[tuple[str, int]] = []
+    while frame is not None and len(sites) < depth:
+        sites.append((frame.f_code.co_filename, frame.f_lineno))
+        frame = frame.f_back
+    return tuple(sites)
 
 
 def available_memory() -> int:
@@ -255,6 +288,81 @@ class _CacheSlot:
                 raise TypeError(f"the default cache factory {factory!r} made {made!r}, not a BatchSizeCache.")
             self._default_factory, self._default = factory, made
         return self._default
+
+
+def _follows_registry(cache: Any) -> bool:
+    """Whether ``cache`` names a cache to make (``"default"`` or a class) rather than a given one."""
+    if isinstance(cache, str):
+        return cache == "default"
+    return isinstance(cache, type) and issubclass(cache, BatchSizeCache)
+
+
+# NOTE: bounded: a program that makes contexts without end (new call sites, new functions) does not
+# grow this without end; the least recently used context starts from its initial size again
+_CONTEXT_CAPACITY = 2**14
+_context_slots: OrderedDict[Any, _CacheSlot] = OrderedDict()
+_context_lock = threading.Lock()
+
+
+def _context_slot(context: Any, cache: Any) -> _CacheSlot:
+    """The cache slot of every call made with ``context`` and ``cache`` (a cache class is made once per context)."""
+    try:
+        hash(context)
+    except TypeError:
+        raise TypeError(f"context must be hashable, got {context!r} of type {type(context).__name__}.") from None
+    if not _follows_registry(cache):
+        return _CacheSlot(cache)  # no cache, or a given instance (itself shared); anything else is refused
+    key = (context, cache)
+    with _context_lock:
+        slot = _context_slots.get(key)
+        if slot is None:
+            slot = _context_slots[key] = _CacheSlot(cache)
+            if len(_context_slots) > _CONTEXT_CAPACITY:
+                _context_slots.popitem(last=False)
+        else:
+            _context_slots.move_to_end(key)
+    return slot
+
+
+def code_context(func: Callable[..., Any]) -> Any:
+    """The default context of a function's calls: the code it runs, not the function object.
+
+    A lambda made anew on each iteration of a loop and a ``functools.partial`` keep their
+    context (the file and the code of the function), so their sizes are remembered; and no
+    function object (nor the tensors its closure holds) is kept alive by the cache. A callable
+    object (a model) and a bound method (made anew at each attribute access) are remembered
+    per object, by a weak reference: two models of one class keep their sizes apart, and
+    neither is kept alive.
+    """
+    while isinstance(func, functools.partial):
+        func = func.func
+    if isinstance(func, types.MethodType):
+        return _code_of(func.__func__), _identity(func.__self__)
+    code = getattr(func, "__code__", None)
+    if isinstance(code, types.CodeType):
+        # NOTE: the file too: Python's equality of code objects ignores it, and the same function at the
+        # same line of two files (copies of a script) is not the same work
+        return code.co_filename, code
+    if isinstance(func, (type, types.BuiltinFunctionType)):
+        self = getattr(func, "__self__", None)
+        if self is None or isinstance(self, types.ModuleType):
+            return func
+        return func.__qualname__, _identity(self)  # a builtin method of an object: not the object itself
+    return _identity(func)  # a callable object
+
+
+def _code_of(func: Any) -> Any:
+    code = getattr(func, "__code__", None)
+    return (code.co_filename, code) if isinstance(code, types.CodeType) else func
+
+
+def _identity(obj: Any) -> Any:
+    """A hashable key for ``obj`` that does not keep it alive: a weak reference, else its class."""
+    try:
+        hash(obj)
+        return weakref.ref(obj)
+    except TypeError:  # unhashable, or no weak references: every object of the class shares
+        return type(obj)
 
 
 # -- the retry loops --------------------------------------------------------------------------
@@ -338,6 +446,8 @@ class _Adaptive(ABC):
         cache: See :func:`batch`.
         form: The public name of the form, for messages (``"adaptive.batch"``).
         names: The names of the ``initial`` and ``minimum`` arguments, for messages.
+        context: What the sizes are remembered for (hashable): every call made with an equal
+            context shares them. ``None``: this object's calls only.
     """
 
     @abstractmethod
@@ -354,6 +464,7 @@ class _Adaptive(ABC):
         *,
         form: str,
         names: tuple[str, str],
+        context: Any = None,
     ) -> None:
         if not callable(func):
             raise TypeError(f"func must be callable, got {func!r} of type {type(func).__name__}.")
@@ -368,10 +479,12 @@ class _Adaptive(ABC):
         if self.minimum > self.initial:
             raise ValueError(f"{names[1]} ({self.minimum}) must not exceed {names[0]} ({self.initial}).")
         self.factor = _check_factor(factor)
-        self.slot = _CacheSlot(cache)
-        # NOTE: the function's own token in every key: a cache instance shared by several functions
+        # NOTE: the context's own token in every key: a cache instance shared by several functions
         # (or a default factory that returns one) must not start one function at another's size
-        self._token = object()
+        if context is None:
+            self.slot, self._token = _CacheSlot(cache), object()
+        else:
+            self.slot, self._token = _context_slot(context, cache), ("context", context)
 
     @property
     def cache(self) -> BatchSizeCache:
@@ -397,7 +510,7 @@ class _Adaptive(ABC):
         return min(self.initial, max(self.minimum, int(size)))
 
     def attempt(self, size: int, tried: list[int], run: Callable[[], Any]) -> tuple[bool, Any]:
-        """Run once at ``size``; on out-of-memory free memory and return ``(False, smaller)``."""
+        """Run once at ``size``; on out-of-memory free memory and return ``(False, None)``."""
         tried.append(size)
         try:
             value = run()
@@ -407,7 +520,7 @@ class _Adaptive(ABC):
             free_memory(error)
             if size <= self.minimum:
                 raise AdaptiveOOMError(self.name, tried, self.minimum, error) from None
-            return False, _smaller(size, self.factor, self.minimum)
+            return False, None
         _check_finished(self.name, self.form, value)
         return True, value
 
@@ -423,7 +536,8 @@ class _Batch(_Adaptive):
             if ok:
                 cache.success(key, size, self.initial, self.factor)
                 return value
-            size = value
+            size = _smaller(size, self.factor, self.minimum)
+            cache.shrunk(key, size)
 
 
 class _Range(_Adaptive):
@@ -442,12 +556,16 @@ class _Range(_Adaptive):
         tried: list[int] = []
         while position < end:
             stop = min(position + step, end)
-            # NOTE: the chunk's own length, not the step: a short last chunk that fails shrinks
-            # from its length instead of being rerun unchanged at every step above it
-            ok, value = self.attempt(stop - position, tried, functools.partial(run, position, stop))
+            length = stop - position
+            ok, _ = self.attempt(length, tried, functools.partial(run, position, stop))
             if not ok:
-                step = value  # retry the failed chunk with the smaller step
-                continue
+                # NOTE: shrunk until the failed chunk itself gets shorter: a short last chunk is not
+                # rerun unchanged at every step above its length
+                step = _smaller(step, self.factor, self.minimum)
+                while step >= length and step > self.minimum:
+                    step = _smaller(step, self.factor, self.minimum)
+                cache.shrunk(key, step)
+                continue  # retry the failed chunk with the smaller step
             tried.clear()
             cache.success(key, step, self.initial, self.factor)
             step = self.cached_size(cache, key, step)  # the same step, or a grown one (grow_after)
@@ -464,8 +582,9 @@ class _Chunked(_Range):
         cache: Any,
         dim: int,
         form: str = "adaptive.chunked",
+        context: Any = None,
     ) -> None:
-        super().__init__(func, initial, minimum, factor, cache, form=form, names=_STEP_NAMES)
+        super().__init__(func, initial, minimum, factor, cache, form=form, names=_STEP_NAMES, context=context)
         self.dim = _check_integer("dim", dim)
 
     def __call__(self, tensor: torch.Tensor, /, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
@@ -502,6 +621,7 @@ def batch(
     min_batch_size: int = 1,
     factor: float = 2,
     cache: Any = "default",
+    context: Any = None,
 ) -> Any:
     """Decorate ``func(batch_size, *args, **kwargs)``; call it as ``func(*args, **kwargs)``.
 
@@ -529,13 +649,22 @@ def batch(
             :class:`StackMemoryCache`), ``None`` (no cache), a :class:`BatchSizeCache` or
             its class. Change it later with ``func.adaptive.cache = ...`` (``"default"``
             included). A cache instance may be shared: each function keeps its own sizes.
+        context: A hashable key for the sizes instead of this function: every function
+            decorated with an equal context (and cache class) starts where the last one ended.
 
     Raises:
         TypeError: If ``func`` is not callable, or is a generator or ``async`` function.
     """
     return _decorate(
         lambda f: _Batch(
-            f, initial_batch_size, min_batch_size, factor, cache, form="adaptive.batch", names=_BATCH_NAMES
+            f,
+            initial_batch_size,
+            min_batch_size,
+            factor,
+            cache,
+            form="adaptive.batch",
+            names=_BATCH_NAMES,
+            context=context,
         ),
         func,
     )
@@ -548,6 +677,7 @@ def range(
     min_step: int = 1,
     factor: float = 2,
     cache: Any = "default",
+    context: Any = None,
 ) -> Any:
     """Decorate ``func(start, end, *args)``; call it as ``func(range_start, range_end, *args)``.
 
@@ -555,10 +685,15 @@ def range(
     (integers, ``range_end >= range_start``) of ``step`` items; on out-of-memory shrinks the
     step and retries the failed chunk, so completed chunks are not repeated. A failed chunk
     is rerun from its start: ``func`` should write a chunk's results only once its work has
-    succeeded. Generator and ``async`` functions are refused, as by :func:`batch`.
+    succeeded. When a chunk shorter than the step (the last one) fails, the step shrinks until
+    the chunk gets shorter. Generator and ``async`` functions are refused, and ``cache`` and
+    ``context`` mean, as for :func:`batch`.
     """
     return _decorate(
-        lambda f: _Range(f, initial_step, min_step, factor, cache, form="adaptive.range", names=_STEP_NAMES), func
+        lambda f: _Range(
+            f, initial_step, min_step, factor, cache, form="adaptive.range", names=_STEP_NAMES, context=context
+        ),
+        func,
     )
 
 
@@ -570,63 +705,134 @@ def chunked(
     min_step: int = 1,
     factor: float = 2,
     cache: Any = "default",
+    context: Any = None,
 ) -> Any:
     """Decorate ``func(chunk, start, end, *args)``; call it as ``func(tensor, *args)``.
 
     Passes views ``tensor.narrow(dim, start, end - start)`` of consecutive chunks, with
     their bounds, shrinking the step on out-of-memory as :func:`range` does. ``dim`` may be
     negative, counted from the last dimension. Generator and ``async`` functions are
-    refused, as by :func:`batch`.
+    refused, and ``cache`` and ``context`` mean, as for :func:`batch`.
     """
-    return _decorate(lambda f: _Chunked(f, initial_step, min_step, factor, cache, dim), func)
+    return _decorate(lambda f: _Chunked(f, initial_step, min_step, factor, cache, dim, context=context), func)
 
 
 class explicit:
-    """Call forms that take the function and the initial size as arguments (no cache, ``factor`` 2)."""
+    """Call forms that take the function and the initial size as arguments (``factor`` 2, minimum 1).
+
+    The sizes are remembered per ``adaptive_context``, by default the code of ``func`` (see
+    :func:`code_context`): a lambda made anew on every iteration of a loop starts where the
+    last one ended. ``adaptive_cache`` chooses the cache as ``cache`` does for :func:`batch`
+    (``None``: start from the initial size every time). The ``adaptive_`` options are
+    keyword-only and are not passed on to ``func``; every other argument is.
+
+    Examples:
+        >>> def step(batch_size, limit):
+        ...     if batch_size > limit:
+        ...         raise torch.OutOfMemoryError("CUDA out of memory (example)")
+        ...     return batch_size
+        >>> [explicit.batch(step, 64, limit, adaptive_cache=GlobalCache) for limit in (20, 100)]
+        [16, 16]
+        >>> explicit.batch(step, 64, 100, adaptive_cache=None)
+        64
+    """
 
     @staticmethod
-    def batch(func: Callable[..., Any], initial_batch_size: int, /, *args: Any, **kwargs: Any) -> Any:
-        """``func(batch_size, *args, **kwargs)`` with adaptive batch size; no cache."""
-        adaptive = _Batch(func, initial_batch_size, 1, 2, None, form="adaptive.explicit.batch", names=_BATCH_NAMES)
+    def batch(
+        func: Callable[..., Any],
+        initial_batch_size: int,
+        /,
+        *args: Any,
+        adaptive_cache: Any = "default",
+        adaptive_context: Any = None,
+        **kwargs: Any,
+    ) -> Any:
+        """``func(batch_size, *args, **kwargs)`` with adaptive batch size."""
+        context = code_context(func) if adaptive_context is None else adaptive_context
+        form = "adaptive.explicit.batch"
+        adaptive = _Batch(
+            func, initial_batch_size, 1, 2, adaptive_cache, form=form, names=_BATCH_NAMES, context=context
+        )
         return adaptive(*args, **kwargs)
 
     @staticmethod
-    def range(func: Callable[..., Any], start: int, end: int, initial_step: int, /, *args: Any, **kwargs: Any) -> None:
-        """``func(chunk_start, chunk_end, *args, **kwargs)`` over ``start..end``; no cache."""
-        _Range(func, initial_step, 1, 2, None, form="adaptive.explicit.range", names=_STEP_NAMES)(
+    def range(
+        func: Callable[..., Any],
+        start: int,
+        end: int,
+        initial_step: int,
+        /,
+        *args: Any,
+        adaptive_cache: Any = "default",
+        adaptive_context: Any = None,
+        **kwargs: Any,
+    ) -> None:
+        """``func(chunk_start, chunk_end, *args, **kwargs)`` over ``start..end``."""
+        context = code_context(func) if adaptive_context is None else adaptive_context
+        form = "adaptive.explicit.range"
+        _Range(func, initial_step, 1, 2, adaptive_cache, form=form, names=_STEP_NAMES, context=context)(
             start, end, *args, **kwargs
         )
 
     @staticmethod
     def chunked(
-        func: Callable[..., Any], tensor: torch.Tensor, initial_step: int, /, *args: Any, **kwargs: Any
+        func: Callable[..., Any],
+        tensor: torch.Tensor,
+        initial_step: int,
+        /,
+        *args: Any,
+        adaptive_dim: int = 0,
+        adaptive_cache: Any = "default",
+        adaptive_context: Any = None,
+        **kwargs: Any,
     ) -> None:
-        """``func(chunk, start, end, *args, **kwargs)`` over ``tensor`` along dim 0; no cache."""
-        _Chunked(func, initial_step, 1, 2, None, 0, form="adaptive.explicit.chunked")(tensor, *args, **kwargs)
+        """``func(chunk, start, end, *args, **kwargs)`` over ``tensor`` along ``adaptive_dim``."""
+        context = code_context(func) if adaptive_context is None else adaptive_context
+        form = "adaptive.explicit.chunked"
+        _Chunked(func, initial_step, 1, 2, adaptive_cache, adaptive_dim, form=form, context=context)(
+            tensor, *args, **kwargs
+        )
 
 
 class execute:
     """Decorators that run the decorated function at once (for blocks of code).
 
+    The sizes are remembered per call site of ``execute.*`` (the line and its callers), or
+    per ``context`` if given: a block that runs again, e.g. on every iteration of a loop,
+    starts at the size that worked the last time. The other options are those of
+    :func:`batch`, :func:`range` and :func:`chunked`.
+
     Examples:
-        >>> @execute.batch(initial_batch_size=8)
-        ... def result(batch_size):
-        ...     return batch_size * 2
-        >>> result
-        16
+        >>> tried = []
+        >>> for run_again in (False, True):
+        ...     @execute.batch(initial_batch_size=64, cache=GlobalCache)
+        ...     def result(batch_size):
+        ...         tried.append(batch_size)
+        ...         if batch_size > 20:
+        ...             raise torch.OutOfMemoryError("CUDA out of memory (example)")
+        ...         return batch_size * 2
+        >>> result, tried  # the second run starts at 16
+        (32, [64, 32, 16, 16])
     """
 
     @staticmethod
-    def batch(*, initial_batch_size: int, **options: Any) -> Callable[[Callable[..., Any]], Any]:
-        return lambda func: batch(func, initial_batch_size=initial_batch_size, **options)()
+    def batch(*, initial_batch_size: int, context: Any = None, **options: Any) -> Callable[[Callable[..., Any]], Any]:
+        context = call_site(sys._getframe(1)) if context is None else context
+        return lambda func: batch(func, initial_batch_size=initial_batch_size, context=context, **options)()
 
     @staticmethod
-    def range(start: int, end: int, *, initial_step: int, **options: Any) -> Callable[[Callable[..., Any]], Any]:
-        return lambda func: range(func, initial_step=initial_step, **options)(start, end)
+    def range(
+        start: int, end: int, *, initial_step: int, context: Any = None, **options: Any
+    ) -> Callable[[Callable[..., Any]], Any]:
+        context = call_site(sys._getframe(1)) if context is None else context
+        return lambda func: range(func, initial_step=initial_step, context=context, **options)(start, end)
 
     @staticmethod
-    def chunked(tensor: torch.Tensor, *, initial_step: int, **options: Any) -> Callable[[Callable[..., Any]], Any]:
-        return lambda func: chunked(func, initial_step=initial_step, **options)(tensor)
+    def chunked(
+        tensor: torch.Tensor, *, initial_step: int, context: Any = None, **options: Any
+    ) -> Callable[[Callable[..., Any]], Any]:
+        context = call_site(sys._getframe(1)) if context is None else context
+        return lambda func: chunked(func, initial_step=initial_step, context=context, **options)(tensor)
 
 
 # -- loaders that survive out-of-memory errors -----------------------------------------------

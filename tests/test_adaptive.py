@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import functools
 import gc
 import resource
 import subprocess
@@ -64,8 +65,10 @@ def test_global_cache_reuses_the_last_size_everywhere():
 
 @pytest.fixture(autouse=True)
 def steady_memory(monkeypatch):
-    # the host's available memory moves with everything else running; hold it still
+    # the host's available memory moves with everything else running; hold it still. Every test
+    # starts with no size remembered for a context (explicit and execute forms)
     monkeypatch.setattr(adaptive, "available_memory", lambda: 8 * 2**30)
+    adaptive._context_slots.clear()
 
 
 def test_stack_memory_cache_is_per_call_site_and_memory(monkeypatch):
@@ -230,6 +233,185 @@ def test_chunked_along_a_dimension():
     assert torch.equal(out, 2 * x)
     with pytest.raises(TypeError, match="the first argument must be a tensor to chunk, got list"):
         double([1], out)
+
+
+def test_a_size_that_ran_out_of_memory_is_remembered_even_if_the_call_then_fails():
+    tried = []
+
+    @adaptive.batch(initial_batch_size=64, cache=adaptive.GlobalCache)
+    def fn(batch_size):
+        tried.append(batch_size)
+        if batch_size > 20:
+            raise OOM("CUDA out of memory.")
+        raise ValueError("a bug after the allocation")
+
+    with pytest.raises(ValueError, match="a bug after the allocation"):
+        fn()
+    with pytest.raises(ValueError, match="a bug after the allocation"):
+        fn()
+    assert tried == [64, 32, 16, 16]
+
+
+def execute_in_a_loop(form, cache, limit, iterations=2):
+    """The run-at-once forms in the body of a loop: a new block function in every iteration."""
+    tried = []
+    for _ in range(iterations):
+        if form == "batch":
+
+            @adaptive.execute.batch(initial_batch_size=64, cache=cache)
+            def _(batch_size):
+                tried.append(batch_size)
+                if batch_size > limit:
+                    raise OOM("CUDA out of memory.")
+
+        elif form == "range":
+
+            @adaptive.execute.range(0, 64, initial_step=64, cache=cache)
+            def _(start, end):
+                tried.append(end - start)
+                if end - start > limit:
+                    raise OOM("CUDA out of memory.")
+
+        else:
+
+            @adaptive.execute.chunked(torch.zeros(3, 64), initial_step=64, dim=1, cache=cache)
+            def _(chunk, start, end):
+                tried.append(chunk.shape[1])
+                if end - start > limit:
+                    raise OOM("CUDA out of memory.")
+
+    return tried
+
+
+@pytest.mark.parametrize("form", ["batch", "range", "chunked"])
+@pytest.mark.parametrize("cache", ["default", adaptive.GlobalCache, adaptive.StackMemoryCache])
+def test_execute_in_a_loop_starts_where_the_last_iteration_ended(form, cache):
+    tried = execute_in_a_loop(form, cache, 20)
+    if form == "batch":
+        assert tried == [64, 32, 16, 16]
+    else:
+        assert tried == [64, 32, 16, 16, 16, 16, 16, 16, 16, 16]  # 4 chunks of 16, then 4 again
+
+
+def test_execute_without_a_cache_starts_afresh_and_a_given_context_shares_sizes():
+    assert execute_in_a_loop("batch", None, 20) == [64, 32, 16, 64, 32, 16]
+    tried = []
+
+    def block(batch_size):
+        tried.append(batch_size)
+        if batch_size > 20:
+            raise OOM("CUDA out of memory.")
+
+    adaptive.execute.batch(initial_batch_size=64, context="embed", cache=adaptive.GlobalCache)(block)
+    adaptive.execute.batch(initial_batch_size=64, context="embed", cache=adaptive.GlobalCache)(block)  # other line
+    adaptive.execute.batch(initial_batch_size=64, context="other", cache=adaptive.GlobalCache)(block)
+    assert tried == [64, 32, 16, 16, 64, 32, 16]
+
+
+def test_explicit_forms_remember_sizes_per_code():
+    tried = []
+
+    def step(batch_size):
+        tried.append(batch_size)
+        if batch_size > 20:
+            raise OOM("CUDA out of memory.")
+        return batch_size
+
+    for _ in range(2):  # a new lambda in each iteration: the same code
+        assert adaptive.explicit.batch(lambda batch_size: step(batch_size), 64) == 16
+    assert tried == [64, 32, 16, 16]
+    tried.clear()
+    # NOTE: GlobalCache: the default cache also keys by the call site, and these are two lines
+    assert adaptive.explicit.batch(step, 64, adaptive_cache=GlobalCache) == 16
+    assert adaptive.explicit.batch(functools.partial(step), 64, adaptive_cache=GlobalCache) == 16  # step's code
+    assert adaptive.explicit.batch(step, 64, adaptive_cache=None) == 16  # no cache: from the initial size
+    assert tried == [64, 32, 16, 16, 64, 32, 16]
+    tried.clear()
+    for _ in range(2):
+        adaptive.explicit.range(lambda start, end: step(end - start), 0, 40, 64, adaptive_context="mine")
+    assert tried == [40, 32, 16, 16, 8, 16, 16, 8]  # the second call starts at 16
+
+
+def test_code_contexts():
+    class Model:
+        def forward(self, batch_size):
+            return batch_size
+
+        def __call__(self, batch_size):
+            return batch_size
+
+    a, b = Model(), Model()
+    code = (__file__, Model.forward.__code__)
+    assert adaptive.code_context(Model.forward) == code
+    assert adaptive.code_context(a.forward) == adaptive.code_context(a.forward) == (code, weakref.ref(a))
+    assert adaptive.code_context(a.forward) != adaptive.code_context(b.forward)
+    assert adaptive.code_context(functools.partial(a.forward, 1)) == adaptive.code_context(a.forward)
+    assert adaptive.code_context(a) == weakref.ref(a) != adaptive.code_context(b)
+    assert adaptive.code_context(len) is len and adaptive.code_context(int) is int
+    assert adaptive.code_context([].append) == ("list.append", list)  # unhashable: per class
+
+
+def test_explicit_forms_keep_the_sizes_of_each_callable_object_and_bound_method_apart():
+    class Model:
+        def __init__(self, limit):
+            self.limit, self.sizes = limit, []
+
+        def __call__(self, batch_size):
+            self.sizes.append(batch_size)
+            if batch_size > self.limit:
+                raise OOM("CUDA out of memory.")
+            return batch_size
+
+        def forward(self, batch_size):
+            return self(batch_size)
+
+    small, large = Model(4), Model(100)
+    for model in (small, large, small):  # a loop over models, one line
+        adaptive.explicit.batch(model, 64, adaptive_cache=GlobalCache)
+        adaptive.explicit.batch(model.forward, 64, adaptive_cache=GlobalCache)  # a new bound method each time
+    assert large.sizes == [64, 64]  # not the small model's 4
+    assert small.sizes == [64, 32, 16, 8, 4, 64, 32, 16, 8, 4, 4, 4]
+    alive = weakref.ref(small)
+    del small, model
+    gc.collect()
+    assert alive() is None  # remembered, not kept alive
+
+
+def test_explicit_forms_keep_the_sizes_of_equal_code_in_two_files_apart():
+    source = "\n".join(["def step(batch_size):", "    return work(batch_size)"])
+    tasks = [{"work": Workload(4)}, {"work": Workload(100)}]
+    for task, file in zip(tasks, ["task_a.py", "task_b.py"]):
+        exec(compile(source, file, "exec"), task)
+    assert tasks[0]["step"].__code__ == tasks[1]["step"].__code__  # Python's equality ignores the file
+    for task in tasks:
+        adaptive.explicit.batch(task["step"], 64, adaptive_cache=GlobalCache)
+    assert tasks[1]["work"].sizes == [64]
+
+
+def test_the_cache_does_not_keep_a_block_or_what_it_holds_alive():
+    def run_once():
+        data = torch.zeros(8)
+        adaptive.explicit.batch(lambda batch_size: data[:batch_size].sum(), 4)
+        return weakref.ref(data)
+
+    alive = run_once()
+    gc.collect()
+    assert alive() is None and adaptive._context_slots  # sizes are remembered, the data is not
+
+
+def test_contexts_beyond_the_capacity_forget_the_least_recently_used(monkeypatch):
+    monkeypatch.setattr(adaptive, "_CONTEXT_CAPACITY", 2)
+    tried = []
+
+    def block(batch_size):
+        tried.append(batch_size)
+        if batch_size > 20:
+            raise OOM("CUDA out of memory.")
+
+    for context in ["a", "b", "a", "c", "a", "b"]:  # "c" pushes out "b", the least recently used
+        adaptive.explicit.batch(block, 64, adaptive_context=context, adaptive_cache=adaptive.GlobalCache)
+    assert tried == [64, 32, 16] * 2 + [16] + [64, 32, 16] + [16] + [64, 32, 16]
+    assert len(adaptive._context_slots) == 2
 
 
 def test_explicit_and_execute_forms():
@@ -466,7 +648,7 @@ def test_a_default_cache_factory_must_make_a_cache():
 # --- ranges and chunks ----------------------------------------------------------------------------
 
 
-def test_a_failing_short_last_chunk_shrinks_from_its_own_length():
+def test_a_failing_short_last_chunk_shrinks_below_its_own_length():
     calls = []
 
     @adaptive.range(initial_step=8, cache=None)
@@ -477,6 +659,23 @@ def test_a_failing_short_last_chunk_shrinks_from_its_own_length():
 
     fn(0, 10)
     assert calls == [(0, 8), (8, 10), (8, 9), (9, 10)]  # no rerun of (8, 10) at the same length
+
+
+def test_the_step_after_a_short_chunk_fails_is_a_division_of_the_step_by_the_factor():
+    calls = []
+
+    @adaptive.range(initial_step=64, cache=adaptive.GlobalCache)
+    def fn(start, end):
+        calls.append((start, end))
+        if end > 64 and end - start > 4:
+            raise OOM("CUDA out of memory.")
+
+    fn(0, 69)
+    # 64 / 2**4 = 4 is the first step below the chunk's 5 items (not 5 // 2 = 2)
+    assert calls == [(0, 64), (64, 69), (64, 68), (68, 69)]
+    calls.clear()
+    fn(0, 9)
+    assert calls == [(0, 4), (4, 8), (8, 9)]  # the next call starts at the step that worked
 
 
 def test_a_short_last_chunk_below_the_minimum_step_is_an_error():
@@ -539,6 +738,25 @@ def test_adaptive_oom_error_survives_pickling():
     error = AdaptiveOOMError("fn", [4, 2], 2, OOM("CUDA out of memory."))
     copy = pickle.loads(pickle.dumps(error))
     assert type(copy) is AdaptiveOOMError and str(copy) == str(error) and copy.tried == [4, 2]
+
+
+class DeviceOOM(RuntimeError):
+    """An out-of-memory error whose ``__init__`` takes more than its message (pickles, does not unpickle)."""
+
+    def __init__(self, device: int, message: str) -> None:
+        super().__init__(message)
+        self.device = device
+
+
+def test_adaptive_oom_error_survives_pickling_with_a_last_error_that_does_not():
+    import pickle
+
+    error = AdaptiveOOMError("fn", [4, 2], 2, DeviceOOM(0, "CUDA out of memory."))
+    copy = pickle.loads(pickle.dumps(error))
+    assert str(copy) == str(error) and copy.tried == [4, 2]
+    assert type(copy.last) is RuntimeError and str(copy.last) == "DeviceOOM: CUDA out of memory."
+    copy = pickle.loads(pickle.dumps(AdaptiveOOMError("fn", [1], 1, OOM("CUDA out of memory."))))
+    assert type(copy.last) is OOM  # an error that pickles is kept as it is
 
 
 # --- set_cpu_memory_limit, in child processes (the limit is per process) ----------------------------
