@@ -159,11 +159,16 @@ class BatchSizeCache:
             self._entries[key] = _Entry(size)
 
     def success(self, key: Any, size: int, initial: int, factor: float) -> None:
-        """Record that ``size`` worked (and grow back after enough successes)."""
+        """Record that ``size`` worked: a success at the remembered size (grown back after ``grow_after``).
+
+        Only out-of-memory errors lower the remembered size (:meth:`shrunk`): a call that asked
+        for less than it (a smaller initial size) changes nothing, and a size that worked with
+        nothing remembered (no call ran out of memory) is the initial size, which needs no entry.
+        """
         with self._lock:
             entry = self._entries.get(key)
             if entry is None or entry.size != size:
-                entry = self._entries[key] = _Entry(size)
+                return
             entry.successes += 1
             if self.grow_after is not None and size < initial and entry.successes >= self.grow_after:
                 entry.size, entry.successes = min(initial, max(size + 1, int(size * factor))), 0

@@ -252,6 +252,24 @@ def test_a_size_that_ran_out_of_memory_is_remembered_even_if_the_call_then_fails
     assert tried == [64, 32, 16, 16]
 
 
+def test_a_call_that_asks_for_less_does_not_lower_the_remembered_size():
+    tried = []
+
+    def step(batch_size):
+        tried.append(batch_size)
+        if batch_size > 20:
+            raise OOM("CUDA out of memory.")
+
+    for initial in (64, 8, 64, 128):
+        adaptive.explicit.batch(step, initial, adaptive_cache=GlobalCache)
+    # 16 is remembered from the first call; the call that asked for 8 ran at 8 and left it so
+    assert tried == [64, 32, 16, 8, 16, 16]
+    tried.clear()
+    for initial in (8, 64):  # no size ran out of memory: nothing is remembered, each starts at its own
+        adaptive.explicit.batch(step, initial, adaptive_cache=GlobalCache, adaptive_context="fresh")
+    assert tried == [8, 64, 32, 16]
+
+
 def execute_in_a_loop(form, cache, limit, iterations=2):
     """The run-at-once forms in the body of a loop: a new block function in every iteration."""
     tried = []

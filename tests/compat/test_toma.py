@@ -409,3 +409,24 @@ def test_generator_functions_are_refused_when_decorated():
 def test_a_bad_dimension_is_named_as_the_call_names_it(call, error, message):
     with pytest.raises(error, match=message):
         call(torch.ones(3, 4))
+
+
+def test_the_call_initial_size_is_a_ceiling_and_only_out_of_memory_lowers_the_size():
+    """toma starts every call at the cached size, whatever the call's own initial size says."""
+
+    def loop(lib):
+        seen = []
+
+        @lib.toma.batch(initial_batchsize=64, cache_type=cache_type(lib, "GlobalBatchsizeCache"))
+        def step(batchsize):
+            seen.append(batchsize)
+
+        step()
+        step(toma_initial_batchsize=8)
+        step(toma_initial_batchsize=128)
+        return seen
+
+    with fresh_caches():
+        assert loop(peer) == [64, 64, 64]
+    with fresh_caches():
+        assert loop(ours) == [64, 8, 128]
