@@ -210,6 +210,17 @@ def test_size_aware_batching_accepts_a_zero_budget():
     assert list(size_aware_batching([1, 2], lambda x: x, 0, warn_logger=None)) == []
 
 
+# The events of sizes [1, 5, 1, 1, 5, 1, 0, 7] under a cap of 2: each skip is reported before the batch after it
+SKIPS_BETWEEN_BATCHES = [
+    ("warn", "skip"),
+    ("batch", [0, 2]),
+    ("warn", "skip"),
+    ("warn", "skip"),
+    ("batch", [3, 5, 6]),
+    ("warn", "summary"),
+]
+
+
 def test_size_aware_batching_skip_warnings_come_where_bionemo_gives_them():
     sizes = [1, 5, 1, 1, 5, 1, 0, 7]
 
@@ -217,14 +228,7 @@ def test_size_aware_batching_skip_warnings_come_where_bionemo_gives_them():
         return lambda warn_logger: api.size_aware_batching(range(8), sizes.__getitem__, 2, warn_logger=warn_logger)
 
     ours, peer = run(make(OURS)), run(make(PEER))
-    assert [e[:2] for e in ours[0]] == [
-        ("warn", "skip"),
-        ("batch", [0, 2]),
-        ("warn", "skip"),
-        ("warn", "skip"),
-        ("batch", [3, 5, 6]),
-        ("warn", "summary"),
-    ]
+    assert [e[:2] for e in ours[0]] == SKIPS_BETWEEN_BATCHES
     assert_same_outcome(ours, peer)
 
 
@@ -299,14 +303,7 @@ def test_size_aware_batch_sampler_skip_warnings_come_where_bionemo_gives_them():
     for chunk_size in (fastsab_samplers.CHUNK_SIZE, 2, 3):
         with mock.patch.object(fastsab_samplers, "CHUNK_SIZE", chunk_size):
             ours = run(lambda warn_logger: SizeAwareBatchSampler(range(8), sizes, 2, warn_logger=warn_logger))
-        assert [e[:2] for e in ours[0]] == [
-            ("warn", "skip"),
-            ("batch", [0, 2]),
-            ("warn", "skip"),
-            ("warn", "skip"),
-            ("batch", [3, 5, 6]),
-            ("warn", "summary"),
-        ]
+        assert [e[:2] for e in ours[0]] == SKIPS_BETWEEN_BATCHES
         peer = run(lambda warn_logger: PEER.SizeAwareBatchSampler(range(8), sizes.__getitem__, 2, None, warn_logger))
         assert_same_outcome(ours, peer)
 
