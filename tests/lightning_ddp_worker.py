@@ -36,6 +36,12 @@ class Model(pl.LightningModule):
             padded = self.trainer.datamodule.train_dataloader().loader.stats.num_padded
             print(f"DDP {'OK' if len(steps) == 1 and covered and repeats == padded else 'FAILED'} {steps} {repeats}")
 
+    def teardown(self, stage):
+        # NOTE: each process ends its process group itself, after fitting: a group left to the
+        # interpreter's exit can abort the process there (a C++ thread destroyed while running)
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.01)
 
