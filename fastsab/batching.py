@@ -99,11 +99,6 @@ class BatchSplit:
         """Number of complete batches in this result."""
         return len(self.offsets) - 1
 
-    @property
-    def batch_sizes(self) -> np.ndarray:
-        """Number of items in each batch."""
-        return np.diff(self.offsets)
-
     def batches(self) -> list[np.ndarray]:
         """The batches as a list of id arrays (views into :attr:`ids`).
 

@@ -32,15 +32,27 @@ EvenBatches = Literal["pad", "drop"]
 WINDOW_STEPS = 64
 
 
-def resolve_rank(rank: Any, world_size: Any) -> tuple[int, int]:
-    """``(rank, world_size)``: as given, or from ``torch.distributed`` when initialized.
+def resolve_rank(rank: Any, world_size: Any, *, trainer: Any = None) -> tuple[int, int]:
+    """``(rank, world_size)``: as given, else from ``trainer``, else from ``torch.distributed``.
+
+    Args:
+        rank, world_size: The values to use, or ``None`` to look them up.
+        trainer: A Lightning trainer (anything with ``global_rank`` and ``world_size``) whose
+            ranks fill the values not given, or ``None``. Without a trainer, the values not
+            given come from the initialized process group, or are ``0`` and ``1``.
 
     Examples:
         >>> resolve_rank(None, None)  # no process group here
         (0, 1)
         >>> resolve_rank(1, 4)
         (1, 4)
+        >>> from types import SimpleNamespace
+        >>> resolve_rank(None, None, trainer=SimpleNamespace(global_rank=2, world_size=3))
+        (2, 3)
     """
+    if trainer is not None:
+        world_size = trainer.world_size if world_size is None else world_size
+        rank = trainer.global_rank if rank is None else rank
     initialized = torch.distributed.is_available() and torch.distributed.is_initialized()
     if world_size is None:
         world_size = torch.distributed.get_world_size() if initialized else 1

@@ -5,7 +5,7 @@ large ``n`` and makes the first batch wait for the whole permutation. A grouped
 permutation splits the (randomly rotated) index range into contiguous groups of
 ``group_size`` indices, shuffles the order of the groups, then the indices inside each
 group. Each group is produced on its own, so an epoch can be generated group by group in
-``O(n / group_size + group_size)`` memory, and any group can be produced directly.
+``O(n / group_size + group_size)`` memory.
 
 The order depends only on ``(seed, epoch)``.
 """
@@ -94,23 +94,12 @@ class GroupedPermutation:
                 out[out >= self.n] -= self.n
         return out
 
-    def _new_group(self, group: int, seed: int, shift: int) -> np.ndarray:
-        return self._fill_group(np.empty(self._group_size(group), dtype=np.int64), group, seed, shift)
-
-    def group(self, epoch: int, slot: int) -> np.ndarray:
-        """The indices at group position ``slot`` of the epoch order (random access)."""
-        slot = check_nonnegative_int("slot", slot)
-        if slot >= self.num_groups:
-            raise ValueError(f"slot must be below num_groups={self.num_groups}, got {slot!r}.")
-        order, seeds, shift = self._plan(epoch)
-        group = int(order[slot])
-        return self._new_group(group, int(seeds[group]), shift)
-
-    def groups(self, epoch: int, start_slot: int = 0) -> Iterator[np.ndarray]:
+    def groups(self, epoch: int) -> Iterator[np.ndarray]:
         """Yield the groups of an epoch in order, each an ``int64`` array of indices."""
         order, seeds, shift = self._plan(epoch)
-        for group in order[start_slot:].tolist():
-            yield self._new_group(group, int(seeds[group]), shift)
+        for group in order.tolist():
+            out = np.empty(self._group_size(group), dtype=np.int64)
+            yield self._fill_group(out, group, int(seeds[group]), shift)
 
     def permutation(self, epoch: int) -> np.ndarray:
         """The whole epoch order as one ``int64`` array."""

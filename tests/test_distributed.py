@@ -6,6 +6,7 @@ import sys
 import textwrap
 from collections import Counter
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -103,6 +104,16 @@ def test_fixed_size_loader_under_ranks():
 def test_resolve_rank_errors(args, error, message):
     with pytest.raises(error, match=message):
         resolve_rank(*args)
+
+
+def test_resolve_rank_takes_the_trainers_ranks_where_none_are_given():
+    trainer = SimpleNamespace(global_rank=2, world_size=3)
+    assert resolve_rank(None, None, trainer=trainer) == (2, 3)
+    assert resolve_rank(0, None, trainer=trainer) == (0, 3)
+    assert resolve_rank(None, 4, trainer=trainer) == (2, 4)
+    assert resolve_rank(1, 2, trainer=trainer) == (1, 2)
+    with pytest.raises(ValueError, match=r"rank must be in \[0, world_size=2\), got 2"):
+        resolve_rank(None, 2, trainer=trainer)
 
 
 def test_bad_even_batches_and_lowering_under_ranks():

@@ -19,11 +19,11 @@ from typing import Any
 import lightning.pytorch as pl
 
 from fastsab.dataloader_keywords import without_dataloader_defaults
+from fastsab.distributed import resolve_rank
+from fastsab.integrations._splits import SPLITS
 from fastsab.loader import FastLoader, FastSizeAwareLoader
 
 __all__ = ["SPLITS", "FastDataModule"]
-
-SPLITS = ("train", "val", "test", "predict")
 
 
 class _TrainLoader:
@@ -132,19 +132,15 @@ class FastDataModule(pl.LightningDataModule):
         self._loaders: dict[str, Any] = {}
         self._pending_state: dict[str, Any] | None = None
 
-    def _ranks(self) -> dict[str, int]:
-        trainer = getattr(self, "trainer", None)
-        if trainer is None:
-            return {}
-        return {"rank": trainer.global_rank, "world_size": trainer.world_size}
-
     def _loader(self, split: str) -> Any:
         if split in self._loaders:  # the same loader on every reload: it keeps the epoch and position
             return self._loaders[split]
         dataset = self.datasets[split]
         if dataset is None:
             raise ValueError(f"FastDataModule has no {split} dataset; pass {split}= to use this split.")
-        options = {"shuffle": split == "train", "seed": self.seed, **self._ranks(), **self.loader_options}
+        options = {"shuffle": split == "train", "seed": self.seed, **self.loader_options}
+        ranks = resolve_rank(options.get("rank"), options.get("world_size"), trainer=getattr(self, "trainer", None))
+        options["rank"], options["world_size"] = ranks
         loader: Any
         if split in self.sizeof:
             loader = FastSizeAwareLoader(dataset, self.sizeof[split], self.max_total_size, **options)

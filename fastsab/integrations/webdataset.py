@@ -21,7 +21,6 @@ import os
 import pickle
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from enum import Enum
 from typing import Any
 
 import lightning.pytorch as pl
@@ -31,18 +30,12 @@ import webdataset as wds
 
 from fastsab._checks import check_optional_positive_int, check_positive_int
 from fastsab.batching import size_aware_batching
+from fastsab.distributed import resolve_rank
+from fastsab.integrations._splits import Split
 
 __all__ = ["PickledDataWDS", "Split", "WebDataModule", "safe_decoder", "size_aware_batched"]
 
 PICKLE_EXTENSIONS = ("pyd", "pickle", "pkl")
-
-
-class Split(str, Enum):
-    """The splits of a data module (strings, so ``"train"`` works as a key too)."""
-
-    train = "train"
-    val = "val"
-    test = "test"
 
 
 def size_aware_batched(
@@ -211,14 +204,6 @@ class WebDataModule(pl.LightningDataModule):
             raise ValueError(f"no shards match {pattern!r} for the {split.value} split.")
         return urls
 
-    def _rank(self) -> tuple[int, int]:
-        trainer = getattr(self, "trainer", None)
-        if trainer is not None:
-            return trainer.global_rank, trainer.world_size
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            return torch.distributed.get_rank(), torch.distributed.get_world_size()
-        return 0, 1
-
     def setup(self, stage: str | None = None) -> None:
         """Build the datasets of the splits ``stage`` needs (all known splits when ``None``)."""
         needed = {
@@ -233,7 +218,7 @@ class WebDataModule(pl.LightningDataModule):
 
     def _dataset(self, split: Split) -> Any:
         urls = self.shards(split)
-        rank, world_size = self._rank()
+        rank, world_size = resolve_rank(None, None, trainer=getattr(self, "trainer", None))
         workers = int(self.kwargs_wld.get(split, {}).get("num_workers", 0))
         mine = urls[rank::world_size]
         if len(mine) < max(workers, 1):
