@@ -73,14 +73,14 @@ def steady_memory(monkeypatch):
 
 def test_stack_memory_cache_is_per_call_site_and_memory(monkeypatch):
     work, fn = make("default")
-    for _ in range(2):  # one call site, as in a training loop
-        call_site_a(fn)
-    assert work.sizes == [512, 256, 128, 64, 64]
-    call_site_b(fn)  # another call site starts over
-    assert work.sizes[5:] == [512, 256, 128, 64]
-    monkeypatch.setattr(adaptive.caches, "available_memory", lambda: 10**12)  # another memory bucket
-    call_site_a(fn)
-    assert work.sizes[9:] == [512, 256, 128, 64]
+    # NOTE: every call from one line of this test: only the site function and the memory tell them apart
+    calls = [(call_site_a, 8 * 2**30)] * 2 + [(call_site_b, 8 * 2**30), (call_site_a, 10**12)]
+    for site, memory in calls:  # one call site, as in a training loop; another site; another memory bucket
+        monkeypatch.setattr(adaptive.caches, "available_memory", lambda memory=memory: memory)
+        site(fn)
+    assert work.sizes[:5] == [512, 256, 128, 64, 64]
+    assert work.sizes[5:9] == [512, 256, 128, 64]  # another call site starts over
+    assert work.sizes[9:] == [512, 256, 128, 64]  # another memory bucket starts over
 
 
 def test_default_cache_can_be_changed_at_run_time():
