@@ -67,20 +67,20 @@ def test_global_cache_reuses_the_last_size_everywhere():
 def steady_memory(monkeypatch):
     # the host's available memory moves with everything else running; hold it still. Every test
     # starts with no size remembered for a context (explicit and execute forms)
-    monkeypatch.setattr(adaptive, "available_memory", lambda: 8 * 2**30)
-    adaptive._context_slots.clear()
+    monkeypatch.setattr(adaptive.caches, "available_memory", lambda: 8 * 2**30)
+    adaptive.caches._context_slots.clear()
 
 
 def test_stack_memory_cache_is_per_call_site_and_memory(monkeypatch):
     work, fn = make("default")
-    for _ in range(2):  # one call site, as in a training loop
-        call_site_a(fn)
-    assert work.sizes == [512, 256, 128, 64, 64]
-    call_site_b(fn)  # another call site starts over
-    assert work.sizes[5:] == [512, 256, 128, 64]
-    monkeypatch.setattr(adaptive, "available_memory", lambda: 10**12)  # another memory bucket
-    call_site_a(fn)
-    assert work.sizes[9:] == [512, 256, 128, 64]
+    # NOTE: every call from one line of this test: only the site function and the memory tell them apart
+    calls = [(call_site_a, 8 * 2**30)] * 2 + [(call_site_b, 8 * 2**30), (call_site_a, 10**12)]
+    for site, memory in calls:  # one call site, as in a training loop; another site; another memory bucket
+        monkeypatch.setattr(adaptive.caches, "available_memory", lambda memory=memory: memory)
+        site(fn)
+    assert work.sizes[:5] == [512, 256, 128, 64, 64]
+    assert work.sizes[5:9] == [512, 256, 128, 64]  # another call site starts over
+    assert work.sizes[9:] == [512, 256, 128, 64]  # another memory bucket starts over
 
 
 def test_default_cache_can_be_changed_at_run_time():
@@ -414,11 +414,11 @@ def test_the_cache_does_not_keep_a_block_or_what_it_holds_alive():
 
     alive = run_once()
     gc.collect()
-    assert alive() is None and adaptive._context_slots  # sizes are remembered, the data is not
+    assert alive() is None and adaptive.caches._context_slots  # sizes are remembered, the data is not
 
 
 def test_contexts_beyond_the_capacity_forget_the_least_recently_used(monkeypatch):
-    monkeypatch.setattr(adaptive, "_CONTEXT_CAPACITY", 2)
+    monkeypatch.setattr(adaptive.caches, "_CONTEXT_CAPACITY", 2)
     tried = []
 
     def block(batch_size):
@@ -429,7 +429,7 @@ def test_contexts_beyond_the_capacity_forget_the_least_recently_used(monkeypatch
     for context in ["a", "b", "a", "c", "a", "b"]:  # "c" pushes out "b", the least recently used
         adaptive.explicit.batch(block, 64, adaptive_context=context, adaptive_cache=adaptive.GlobalCache)
     assert tried == [64, 32, 16] * 2 + [16] + [64, 32, 16] + [16] + [64, 32, 16]
-    assert len(adaptive._context_slots) == 2
+    assert len(adaptive.caches._context_slots) == 2
 
 
 def test_explicit_and_execute_forms():

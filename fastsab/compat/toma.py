@@ -51,6 +51,7 @@ import torch
 from fastsab import adaptive
 from fastsab._checks import check_positive_int
 from fastsab.adaptive import AdaptiveOOMError, BatchSizeCache, GlobalCache, NoCache, StackMemoryCache
+from fastsab.adaptive.retry import _LAZY_ADVICE, _lazy_kind
 from fastsab.oom import is_out_of_memory
 
 __all__ = [
@@ -99,10 +100,10 @@ def _check_function(form: str, size_name: str, func: Any) -> Callable[..., Any]:
             f"{form} takes its options by keyword ({size_name}={func!r}); func must be a function, "
             f"got {func!r} of type {type(func).__name__}."
         )
-    kind = adaptive._lazy_kind(func)
+    kind = _lazy_kind(func)
     if kind is not None:  # NOTE: refused when decorated, as by fastsab.adaptive's decorators, not at the first call
         name = getattr(func, "__qualname__", None) or repr(func)
-        raise TypeError(f"{name} is {kind}; {form} cannot retry it: {adaptive._LAZY_ADVICE}")
+        raise TypeError(f"{name} is {kind}; {form} cannot retry it: {_LAZY_ADVICE}")
     return func
 
 

@@ -35,22 +35,22 @@ FLAVOURS = ["decorator", "explicit", "execute", "simple"]
 def fresh_caches() -> Iterator[None]:
     """Forget every remembered size of both libraries; hold the available memory still."""
     peer.get_cache_for_context.cache_clear()
-    adaptive._context_slots.clear()
-    saved = peer_caches.StacktraceMemoryBatchsizeCache.TRACK_RAM, adaptive.available_memory
-    collectors = peer.gc_cuda, adaptive.free_memory
+    adaptive.caches._context_slots.clear()
+    saved = peer_caches.StacktraceMemoryBatchsizeCache.TRACK_RAM, adaptive.caches.available_memory
+    collectors = peer.gc_cuda, adaptive.retry.free_memory
     # NOTE: both caches key sizes by the available memory; the machine's changes between two
     # iterations would make either start afresh at random. Neither library's garbage collection
     # (toma's after every call) is what these tests compare, and it makes long ranges slow.
     peer_caches.StacktraceMemoryBatchsizeCache.TRACK_RAM = False
-    adaptive.available_memory = lambda: 2**34
-    peer.gc_cuda = adaptive.free_memory = lambda error=None: None
+    adaptive.caches.available_memory = lambda: 2**34
+    peer.gc_cuda = adaptive.retry.free_memory = lambda error=None: None
     try:
         yield
     finally:
-        peer_caches.StacktraceMemoryBatchsizeCache.TRACK_RAM, adaptive.available_memory = saved
-        peer.gc_cuda, adaptive.free_memory = collectors
+        peer_caches.StacktraceMemoryBatchsizeCache.TRACK_RAM, adaptive.caches.available_memory = saved
+        peer.gc_cuda, adaptive.retry.free_memory = collectors
         peer.get_cache_for_context.cache_clear()
-        adaptive._context_slots.clear()
+        adaptive.caches._context_slots.clear()
 
 
 def cache_type(lib: Any, name: str) -> Any:
