@@ -1,6 +1,6 @@
 """fastsab: fast, size-aware batching for PyTorch."""
 
-from fastsab.batching import BatchSplit, Carry, size_aware_batching, split_batches
+from fastsab.batching import BatchSplit, Carry, split_batches
 from fastsab.epochs import EpochStats
 from fastsab.feeder import OutOfCoreDataset
 from fastsab.fetch import collate_batch
@@ -14,6 +14,7 @@ from fastsab.samplers import (
     create_buckets,
 )
 from fastsab.shuffle import GroupedPermutation, grouped_permutation
+from fastsab.streaming import size_aware_batching
 
 __all__ = [
     "BatchSplit",

@@ -5,45 +5,45 @@ Two entry points share one semantics:
 * :func:`split_batches`, the vectorized kernel: per-item costs in epoch order in, batch
   boundaries out. It is what the loaders and samplers use.
 * :func:`size_aware_batching`, the streaming generator of the bionemo API, for plain
-  iterables of data.
+  iterables of data (in :mod:`fastsab.streaming`, importable from here).
 
 The greedy rule (bionemo compatible): items are taken in order; an item whose cost exceeds
 ``max_total_size`` is oversize (skipped and counted by default); an item joins the current
 batch while the batch's cost stays ``<= max_total_size`` (the cap is inclusive), otherwise
 the batch is emitted and a new one starts with that item; the last partial batch is
 emitted; no empty batch is ever emitted.
+
+This module holds the kernel's API (:func:`split_batches`, :class:`BatchSplit`,
+:class:`Carry`) and the caps it compares against; the counters that walk the batches are in
+:mod:`fastsab._kernels`.
 """
 
 from __future__ import annotations
 
 import math
 import sys
-from bisect import bisect_left, bisect_right
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from numbers import Integral
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
 import numpy as np
 
 from fastsab._checks import (
     as_numeric_array,
-    as_size,
     check_choice,
     check_nonnegative_real,
     check_optional_positive_int,
     check_positive_int,
-    short_repr,
 )
+from fastsab._kernels import _INT64_MAX, _greedy_ends, _padded_counter, _sum_counter
+from fastsab.streaming import report_batching as report_batching
+from fastsab.streaming import size_aware_batching
 
 __all__ = ["BatchSplit", "Carry", "size_aware_batching", "split_batches"]
 
-Data = TypeVar("Data")
 CostMode = Literal["sum", "padded"]
 OversizePolicy = Literal["skip", "own_batch", "error"]
-
-_UNIT_ROUNDOFF = 2.0**-53
-_INT64_MAX = 2**63 - 1
 
 
 @dataclass(frozen=True)
@@ -280,7 +280,8 @@ def _caps_for_dtype(caps: list[int | float], float_mode: bool) -> np.ndarray:
     # `total <= the largest float64 not above cap`. Converting the cap once this way keeps
     # every later comparison exact in a single numpy dtype. An integer cap past int64 acts
     # as the largest int64: no int64 cost exceeds it, and sums stay below 2**62 (see
-    # _sum_counter); padded mode works from the exact caps instead (see _padded_limits).
+    # _kernels._sum_counter); padded mode works from the exact caps instead (see
+    # _kernels._padded_limits).
     if float_mode:
         out = []
         for cap in caps:
@@ -293,361 +294,3 @@ def _caps_for_dtype(caps: list[int | float], float_mode: bool) -> np.ndarray:
             out.append(f)
         return np.array(out, dtype=np.float64)
     return np.array([min(math.floor(cap), _INT64_MAX) for cap in caps], dtype=np.int64)
-
-
-def _greedy_ends(
-    m: int,
-    count: Callable[[int, int, int], int],
-    max_items: int | None,
-    multiple: int,
-    over: np.ndarray | None,
-    final: bool,
-) -> tuple[list[int], int]:
-    """Walk the ``m`` items' batches: one ``count`` call per batch. Returns batch ends and the open start."""
-    over_pos = [] if over is None else np.flatnonzero(over).tolist()
-    ends: list[int] = []
-    append = ends.append
-    i = 0
-    guess = 64
-    while i < m:
-        hi = m
-        certain = False  # the batch cannot grow past hi, whatever follows this chunk
-        cut_ok = True  # a batch closed at hi counts as "full" for the multiple rule
-        if over_pos:
-            j = bisect_left(over_pos, i)
-            if j < len(over_pos):
-                if over_pos[j] == i:
-                    append(i + 1)
-                    i += 1
-                    continue
-                hi, certain, cut_ok = over_pos[j], True, False
-        if max_items is not None and i + max_items < hi:
-            # a next item exists, so a batch that reaches max_items is full
-            hi, certain, cut_ok = i + max_items, True, True
-        n_items = count(i, hi, guess)
-        if n_items == 0 and i < hi:
-            # NOTE: only a carry from a split under a larger cap can hold an item that fits
-            # in no batch; going on would emit empty batches forever
-            raise ValueError(
-                f"item at position {i} of this split costs more than max_total_size and came in the carry; "
-                "split a carry's chunk again under the cap it was made with."
-            )
-        end = i + n_items
-        if end < hi:
-            full = True
-        elif certain:
-            full = cut_ok
-        elif final:
-            full = False
-        else:
-            break
-        if full and n_items > multiple > 1:
-            n_items -= n_items % multiple
-            end = i + n_items
-        append(end)
-        guess = n_items
-        i = end
-    return ends, i
-
-
-def _sum_counter(c: np.ndarray, caps: np.ndarray, unbounded: bool) -> Callable[[int, int, int], int]:
-    """Counter for ``cost="sum"``: how many items from ``i`` fit, at most ``hi - i``.
-
-    ``unbounded`` says that some items (``own_batch`` ones) may cost more than the cap.
-    """
-    m, k = c.shape
-    counters = []
-    for j in range(k):
-        column = c[:, j]
-        cap = caps[j].item()
-        prefix = np.zeros(m + 1, dtype=c.dtype)
-        if c.dtype == np.float64:
-            np.cumsum(column, out=prefix[1:])
-            counters.append(_float_column_counter(prefix.data, column, cap))
-        else:
-            # NOTE: in sum mode no batch cost passes the cap, but the prefix sums of a whole
-            # call must stay in int64; the cap bounds every item, so this check is cheap.
-            if (m * (cap + 1) >= 2**63 or unbounded) and float(column.sum(dtype=np.float64)) >= 2**62:
-                raise ValueError("costs sum past 2**62 in one call; split the order into smaller chunks.")
-            np.cumsum(column, out=prefix[1:])
-            counters.append(_int_column_counter(prefix.data, cap))
-    if k == 1:
-        return counters[0]
-
-    def count(i: int, hi: int, guess: int) -> int:
-        for counter in counters:
-            hi = i + counter(i, hi, guess)
-        return hi - i
-
-    return count
-
-
-def _gallop(prefix: memoryview, x: Any, i: int, hi: int, guess: int) -> int:
-    """Largest ``t`` in ``[i, hi]`` with ``prefix[t] <= x``, given ``prefix[i] <= x``."""
-    # NOTE: bisect over a memoryview reads Python numbers directly (no numpy call per
-    # batch); probing first at twice the previous batch length keeps searches short.
-    probe = i + 2 * guess + 1
-    if probe < hi:
-        if prefix[probe] > x:
-            return bisect_right(prefix, x, i, probe) - 1
-        return bisect_right(prefix, x, probe, hi + 1) - 1
-    return bisect_right(prefix, x, i, hi + 1) - 1
-
-
-def _int_column_counter(prefix: memoryview, cap: int) -> Callable[[int, int, int], int]:
-    def count(i: int, hi: int, guess: int) -> int:
-        return _gallop(prefix, prefix[i] + cap, i, hi, guess) - i
-
-    return count
-
-
-def _float_column_counter(prefix: memoryview, column: np.ndarray, cap: float) -> Callable[[int, int, int], int]:
-    # NOTE: prefix differences differ from the loop's running sums (which restart at each
-    # batch) by rounding. Both are within m*u*total of the exact sums (the standard bound
-    # for recursive summation of non-negative terms), so a search bracketed by +-tolerance
-    # is certain when both ends agree, and an exact local cumsum over the bracket settles
-    # the rest (rare: only batches that end within the tolerance of the cap).
-    m = len(column)
-    tolerance = 4.0 * (m + 2) * _UNIT_ROUNDOFF * (prefix[m] + cap) + 1e-300
-
-    def count(i: int, hi: int, guess: int) -> int:
-        base = prefix[i]
-        low = base + cap - tolerance
-        lo_end = _gallop(prefix, low, i, hi, guess) if prefix[i] <= low else i
-        high = base + cap + tolerance
-        if lo_end == hi or prefix[lo_end + 1] > high:
-            return lo_end - i
-        hi_end = bisect_right(prefix, high, lo_end + 1, hi + 1) - 1
-        local = np.cumsum(column[i : min(hi_end + 1, hi)])
-        return int(np.searchsorted(local, cap, side="right"))
-
-    return count
-
-
-def _padded_counter(c: np.ndarray, caps: np.ndarray, exact_caps: list[int | float]) -> Callable[[int, int, int], int]:
-    """Counter for ``cost="padded"``: ``len * running max`` is monotone, so count the fits.
-
-    ``caps`` are the caps of :func:`_caps_for_dtype`, ``exact_caps`` those given.
-    """
-    single = c.shape[1] == 1
-    column = np.ascontiguousarray(c[:, 0]) if single else c
-    if c.dtype == np.float64:
-        fits = _padded_float_fits(len(c), caps, single)
-    else:
-        fits = _padded_int_fits(c, [math.floor(cap) for cap in exact_caps], single)
-
-    def count(i: int, hi: int, guess: int) -> int:
-        width = max(2 * guess, 16)
-        while True:
-            stop = min(i + width, hi)
-            n_fit = fits(np.maximum.accumulate(column[i:stop], axis=0))
-            if n_fit < stop - i or stop == hi:
-                return n_fit
-            width *= 2
-
-    return count
-
-
-def _padded_float_fits(m: int, caps: np.ndarray, single: bool) -> Callable[[np.ndarray], int]:
-    """How many leading lengths of a window have ``len * running max <= cap`` (float costs).
-
-    The function takes the window's running max (and overwrites it).
-    """
-    # NOTE: the product is rounded as the loop's Python float product is; past the float
-    # range it is inf, above every cap, as in the loop.
-    steps = np.arange(1, m + 1, dtype=np.float64)
-    if single:
-        cap = caps[0]
-
-        def fits(running: np.ndarray) -> int:
-            running *= steps[: len(running)]
-            return int(running.searchsorted(cap, side="right"))  # non-decreasing padded costs
-
-        return fits
-    lengths = steps[:, None]
-
-    def fits_all(running: np.ndarray) -> int:
-        running *= lengths[: len(running)]
-        return int(np.count_nonzero((running <= caps).all(axis=1)))  # the fits are a prefix
-
-    return fits_all
-
-
-def _padded_int_fits(c: np.ndarray, caps: list[int], single: bool) -> Callable[[np.ndarray], int]:
-    """How many leading lengths of a window have ``len * running max <= cap`` (integer costs).
-
-    Tested as ``running max <= cap // len``, exact for every int64 cost and every cap: the
-    product can pass int64 (and so can the caps), the quotients that matter cannot. The
-    function takes the window's running max (and overwrites it).
-    """
-    tops = [int(top) for top in c.max(axis=0)] if len(c) else [0] * len(caps)
-    limits = np.empty((0, len(caps)), dtype=np.int64)
-    column_limits = limits[:, 0]
-
-    def grow(length: int) -> None:
-        # NOTE: the limits grow with the longest window so far, not with the whole call.
-        nonlocal limits, column_limits
-        limits = _padded_limits(caps, tops, min(max(length, 2 * len(limits)), len(c)))
-        if single:
-            column_limits = np.ascontiguousarray(limits[:, 0])
-
-    def fits(running: np.ndarray) -> int:
-        length = len(running)
-        if length > len(limits):
-            grow(length)
-        # running max - limit is non-decreasing (no overflow: both are in [0, 2**63))
-        np.subtract(running, column_limits[:length], out=running)
-        return int(running.searchsorted(0, side="right"))
-
-    def fits_all(running: np.ndarray) -> int:
-        length = len(running)
-        if length > len(limits):
-            grow(length)
-        return int(np.count_nonzero((running <= limits[:length]).all(axis=1)))  # the fits are a prefix
-
-    return fits if single else fits_all
-
-
-def _padded_limits(caps: list[int], tops: list[int], size: int) -> np.ndarray:
-    """``out[L - 1, j]``: the largest running max with which ``L`` items fit cap ``j``.
-
-    That is ``cap // L``; lengths up to ``cap // top`` (``top``: the column's largest cost)
-    fit whatever the items, and get the largest int64 instead.
-    """
-    out = np.full((size, len(caps)), _INT64_MAX, dtype=np.int64)
-    for j, (cap, top) in enumerate(zip(caps, tops, strict=True)):
-        free = cap // top if top else size
-        if free >= size:
-            continue
-        if cap <= _INT64_MAX:
-            out[free:, j] = cap // np.arange(free + 1, size + 1, dtype=np.int64)
-        else:
-            # NOTE: past `free` the quotients are below `top`, but the cap does not fit int64:
-            # Python ints, only for costs so large that a few of them pass int64.
-            out[free:, j] = [cap // length for length in range(free + 1, size + 1)]
-    return out
-
-
-def size_aware_batching(
-    dataset: Iterable[Data],
-    sizeof: Callable[[Data], Any] | Mapping[Any, Any],
-    max_total_size: int | float,
-    collate_fn: Callable[[list[Data]], Any] | None = None,
-    info_logger: Callable[[str], None] | None = None,
-    warn_logger: Callable[[str], None] | None = None,
-    *,
-    max_batch_size: int | None = None,
-) -> Iterator[Any]:
-    """Batch an iterable so that no batch's total size exceeds ``max_total_size``.
-
-    The streaming, per-item form of the greedy rule (bionemo compatible): it consumes
-    ``dataset`` once and yields each batch as soon as the next item would not fit. Use it
-    for plain iterables; for indexable data with known sizes prefer the vectorized
-    :class:`~fastsab.SizeAwareBatchSampler` or the fast loaders.
-
-    Args:
-        dataset: The input iterable.
-        sizeof: A function (or mapping) giving the size of each element of ``dataset``.
-        max_total_size: The inclusive cap on a batch's total size; a finite number >= 0
-            (a huge one such as ``2**70`` works as "no practical cap"; with 0, the elements
-            of size 0 are batched and the others skipped).
-        collate_fn: Optional function applied to each batch (a list) before it is yielded.
-        info_logger: Optional function called with a summary at the end.
-        warn_logger: Optional function called for each skipped oversize element and with
-            a count of the skipped ones at the end.
-        max_batch_size: Optional cap on the number of elements of a batch (an extension of
-            the bionemo API; the batch being filled is the generator's only buffer).
-
-    Yields:
-        Batches (lists of elements, or what ``collate_fn`` returns).
-
-    Raises:
-        TypeError: If ``dataset`` is not iterable, ``sizeof`` is neither callable nor a
-            mapping, ``max_total_size`` is not a number, or ``sizeof`` gives an element a size
-            that is not one real number (a 0-d tensor or a numpy number is fine).
-        ValueError: If ``max_total_size`` is negative or not finite, or ``sizeof`` gives an
-            element a NaN, infinite or negative size (checked as each element arrives).
-        RuntimeError: If ``sizeof`` raises for an element.
-
-    Examples:
-        >>> import torch
-        >>> from torch.utils.data import default_collate
-        >>> dataset = [torch.tensor([1, 2]), torch.tensor([3, 4]), torch.tensor([5, 6]),
-        ...            torch.tensor([7, 8]), torch.tensor([9, 10])]
-        >>> list(size_aware_batching(dataset, lambda x: x.numel(), 4, collate_fn=default_collate))
-        [tensor([[1, 2],
-                [3, 4]]), tensor([[5, 6],
-                [7, 8]]), tensor([[ 9, 10]])]
-    """
-    if not (isinstance(dataset, Iterable) or hasattr(type(dataset), "__getitem__")):
-        raise TypeError(f"dataset must be an iterable, got {short_repr(dataset)} of type {type(dataset).__name__}.")
-    if isinstance(sizeof, Mapping):
-        sizeof = sizeof.__getitem__
-    elif not callable(sizeof):
-        raise TypeError(f"sizeof must be a callable or a mapping, got {type(sizeof).__name__}.")
-    max_total_size = check_nonnegative_real("max_total_size", max_total_size)
-    if collate_fn is not None and not callable(collate_fn):
-        raise TypeError(f"collate_fn must be callable or None, got {type(collate_fn).__name__}.")
-    max_items = check_optional_positive_int("max_batch_size", max_batch_size)
-    return _size_aware_batches(dataset, sizeof, max_total_size, collate_fn, info_logger, warn_logger, max_items)
-
-
-def _size_aware_batches(
-    dataset: Iterable[Data],
-    sizeof: Callable[[Data], Any],
-    max_total_size: int | float,
-    collate_fn: Callable[[list[Data]], Any] | None,
-    info_logger: Callable[[str], None] | None,
-    warn_logger: Callable[[str], None] | None,
-    max_items: int | None,
-) -> Iterator[Any]:
-    batch: list[Data] = []
-    total: Any = 0
-    n_samples = n_batched = n_batches = 0
-    for data in dataset:
-        n_samples += 1
-        try:
-            size = sizeof(data)
-        except Exception as err:
-            raise RuntimeError(f"sizeof raised an error for data={short_repr(data)}: {err}") from err
-        kind = type(size)
-        # NOTE: one cheap test per item: a plain int or float within [0, max_total_size]. The
-        # rest (oversize items, numpy and tensor numbers, bad values) gets the full check.
-        if not ((kind is int or kind is float) and 0 <= size <= max_total_size):
-            size = as_size("sizeof", size, data)
-            if size > max_total_size:
-                if warn_logger is not None:
-                    warn_logger(f"Size of element {data} exceeds max_total_size ({size} > {max_total_size}), skipping")
-                continue
-        if batch and (size + total > max_total_size or len(batch) == max_items):
-            n_batches += 1
-            yield batch if collate_fn is None else collate_fn(batch)
-            batch, total = [], 0
-        batch.append(data)
-        total += size
-        n_batched += 1
-    if batch:
-        n_batches += 1
-        yield batch if collate_fn is None else collate_fn(batch)
-    report_batching(n_samples, n_batched, n_batches, max_total_size, info_logger, warn_logger)
-
-
-def report_batching(
-    n_samples: int,
-    n_batched: int,
-    n_batches: int,
-    max_total_size: Any,
-    info_logger: Callable[[str], None] | None,
-    warn_logger: Callable[[str], None] | None,
-) -> None:
-    """Send the end-of-epoch summary of a size-aware batching run to the loggers."""
-    if warn_logger is not None and n_batched < n_samples:
-        warn_logger(
-            f"{n_batched} samples were batched from {n_samples} of the input data. Missing "
-            f"samples are due to exceeding max_total_size={max_total_size}"
-        )
-    if info_logger is not None:
-        info_logger(
-            f"Batched {n_batched} samples into {n_batches} batches. If this doesn't match "
-            "your expectation, consider adjusting max_total_size or the sizeof functor"
-        )

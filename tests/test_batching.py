@@ -326,6 +326,18 @@ def test_carry_with_other_columns_is_refused():
         split_batches([1], 3, carry=carry)
 
 
+def test_batching_names_are_those_of_their_modules():
+    # fastsab.batching keeps exporting the streaming generator and the report it shares with the samplers
+    import fastsab
+    import fastsab.batching
+    import fastsab.streaming
+
+    for name in fastsab.batching.__all__:
+        assert getattr(fastsab, name) is getattr(fastsab.batching, name)
+    assert fastsab.batching.size_aware_batching is fastsab.streaming.size_aware_batching
+    assert fastsab.batching.report_batching is fastsab.streaming.report_batching
+
+
 # --- size_aware_batching (bionemo API) -------------------------------------------------
 
 

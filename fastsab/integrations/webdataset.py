@@ -29,9 +29,9 @@ import torch
 import webdataset as wds
 
 from fastsab._checks import check_optional_positive_int, check_positive_int
-from fastsab.batching import size_aware_batching
 from fastsab.distributed import resolve_rank
 from fastsab.integrations._splits import Split
+from fastsab.streaming import size_aware_batching
 
 __all__ = ["PickledDataWDS", "Split", "WebDataModule", "safe_decoder", "size_aware_batched"]
 
