@@ -1,18 +1,13 @@
 """fastsab: fast, size-aware batching for PyTorch."""
 
 from fastsab.batching import BatchSplit, Carry, split_batches
+from fastsab.buckets import BucketBatchSampler, Buckets, create_buckets
 from fastsab.epochs import EpochStats
 from fastsab.feeder import OutOfCoreDataset
 from fastsab.fetch import collate_batch
 from fastsab.loader import FastLoader, FastSizeAwareLoader
-from fastsab.samplers import (
-    BucketBatchSampler,
-    Buckets,
-    PlannedBatchSampler,
-    PlannedDataLoader,
-    SizeAwareBatchSampler,
-    create_buckets,
-)
+from fastsab.planned import PlannedBatchSampler, PlannedDataLoader
+from fastsab.samplers import SizeAwareBatchSampler
 from fastsab.shuffle import GroupedPermutation, grouped_permutation
 from fastsab.streaming import size_aware_batching
 

@@ -3,7 +3,7 @@
 A planner turns ``(epoch)`` into a stream of :class:`PlanChunk` (ids in epoch order and
 batch offsets, as :class:`~fastsab.batching.BatchSplit` does), computed one shuffle group
 at a time so that memory stays bounded and the first batch is ready at once. The loaders
-fetch what a plan names; :class:`fastsab.samplers.PlannedBatchSampler` hands the same
+fetch what a plan names; :class:`fastsab.planned.PlannedBatchSampler` hands the same
 plan to a ``torch.utils.data.DataLoader``.
 """
 

@@ -22,8 +22,8 @@ from fastsab.dataloader_keywords import TakesDataLoaderKeywords
 from fastsab.distributed import EvenBatches, resolve_rank
 from fastsab.epochs import EpochOrder, EpochStats, FixedSizePlanner, SizeAwarePlanner, make_cost_source
 from fastsab.fetch import Fetcher
+from fastsab.planned import PlannedBatchSampler, PlannedDataLoader
 from fastsab.plans import PlanChunk
-from fastsab.samplers import PlannedBatchSampler, PlannedDataLoader
 from fastsab.shuffle import DEFAULT_GROUP_SIZE
 from fastsab.transfer import pin_available, resolve_device, to_device, tree_map_arrays, warn_pin_unavailable
 

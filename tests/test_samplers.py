@@ -8,7 +8,8 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler, SequentialSampler
 
 from fastsab import samplers as samplers_module
-from fastsab.samplers import BucketBatchSampler, SizeAwareBatchSampler, create_buckets
+from fastsab.buckets import BucketBatchSampler, create_buckets
+from fastsab.samplers import SizeAwareBatchSampler
 from tests.reference import running_sum_reference, seed_dataset
 
 DATASET = seed_dataset()
@@ -271,3 +272,14 @@ def test_every_skip_is_reported_for_float_sizes_past_2_53_and_an_integer_cap():
     assert sampler.skipped == [1]
     assert len(messages) == 2
     assert messages[0] == "Size of element 1 exceeds max_total_size (9007199254740996.0 > 9007199254740995), skipping"
+
+
+@pytest.mark.parametrize("name", samplers_module.__all__)
+def test_every_name_of_fastsab_samplers_is_the_public_one(name):
+    import fastsab
+    from fastsab import buckets, planned
+
+    home = buckets if name in buckets.__all__ else planned if name in planned.__all__ else samplers_module
+    assert getattr(samplers_module, name) is getattr(home, name)
+    if name in fastsab.__all__:
+        assert getattr(fastsab, name) is getattr(home, name)

@@ -29,13 +29,8 @@ from fastsab import FastSizeAwareLoader, split_batches
 from fastsab import samplers as fastsab_samplers
 from fastsab._checks import NotAnIntegerError, NotANumberError, NotASingleNumberError
 from fastsab.batching import size_aware_batching
-from fastsab.samplers import (
-    BucketBatchSampler,
-    Buckets,
-    NoElementInBucketsError,
-    SizeAwareBatchSampler,
-    create_buckets,
-)
+from fastsab.buckets import BucketBatchSampler, Buckets, NoElementInBucketsError, create_buckets
+from fastsab.samplers import SizeAwareBatchSampler
 
 PEER = SimpleNamespace(
     size_aware_batching=bionemo_sampler.size_aware_batching,

@@ -1,0 +1,152 @@
+"""A loader's batch plan handed to a ``torch.utils.data.DataLoader``.
+
+:class:`PlannedBatchSampler` is a loader's :class:`~fastsab.cursor.EpochCursor` as a batch
+sampler (``loader.batch_sampler()``); :class:`PlannedDataLoader` is the ``DataLoader`` over it
+(``loader.data_loader()``) whose state counts the batches the training loop received.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+from torch.utils.data import DataLoader, Sampler
+
+from fastsab.cursor import EpochCursor
+from fastsab.epochs import EpochStats
+from fastsab.fetch import collate_batch
+
+__all__ = ["PlannedBatchSampler", "PlannedDataLoader"]
+
+
+class PlannedBatchSampler(EpochCursor, Sampler[list[int]]):
+    """A loader's batch plan as a ``torch.utils.data.Sampler[list[int]]``.
+
+    Made by :meth:`FastLoader.batch_sampler() <fastsab.FastLoader.batch_sampler>`. Like the
+    loaders, each ``iter()`` starts the next epoch unless :meth:`set_epoch` was called,
+    ``len()`` is exact, it yields this rank's share under ``torch.distributed``, and it
+    resumes from :meth:`state_dict`. ``stats`` reports the epoch as the loaders' does
+    (skipped, dropped and padded items, with the same warning about skipped items), its
+    batches counted as handed out.
+
+    Its position counts the batches it handed out. A ``DataLoader`` with worker processes
+    takes batches ahead of the training loop (``prefetch_factor * num_workers``), so the
+    sampler's position is ahead of what was trained on: use
+    :class:`~fastsab.PlannedDataLoader` (``loader.data_loader(num_workers=...)``), whose
+    ``state_dict`` counts the batches the loop received. :meth:`state_dict` refuses to
+    answer when it sees this sampler iterated by a ``DataLoader`` with workers.
+    """
+
+    def __init__(
+        self, planner: Any, rank: int, world_size: int, even_batches: Any, balance: Any, *, epoch: int = 0
+    ) -> None:
+        self._init_cursor(planner, rank, world_size, even_batches, balance, epoch)
+        self._ahead = False  # iterated by a DataLoader whose workers fetch ahead
+        self._counted_by: object | None = None  # the PlannedDataLoader that counts received batches
+        self.stats: EpochStats | None = None
+
+    def __iter__(self) -> Iterator[list[int]]:
+        self._ahead = self._counted_by is None and _called_by_worker_loader(sys._getframe(1))
+        stats = EpochStats(self.epoch)
+        _, stream = self._start_epoch(stats)
+        self.stats = stats
+        for chunk in stream:
+            for batch in chunk.batches():
+                stats.num_batches += 1
+                stats.num_items += len(batch)
+                self._step_done()  # counted as handed out
+                yield batch.tolist()
+        self._epoch_done(stats)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the iteration stands, counted in batches handed out (see the class docstring).
+
+        Raises:
+            RuntimeError: If a ``DataLoader`` with worker processes iterates this sampler:
+                the count would include batches never trained on.
+        """
+        if self._ahead and self._progress is not None:
+            raise RuntimeError(
+                "this PlannedBatchSampler is iterated by a DataLoader with worker processes, which takes batches "
+                "ahead of the training loop, so its position would skip batches never trained on; use "
+                "loader.data_loader(num_workers=...) (a PlannedDataLoader) and its state_dict() instead."
+            )
+        return super().state_dict()
+
+
+class PlannedDataLoader(DataLoader):  # type: ignore[type-arg]
+    """A ``DataLoader`` over a :class:`PlannedBatchSampler` whose state counts received batches.
+
+    Worker processes fetch whole batches (``dataset.__getitems__`` when it exists) ahead of
+    the loop; :meth:`state_dict` counts only the batches this loader's iterator returned, so
+    a resume yields exactly the batches not trained on. ``len()``, :meth:`set_epoch` and
+    :meth:`load_state_dict` act on the sampler. Made by ``loader.data_loader(...)``.
+
+    Args:
+        dataset: The dataset to fetch from.
+        batch_sampler: The plan, from ``loader.batch_sampler()``.
+        **options: Further ``DataLoader`` options (``num_workers``, ``collate_fn``,
+            ``pin_memory``, ``prefetch_factor``, ``persistent_workers``, ...). The default
+            ``collate_fn`` is :func:`~fastsab.collate_batch`, which also takes the whole
+            batches :class:`~fastsab.OutOfCoreDataset` returns.
+    """
+
+    def __init__(self, dataset: Any, batch_sampler: PlannedBatchSampler, **options: Any) -> None:
+        if not isinstance(batch_sampler, PlannedBatchSampler):
+            raise TypeError(f"batch_sampler must be a PlannedBatchSampler, got {type(batch_sampler).__name__}.")
+        for name in ("batch_size", "shuffle", "sampler", "drop_last"):
+            if name in options:
+                raise ValueError(f"{name} is decided by the batch plan; do not pass it to PlannedDataLoader.")
+        if options.get("in_order", True) is not True:
+            # NOTE: the state counts the batches received; out of order they are not the plan's first ones
+            raise ValueError(
+                f"PlannedDataLoader yields batches in the order of the plan, so that a saved state resumes "
+                f"exactly; got in_order={options['in_order']!r}."
+            )
+        options.setdefault("collate_fn", collate_batch)
+        super().__init__(dataset, batch_sampler=batch_sampler, **options)
+        batch_sampler._counted_by = self
+        self.plan = batch_sampler
+        self._received: tuple[int, int] | None = None  # (epoch, steps) counted in received batches
+
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        return self._counted(super().__iter__())
+
+    def _counted(self, batches: Iterator[Any]) -> Iterator[Any]:
+        epoch, steps = -1, 0
+        for batch in batches:
+            if epoch < 0:  # the sampler has started its epoch by the time a batch arrives
+                epoch, steps = self.plan.start_position or (self.plan.epoch, 0)
+            steps += 1
+            self._received = (epoch, steps)
+            yield batch
+        self._received = None
+
+    def set_epoch(self, epoch: int) -> None:
+        """Use ``epoch`` for the next iteration."""
+        self.plan.set_epoch(epoch)
+
+    @property
+    def stats(self) -> EpochStats | None:
+        """The plan's report of the epoch (see :class:`~fastsab.PlannedBatchSampler`)."""
+        return self.plan.stats
+
+    def state_dict(self) -> dict[str, Any]:
+        """The plan's state, counted in batches this loader returned to the loop."""
+        if self._received is None:
+            return self.plan.state_dict()
+        return self.plan._state(*self._received)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state`` (see :meth:`PlannedBatchSampler.load_state_dict`)."""
+        self._received = None
+        self.plan.load_state_dict(state)
+
+
+def _called_by_worker_loader(frame: Any) -> bool:
+    """Whether ``frame`` (the caller of ``iter()``) belongs to a DataLoader iterator with workers."""
+    from torch.utils.data import dataloader
+
+    owner = frame.f_locals.get("self") if frame is not None else None
+    return isinstance(owner, getattr(dataloader, "_MultiProcessingDataLoaderIter", ()))
