@@ -33,8 +33,10 @@ from typing import Any
 import numpy as np
 
 from fastsab._checks import check_choice, check_nonnegative_int
+from fastsab.costs import _ArrayCosts
 from fastsab.distributed import EvenBatches, StepAssignment, assign_steps
-from fastsab.epochs import EpochOrder, EpochStats, FixedSizePlanner, SizeAwarePlanner, _ArrayCosts
+from fastsab.epochs import EpochOrder, EpochStats
+from fastsab.planners import FixedSizePlanner, SizeAwarePlanner
 from fastsab.plans import ExplicitPlan, PlanChunk
 
 __all__ = ["STATE_FORMAT", "EpochCursor", "Segment", "Stream", "plan_fingerprint"]

@@ -1,7 +1,7 @@
 """FastLoader and FastSizeAwareLoader: the DataLoader replacement.
 
 A loader wires the data path together: epoch order (:mod:`fastsab.shuffle`) -> batch plan
-(:mod:`fastsab.epochs`, split by :mod:`fastsab.batching`) -> fetch (:mod:`fastsab.fetch`)
+(:mod:`fastsab.planners`, split by :mod:`fastsab.batching`) -> fetch (:mod:`fastsab.fetch`)
 -> device transfer (:mod:`fastsab.transfer`), one shuffle group at a time.
 """
 
@@ -17,12 +17,14 @@ import torch
 
 from fastsab._checks import check_positive_int
 from fastsab.batching import CostMode, OversizePolicy
+from fastsab.costs import make_cost_source
 from fastsab.cursor import EpochCursor, Stream
 from fastsab.dataloader_keywords import TakesDataLoaderKeywords
 from fastsab.distributed import EvenBatches, resolve_rank
-from fastsab.epochs import EpochOrder, EpochStats, FixedSizePlanner, SizeAwarePlanner, make_cost_source
+from fastsab.epochs import EpochOrder, EpochStats
 from fastsab.fetch import Fetcher
 from fastsab.planned import PlannedBatchSampler, PlannedDataLoader
+from fastsab.planners import FixedSizePlanner, SizeAwarePlanner
 from fastsab.plans import PlanChunk
 from fastsab.shuffle import DEFAULT_GROUP_SIZE
 from fastsab.transfer import pin_available, resolve_device, to_device, tree_map_arrays, warn_pin_unavailable

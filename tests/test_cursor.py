@@ -758,7 +758,7 @@ def test_a_retried_first_batch_can_be_lowered_again_before_the_next():
 
 
 def test_a_lowering_late_in_an_epoch_plans_only_what_is_left(monkeypatch):
-    monkeypatch.setattr("fastsab.epochs.PLAN_CACHE_ITEMS", 0)  # as for an epoch too long to keep its plan
+    monkeypatch.setattr("fastsab.planners.PLAN_CACHE_ITEMS", 0)  # as for an epoch too long to keep its plan
     evaluated = []
 
     def sizeof(indices):
@@ -769,6 +769,7 @@ def test_a_lowering_late_in_an_epoch_plans_only_what_is_left(monkeypatch):
     iterator = iter(loader)
     for _ in range(len(loader) - 3):
         next(iterator)
+    assert loader.planner._cache is None  # the plan was not kept: the epoch is planned as it runs
     before = sum(evaluated)
     loader.lower_limit(10)
     rest = [batch.tolist() for batch in iterator]

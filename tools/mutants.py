@@ -34,7 +34,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_FILES = [
-    "fastsab/epochs.py:EpochOrder,EpochStats,FixedSizePlanner,FixedSizeEpoch,SizeAwarePlanner,SizeAwareEpoch",
+    "fastsab/epochs.py:EpochOrder,EpochStats",
+    "fastsab/planners.py:FixedSizePlanner,FixedSizeEpoch,SizeAwarePlanner,SizeAwareEpoch",
     "fastsab/plans.py",
     "fastsab/cursor.py",
     "fastsab/distributed.py:assign_steps,_window_starts,_spread",
@@ -45,7 +46,7 @@ DEFAULT_TESTS = [f"tests/test_{name}.py" for name in ("cursor", "distributed", "
 DEFAULT_KEYWORD = "not real_ddp and not (test_adaptive.py and not loader and not ranks_split and not lower_limit)"
 # the test files that run first for a module (most likely to fail fast), then the others in the given order
 FIRST = {"epochs": "loader cursor adaptive", "plans": "loader cursor distributed", "cursor": "cursor distributed"}
-FIRST |= {"distributed": "distributed cursor", "shuffle": "shuffle loader"}
+FIRST |= {"planners": "loader cursor adaptive", "distributed": "distributed cursor", "shuffle": "shuffle loader"}
 PAIRS = [("<", ast.Lt, "<=", ast.LtE), (">", ast.Gt, ">=", ast.GtE), ("==", ast.Eq, "!=", ast.NotEq)]
 PAIRS += [("is", ast.Is, "is not", ast.IsNot), ("in", ast.In, "not in", ast.NotIn), ("+", ast.Add, "-", ast.Sub)]
 PAIRS += [("and", ast.And, "or", ast.Or)]

@@ -1,0 +1,301 @@
+"""Epoch plans: which indices form which batches, chunk by chunk.
+
+A planner turns ``(epoch)`` into a stream of :class:`PlanChunk` (ids in epoch order and
+batch offsets, as :class:`~fastsab.batching.BatchSplit` does), computed one shuffle group
+at a time so that memory stays bounded and the first batch is ready at once. The loaders
+fetch what a plan names; :class:`fastsab.planned.PlannedBatchSampler` hands the same
+plan to a ``torch.utils.data.DataLoader``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from fastsab._checks import check_positive_int, check_positive_real
+from fastsab.batching import Carry, CostMode, OversizePolicy, split_batches
+from fastsab.plans import _EMPTY_IDS, PlanChunk
+
+if TYPE_CHECKING:
+    from fastsab.epochs import EpochOrder
+
+__all__ = ["FixedSizeEpoch", "FixedSizePlanner", "SizeAwareEpoch", "SizeAwarePlanner"]
+
+#: Epochs of at most this many items keep their whole plan after ``len()`` computed it.
+PLAN_CACHE_ITEMS = 2**22
+
+
+class FixedSizePlanner:
+    """Batches of ``batch_size`` consecutive items of the epoch order (across chunk borders)."""
+
+    def __init__(self, order: EpochOrder, batch_size: int, drop_last: bool) -> None:
+        self.order = order
+        self.batch_size = check_positive_int("batch_size", batch_size)
+        if not isinstance(drop_last, bool):
+            raise TypeError(f"drop_last must be a bool, got {drop_last!r}.")
+        self.drop_last = drop_last
+
+    def num_batches(self, epoch: int) -> int:
+        n, size = self.order.n, self.batch_size
+        return n // size if self.drop_last else -(-n // size)
+
+    def fingerprint_options(self) -> dict[str, Any]:
+        """What besides the order decides the batches."""
+        return {"batch_size": self.batch_size, "drop_last": self.drop_last}
+
+    def chunks(self, epoch: int) -> FixedSizeEpoch:
+        return FixedSizeEpoch(self, epoch)
+
+    def batch_costs(self, ids: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+        """Cost of each batch ``ids[offsets[b]:offsets[b + 1]]`` for balancing: its size."""
+        return np.diff(offsets).astype(np.float64)
+
+    @property
+    def limit(self) -> int:
+        """The configured limit: the batch size."""
+        return self.batch_size
+
+    def check_limit(self, limit: Any) -> int:
+        return check_positive_int("limit", limit)
+
+    def smaller_limit(self, ids: np.ndarray, current: int, factor: float) -> int:
+        """A batch size about ``factor`` times below the failed batch's size."""
+        return min(current, max(1, int(len(ids) / factor)))
+
+    def split(self, ids: np.ndarray, limit: int) -> list[np.ndarray]:
+        """Cut ``ids`` into batches of at most ``limit`` items."""
+        return [ids[start : start + limit] for start in range(0, len(ids), limit)]
+
+
+class FixedSizeEpoch:
+    """One epoch of a :class:`FixedSizePlanner`, whose batch size can be lowered mid-epoch.
+
+    With ``drop_last`` the last ``n % batch_size`` items of the order are dropped, as
+    planned at the start of the epoch: lowering the batch size never changes which items
+    the epoch covers (a last partial batch after a lowering is kept).
+    """
+
+    def __init__(self, planner: FixedSizePlanner, epoch: int) -> None:
+        self.planner = planner
+        self.batch_size = planner.batch_size
+        n = planner.order.n
+        self._keep = n - n % planner.batch_size if planner.drop_last else n  # items batched at all
+        self._seen = 0
+        self._chunks = planner.order.chunks(epoch)
+        self._rest = _EMPTY_IDS
+
+    def __iter__(self) -> FixedSizeEpoch:
+        return self
+
+    def __next__(self) -> PlanChunk:
+        size = self.batch_size
+        for chunk in self._chunks:
+            kept = max(0, min(len(chunk), self._keep - self._seen))
+            self._seen += len(chunk)
+            dropped = chunk[kept:]
+            ids = np.concatenate([self._rest, chunk[:kept]]) if len(self._rest) else chunk[:kept]
+            full = len(ids) // size * size
+            self._rest = ids[full:]
+            if full or len(dropped):
+                return PlanChunk(ids[:full], np.arange(0, full + 1, size, dtype=np.int64), dropped=dropped)
+        if not len(self._rest):
+            raise StopIteration
+        # NOTE: the rest is handed out once; a lowering in it gives the items after its cut back
+        rest, self._rest = self._rest, _EMPTY_IDS
+        return PlanChunk(rest, np.append(np.arange(0, len(rest), size, dtype=np.int64), len(rest)))
+
+    def lower(self, pending: np.ndarray, limit: Any) -> None:
+        """Batch ``pending`` (the rest of the current chunk) and all that follows with ``limit`` items."""
+        self._rest = np.concatenate([pending, self._rest])
+        self.batch_size = int(limit)
+
+
+class SizeAwarePlanner:
+    """Greedy size-aware batches over the epoch order, split chunk by chunk with a carry."""
+
+    def __init__(
+        self,
+        order: EpochOrder,
+        costs: Callable[[np.ndarray], np.ndarray],
+        max_total_size: Any,
+        *,
+        cost: CostMode = "sum",
+        max_batch_size: int | None = None,
+        batch_size_multiple: int = 1,
+        oversize: OversizePolicy = "skip",
+    ) -> None:
+        self.order = order
+        self.costs = costs
+        self.options: dict[str, Any] = {
+            "cost": cost,
+            "max_batch_size": max_batch_size,
+            "batch_size_multiple": batch_size_multiple,
+        }
+        self.oversize: Any = oversize
+        if isinstance(max_total_size, np.ndarray) and max_total_size.ndim == 0:
+            max_total_size = max_total_size.item()  # one cap, as a number
+        self.max_total_size = max_total_size
+        k = len(max_total_size) if isinstance(max_total_size, (Sequence, np.ndarray)) else 1
+        split_batches(np.zeros((0, k)), max_total_size, oversize=self.oversize, **self.options)  # validates now
+        self._cache: tuple[int, list[PlanChunk]] | None = None
+
+    def num_batches(self, epoch: int) -> int:
+        """Exact number of batches of ``epoch``: the plan is computed (and cached if small)."""
+        if self._cache is not None and self._cache[0] == epoch:
+            return sum(chunk.num_batches for chunk in self._cache[1])
+        if self.order.n <= PLAN_CACHE_ITEMS:
+            chunks = list(SizeAwareEpoch(self, epoch))
+            self._cache = (epoch, chunks)
+            return sum(chunk.num_batches for chunk in chunks)
+        return sum(chunk.num_batches for chunk in SizeAwareEpoch(self, epoch))
+
+    def chunks(self, epoch: int) -> SizeAwareEpoch:
+        cached = self._cache[1] if self._cache is not None and self._cache[0] == epoch else None
+        return SizeAwareEpoch(self, epoch, cached)
+
+    def batch_costs(self, ids: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+        """Cost of each batch ``ids[offsets[b]:offsets[b + 1]]`` for balancing.
+
+        The batch cost of every column (sum, or size times maximum) divided by its cap (a
+        cap of 0 divides by 1); the largest column counts.
+        """
+        if len(offsets) < 2:
+            return np.empty(0, dtype=np.float64)
+        costs = np.asarray(self.costs(ids), dtype=np.float64).reshape(len(ids), -1)
+        starts = offsets[:-1]
+        if self.options["cost"] == "sum":
+            per_batch = np.add.reduceat(costs, starts, axis=0)
+        else:
+            per_batch = np.maximum.reduceat(costs, starts, axis=0) * np.diff(offsets)[:, None]
+        caps = np.asarray(self.limit, dtype=np.float64)
+        # NOTE: a column capped at 0 holds only items of cost 0 (and own-batch oversize items):
+        # its costs count as they are, not divided by 0.
+        return (per_batch / np.where(caps > 0, caps, 1.0)).max(axis=1)
+
+    def fingerprint_options(self) -> dict[str, Any]:
+        """What besides the order and the sizes decides the batches."""
+        return {"limit": self.limit, "oversize": self.oversize, **self.options}
+
+    @property
+    def limit(self) -> list[Any]:
+        """The configured limit: the cap of every cost column."""
+        caps = self.max_total_size
+        return list(caps) if isinstance(caps, (Sequence, np.ndarray)) else [caps]
+
+    def check_limit(self, limit: Any) -> list[Any]:
+        several = isinstance(limit, Sequence) or (isinstance(limit, np.ndarray) and limit.ndim > 0)
+        caps = list(limit) if several else [limit.item() if isinstance(limit, np.ndarray) else limit]
+        if len(caps) != len(self.limit):
+            raise ValueError(f"limit must have {len(self.limit)} cap(s), got {limit!r}.")
+        return [check_positive_real("limit", cap) for cap in caps]
+
+    def smaller_limit(self, ids: np.ndarray, current: list[Any], factor: float) -> list[Any]:
+        """Caps ``factor`` times below the failed batch's cost (never above the current caps).
+
+        A column the batch spent nothing of keeps its cap: it cannot have caused the error.
+        """
+        costs = np.asarray(self.costs(ids)).reshape(len(ids), -1)
+        spent = costs.sum(axis=0) if self.options["cost"] == "sum" else len(ids) * costs.max(axis=0)
+        return [min(cap, float(cost) / factor) if cost > 0 else cap for cap, cost in zip(current, spent.tolist())]
+
+    def split(self, ids: np.ndarray, limit: Any) -> list[np.ndarray]:
+        """Split ``ids`` greedily under ``limit``; an item above it gets a batch of its own."""
+        return split_batches(self.costs(ids), limit, ids=ids, oversize="own_batch", **self.options).batches()
+
+
+class SizeAwareEpoch:
+    """One epoch of a :class:`SizeAwarePlanner`, whose cap can be lowered mid-epoch.
+
+    Items above the original cap follow the planner's ``oversize`` policy; after
+    :meth:`lower`, items between the lowered and the original cap get a batch of their own,
+    so that lowering the cap never drops a sample.
+    """
+
+    def __init__(self, planner: SizeAwarePlanner, epoch: int, cached: list[PlanChunk] | None = None) -> None:
+        self.planner = planner
+        self._cached = iter(cached) if cached is not None else None
+        self._cached_list = cached
+        self._order: Any = planner.order.chunks(epoch) if cached is None else iter(())
+        self._carry: Carry | None = None
+        self._caps: Any = None  # the lowered cap(s), once lower() was called
+        self._prefix: tuple[np.ndarray, np.ndarray] | None = None  # items re-planned by lower()
+        self._extra_skipped = _EMPTY_IDS
+        self._done = False
+
+    def __iter__(self) -> SizeAwareEpoch:
+        return self
+
+    def __next__(self) -> PlanChunk:
+        if self._cached is not None:
+            return next(self._cached)
+        for ids in self._order:
+            # NOTE: the open batch is split again with every chunk it grows into; a batch
+            # spanning many groups would cost quadratic time, so groups are joined until they
+            # are at least as long as the open batch (the batches are the same either way)
+            while self._carry is not None and len(self._carry) > len(ids):
+                more = next(self._order, None)
+                if more is None:
+                    break
+                ids = np.concatenate([ids, more])
+            return self._split(ids, final=False)
+        if self._done and self._prefix is None:  # a lowering in the last chunk gives items back
+            raise StopIteration
+        self._done = True
+        if (self._carry is None or not len(self._carry)) and not len(self._extra_skipped) and self._prefix is None:
+            raise StopIteration
+        return self._split(np.empty(0, dtype=np.int64), final=True)
+
+    def _split(self, ids: np.ndarray, final: bool) -> PlanChunk:
+        planner = self.planner
+        costs = planner.costs(ids) if len(ids) else self._empty_costs()
+        cap, oversize = planner.max_total_size, planner.oversize
+        oversize_now: Any = oversize
+        skipped = self._extra_skipped
+        self._extra_skipped = _EMPTY_IDS
+        if self._caps is not None:
+            # the original cap's policy first, then the lowered cap with own batches
+            if len(ids):
+                keep = split_batches(costs, cap, ids=ids, oversize=oversize, **planner.options)
+                kept = np.isin(ids, keep.skipped, invert=True)
+                skipped = np.concatenate([skipped, keep.skipped])
+                ids, costs = ids[kept], costs[kept]
+            if self._prefix is not None:
+                # NOTE: the items lower() took back are split as items of this chunk, not as
+                # a carry, so that each is checked against the lowered cap
+                (prefix_ids, prefix_costs), self._prefix = self._prefix, None
+                ids = np.concatenate([prefix_ids, ids])
+                costs = np.concatenate([prefix_costs, np.asarray(costs).reshape(len(costs), prefix_costs.shape[1])])
+            cap, oversize_now = self._caps, "own_batch"
+        split = split_batches(
+            costs, cap, ids=ids, carry=self._carry, final=final, oversize=oversize_now, **planner.options
+        )
+        self._carry = split.carry
+        batched = split.ids
+        if batched.base is not None and batched.base.nbytes > 2 * batched.nbytes + 4096:
+            batched = batched.copy()  # a small view would keep the whole joined chunk alive
+        return PlanChunk(batched, split.offsets, np.concatenate([skipped, split.skipped]))
+
+    def _empty_costs(self) -> np.ndarray:
+        if self._carry is not None:
+            return np.empty((0, self._carry.costs.shape[1]), dtype=self._carry.costs.dtype)
+        caps = self.planner.max_total_size
+        return np.empty((0, len(caps) if isinstance(caps, (Sequence, np.ndarray)) else 1))
+
+    def lower(self, pending: np.ndarray, caps: Any) -> None:
+        """Re-plan ``pending`` (the rest of the current chunk) and all that follows under ``caps``."""
+        if self._cached is not None:
+            # switch from the cached plan to live planning of everything not yet yielded
+            rest = list(self._cached)
+            pending = np.concatenate([pending, *[chunk.ids for chunk in rest]])
+            self._extra_skipped = np.concatenate([self._extra_skipped, *[chunk.skipped for chunk in rest]])
+            self._cached = None
+        costs = np.asarray(self.planner.costs(pending)).reshape(len(pending), -1) if len(pending) else None
+        carry, self._carry = self._carry, None
+        if carry is not None and len(carry):
+            pending = np.concatenate([pending, carry.ids])
+            costs = carry.costs if costs is None else np.concatenate([costs, carry.costs])
+        self._prefix = None if costs is None else (pending, costs)
+        self._caps = caps
+        self._done = False  # the last chunk may have been planned: plan what was taken back
