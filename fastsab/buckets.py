@@ -81,17 +81,17 @@ class BucketBatchSampler(Sampler[list[int]]):
         with empty buckets kept, each with its own keyword arguments:
 
         >>> sampler = BucketBatchSampler(
-        ...     sizes=torch.arange(25),
-        ...     bucket_boundaries=torch.tensor([0, 6, 15, 25]),
+        ...     sizes=torch.arange(10),
+        ...     bucket_boundaries=torch.tensor([-5, 0, 5, 10, 15]),  # the first and last buckets are empty
         ...     base_batch_sampler_class=torch.utils.data.BatchSampler,
         ...     base_batch_sampler_shared_kwargs={"drop_last": False},
-        ...     base_batch_sampler_individual_kwargs={"batch_size": [2, 3, 5]},
+        ...     base_batch_sampler_individual_kwargs={"batch_size": [1, 2, 3, 4]},
         ...     generator=torch.Generator().manual_seed(0),
         ... )
-        >>> list(sampler)
-        [[2, 5], [24, 17, 16, 22, 19], [3, 0], [15, 18, 20, 21, 23], [12, 10, 11], [7, 13, 6], [1, 4], [14, 9, 8]]
+        >>> sampler.bucket_sizes.tolist(), list(sampler)
+        ([0, 5, 5, 0], [[8, 9, 5], [4, 0], [1, 3], [2], [6, 7]])
         >>> list(sampler)  # the next pass draws on from the same generator
-        [[6, 8, 14], [22, 19, 23, 17, 15], [4, 5], [1, 3], [0, 2], [13, 7, 9], [10, 12, 11], [16, 21, 18, 24, 20]]
+        [[1, 2], [3, 0], [6, 5, 7], [4], [8, 9]]
         >>> sampler = BucketBatchSampler(
         ...     torch.arange(25), torch.tensor([-25, 0, 25, 50]), torch.utils.data.BatchSampler,
         ...     {"drop_last": False}, {"batch_size": [2, 10, 4]}, shuffle=False)
