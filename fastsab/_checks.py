@@ -167,10 +167,10 @@ def check_positive_real(name: str, value: Any) -> int | float:
         ...
         ValueError: max_total_size must be a positive finite number, got -1.
     """
-    value = _as_real_number(name, value)
-    if not (_is_finite(value) and value > 0):
-        raise ValueError(f"{name} must be a positive finite number, got {value!r}.")
-    return value
+    number = _as_real_number(name, value)
+    if not (_is_finite(number) and number > 0):
+        raise ValueError(f"{name} must be a positive finite number, got {number!r}.")
+    return number
 
 
 def check_nonnegative_real(name: str, value: Any) -> int | float:
@@ -187,10 +187,10 @@ def check_nonnegative_real(name: str, value: Any) -> int | float:
         ...
         ValueError: max_total_size must be a finite number >= 0, got -0.5.
     """
-    value = _as_real_number(name, value)
-    if not (_is_finite(value) and value >= 0):
-        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}.")
-    return value
+    number = _as_real_number(name, value)
+    if not (_is_finite(number) and number >= 0):
+        raise ValueError(f"{name} must be a finite number >= 0, got {number!r}.")
+    return number
 
 
 def _as_real_number(name: str, value: Any) -> int | float:
@@ -219,7 +219,7 @@ def check_choice(name: str, value: Any, choices: tuple[str, ...]) -> str:
     if value not in choices:
         allowed = ", ".join(repr(c) for c in choices)
         raise ValueError(f"{name} must be one of {allowed}, got {value!r}.")
-    return value
+    return choices[choices.index(value)]
 
 
 def as_numeric_array(name: str, values: Any, *, ndim: tuple[int, ...] = (1,)) -> np.ndarray:
@@ -276,12 +276,12 @@ def as_real_array(name: str, values: Any, *, ndim: tuple[int, ...] = (1, 2)) -> 
         if values.dtype == torch.uint64 and values.numel() and int(values.max()) > np.iinfo(np.int64).max:
             raise ValueError(f"{name} has values too large for int64: {int(values.max())!r}.")
         return values.detach().to(torch.int64)
-    values = values.detach().to(torch.float64)
-    finite = torch.isfinite(values)
+    floats = values.detach().to(torch.float64)
+    finite = torch.isfinite(floats)
     if not bool(finite.all()):
         pos = tuple(int(i) for i in (~finite).nonzero()[0])
-        raise ValueError(f"{name} must be finite, got {values[pos].item()!r} at position {_position(pos)}.")
-    return values
+        raise ValueError(f"{name} must be finite, got {floats[pos].item()!r} at position {_position(pos)}.")
+    return floats
 
 
 _TORCH_INTEGERS = frozenset(
