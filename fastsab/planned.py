@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterator
+from types import FrameType
 from typing import Any
 
 from torch.utils.data import DataLoader, Sampler
 
 from fastsab.consumed import ConsumedCount
-from fastsab.cursor import EpochCursor
+from fastsab.cursor import EpochCursor, Planner
+from fastsab.distributed import EvenBatches
 from fastsab.epochs import EpochStats
 from fastsab.fetch import collate_batch
 
@@ -40,7 +42,7 @@ class PlannedBatchSampler(EpochCursor, Sampler[list[int]]):
     """
 
     def __init__(
-        self, planner: Any, rank: int, world_size: int, even_batches: Any, balance: Any, *, epoch: int = 0
+        self, planner: Planner, rank: int, world_size: int, even_batches: EvenBatches, balance: bool, *, epoch: int = 0
     ) -> None:
         self._init_cursor(planner, rank, world_size, even_batches, balance, epoch)
         self._ahead = False  # iterated by a DataLoader whose workers fetch ahead
@@ -141,7 +143,7 @@ class PlannedDataLoader(DataLoader):  # type: ignore[type-arg]
         self.plan.load_state_dict(state)
 
 
-def _called_by_worker_loader(frame: Any) -> bool:
+def _called_by_worker_loader(frame: FrameType | None) -> bool:
     """Whether ``frame`` (the caller of ``iter()``) belongs to a DataLoader iterator with workers."""
     from torch.utils.data import dataloader
 
