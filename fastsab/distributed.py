@@ -17,14 +17,15 @@ module decides which global batch each rank runs at each step:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal, Protocol
 
 import numpy as np
+import numpy.typing as npt
 import torch
 
 from fastsab._checks import check_choice
 
-__all__ = ["EvenBatches", "StepAssignment", "assign_steps", "resolve_rank"]
+__all__ = ["EvenBatches", "HasRanks", "StepAssignment", "assign_steps", "resolve_rank"]
 
 EvenBatches = Literal["pad", "drop"]
 
@@ -32,7 +33,17 @@ EvenBatches = Literal["pad", "drop"]
 WINDOW_STEPS = 64
 
 
-def resolve_rank(rank: Any, world_size: Any, *, trainer: Any = None) -> tuple[int, int]:
+class HasRanks(Protocol):
+    """What gives ranks: a Lightning trainer's ``global_rank`` and ``world_size``."""
+
+    @property
+    def global_rank(self) -> int: ...
+
+    @property
+    def world_size(self) -> int: ...
+
+
+def resolve_rank(rank: int | None, world_size: int | None, *, trainer: HasRanks | None = None) -> tuple[int, int]:
     """``(rank, world_size)``: as given, else from ``trainer``, else from ``torch.distributed``.
 
     Args:
@@ -81,10 +92,10 @@ class StepAssignment:
         spread_after: The same with the balanced assignment.
     """
 
-    batches: np.ndarray
-    padding: np.ndarray
+    batches: npt.NDArray[np.int64]
+    padding: npt.NDArray[np.bool_]
     num_padded: int
-    dropped: np.ndarray
+    dropped: npt.NDArray[np.int64]
     spread_before: float
     spread_after: float
 
@@ -93,7 +104,7 @@ class StepAssignment:
         return len(self.batches)
 
 
-def _spread(costs: np.ndarray) -> float:
+def _spread(costs: npt.NDArray[np.float64]) -> float:
     if not len(costs):
         return 0.0
     high = costs.max(axis=1)
@@ -103,14 +114,14 @@ def _spread(costs: np.ndarray) -> float:
 
 
 def assign_steps(
-    costs: np.ndarray,
+    costs: npt.ArrayLike,
     world_size: int,
     *,
     even_batches: EvenBatches = "pad",
     balance: bool = True,
     seed: int = 0,
     epoch: int = 0,
-    spans: np.ndarray | None = None,
+    spans: npt.NDArray[np.int64] | None = None,
 ) -> StepAssignment:
     """Deal ``len(costs)`` global batches to ``world_size`` ranks in equal steps.
 
@@ -174,7 +185,7 @@ def assign_steps(
     return StepAssignment(batches, slots >= n, n_slots - n if n_slots > n else 0, dropped, before, after)
 
 
-def _window_starts(n_slots: int, world_size: int, groups: np.ndarray | None) -> list[int]:
+def _window_starts(n_slots: int, world_size: int, groups: npt.NDArray[np.int64] | None) -> list[int]:
     """Slots at which balancing windows start: every ``WINDOW_STEPS`` steps and at group starts."""
     starts = set(range(0, n_slots, WINDOW_STEPS * world_size))
     if groups is not None and len(groups):

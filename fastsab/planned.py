@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterator
+from types import FrameType
 from typing import Any
 
 from torch.utils.data import DataLoader, Sampler
 
-from fastsab.cursor import EpochCursor
+from fastsab.consumed import ConsumedCount
+from fastsab.cursor import EpochCursor, Planner
+from fastsab.distributed import EvenBatches
 from fastsab.epochs import EpochStats
 from fastsab.fetch import collate_batch
 
@@ -39,7 +42,7 @@ class PlannedBatchSampler(EpochCursor, Sampler[list[int]]):
     """
 
     def __init__(
-        self, planner: Any, rank: int, world_size: int, even_batches: Any, balance: Any, *, epoch: int = 0
+        self, planner: Planner, rank: int, world_size: int, even_batches: EvenBatches, balance: bool, *, epoch: int = 0
     ) -> None:
         self._init_cursor(planner, rank, world_size, even_batches, balance, epoch)
         self._ahead = False  # iterated by a DataLoader whose workers fetch ahead
@@ -108,20 +111,18 @@ class PlannedDataLoader(DataLoader):  # type: ignore[type-arg]
         super().__init__(dataset, batch_sampler=batch_sampler, **options)
         batch_sampler._counted_by = self
         self.plan = batch_sampler
-        self._received: tuple[int, int] | None = None  # (epoch, steps) counted in received batches
+        self._received = ConsumedCount(batch_sampler)  # counted in batches this loader returned
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         return self._counted(super().__iter__())
 
     def _counted(self, batches: Iterator[Any]) -> Iterator[Any]:
-        epoch, steps = -1, 0
-        for batch in batches:
-            if epoch < 0:  # the sampler has started its epoch by the time a batch arrives
-                epoch, steps = self.plan.start_position or (self.plan.epoch, 0)
-            steps += 1
-            self._received = (epoch, steps)
+        for count, batch in enumerate(batches):
+            if count == 0:  # the sampler has started its epoch by the time a batch arrives
+                self._received.started()
+            self._received.received()
             yield batch
-        self._received = None
+        self._received.ended()
 
     def set_epoch(self, epoch: int) -> None:
         """Use ``epoch`` for the next iteration."""
@@ -134,17 +135,15 @@ class PlannedDataLoader(DataLoader):  # type: ignore[type-arg]
 
     def state_dict(self) -> dict[str, Any]:
         """The plan's state, counted in batches this loader returned to the loop."""
-        if self._received is None:
-            return self.plan.state_dict()
-        return self.plan._state(*self._received)
+        return self._received.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state`` (see :meth:`PlannedBatchSampler.load_state_dict`)."""
-        self._received = None
+        self._received.ended()
         self.plan.load_state_dict(state)
 
 
-def _called_by_worker_loader(frame: Any) -> bool:
+def _called_by_worker_loader(frame: FrameType | None) -> bool:
     """Whether ``frame`` (the caller of ``iter()``) belongs to a DataLoader iterator with workers."""
     from torch.utils.data import dataloader
 

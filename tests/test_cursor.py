@@ -834,3 +834,34 @@ def test_samplers_and_data_loaders_report_skipped_items_as_the_loader_does():
     with pytest.warns(UserWarning, match="skipped in epoch 0"):
         assert [batch.tolist() for batch in data] == [[0, 2], [3, 4], [5]]
     assert data.stats.skipped == [1]
+
+
+def test_the_start_limit_is_the_last_lowered_before_the_resumed_position():
+    def make(**options):
+        return FastLoader(torch.arange(40), 8, shuffle=False, **options)
+
+    first = make()
+    assert first.start_limit() == 8  # no epoch started
+    iterator = iter(first)
+    next(iterator)
+    first.lower_limit(4)
+    next(iterator), next(iterator)
+    first.lower_limit(2)
+    next(iterator)
+    saved = first.state_dict()  # lowered to 4 at step 1, to 2 at step 3; 4 steps run
+    early = make()
+    early.load_state_dict({**saved, "steps": 2})  # resumed between the two lowerings
+    next(iter(early))
+    assert early.start_limit() == 4
+    late = make()
+    late.load_state_dict(saved)
+    next(iter(late))
+    assert late.start_limit() == 2 == late.limit
+    ranks = [make(rank=r, world_size=2) for r in range(2)]
+    for loader in ranks:  # the lowerings are now in the history
+        loader.load_state_dict(saved)
+        next(iter(loader))
+    assert ranks[0].start_limit() == 2
+    fresh = make()
+    next(iter(fresh))
+    assert fresh.start_limit() == 8

@@ -190,3 +190,56 @@ def test_two_process_ddp_with_lightning(tmp_path):
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "DDP OK" in out.stdout, out.stdout[-2000:]
+
+
+def training(module):
+    """``module`` as a trainer in its training loop sees it (no trainer attached)."""
+    attributes = {"training": True, "reload_dataloaders_every_n_epochs": 0, "global_rank": 0, "world_size": 1}
+    module.trainer = type("Trainer", (), attributes)()
+    return module
+
+
+def consume(module, batches, count):
+    """The training loop consumes ``count`` batches of ``batches`` (fetching one ahead, as Lightning does)."""
+    taken = [next(batches)]
+    for _ in range(count):
+        taken.append(next(batches))
+        module.on_before_batch_transfer(taken.pop(0), 0)
+
+
+def test_data_module_state_counts_consumed_batches_not_those_fetched_ahead():
+    module = training(FastDataModule(train=torch.arange(40), batch_size=4, seed=3))
+    consume(module, iter(module.train_dataloader()), 3)
+    assert module._loaders["train"].loader.state_dict()["steps"] == 4  # handed out
+    assert module.state_dict()["train"]["steps"] == 3
+
+
+def test_a_state_loaded_into_a_data_module_mid_epoch_is_saved_again_unchanged():
+    # the count of the epoch iterated before the load is not the position of the loaded state
+    ahead = training(FastDataModule(train=torch.arange(40), batch_size=4, seed=3))
+    consume(ahead, iter(ahead.train_dataloader()), 5)
+    saved = ahead.state_dict()
+    module = training(FastDataModule(train=torch.arange(40), batch_size=4, seed=3))
+    consume(module, iter(module.train_dataloader()), 3)
+    module.load_state_dict(saved)
+    assert module.state_dict() == saved
+    rest = [batch.tolist() for batch in module.train_dataloader()]
+    assert len(rest) == 10 - 5
+
+
+def test_a_batch_to_retry_is_not_saved_as_consumed():
+    module = training(FastDataModule(train=torch.arange(40), batch_size=4, shuffle=False))
+    batches = iter(module.train_dataloader())
+    seen = []
+    for _ in range(3):
+        batch = next(batches)
+        module.on_before_batch_transfer(batch, 0)
+        seen.append(batch.tolist())
+    module._loaders["train"].loader.retry_last_batch(2)  # the third batch failed: it runs again in parts
+    state = module.state_dict()
+    assert state["train"]["steps"] == 2 and state["train"]["lowered"] == [[2, 2]]
+    resumed = FastDataModule(train=torch.arange(40), batch_size=4, shuffle=False)
+    resumed.load_state_dict(state)
+    rest = [batch.tolist() for batch in resumed.train_dataloader()]
+    assert rest[:2] == [[8, 9], [10, 11]]
+    assert [i for batch in seen[:2] + rest for i in batch] == list(range(40))

@@ -18,6 +18,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 
+from fastsab.consumed import ConsumedCount
 from fastsab.dataloader_keywords import without_dataloader_defaults
 from fastsab.distributed import resolve_rank
 from fastsab.integrations._splits import SPLITS
@@ -37,8 +38,7 @@ class _TrainLoader:
 
     def __init__(self, loader: FastLoader | FastSizeAwareLoader) -> None:
         self.loader = loader
-        self.epoch: int | None = None
-        self.consumed = 0
+        self.consumed = ConsumedCount(loader)
 
     @property
     def sampler(self) -> FastLoader | FastSizeAwareLoader:
@@ -48,10 +48,9 @@ class _TrainLoader:
     def __iter__(self) -> Iterator[Any]:
         for count, batch in enumerate(self.loader):
             if count == 0:  # the epoch (and a resumed start) is known once the first batch is out
-                position = self.loader.position
-                assert position is not None
-                self.epoch, self.consumed = position[0], position[1] - 1
+                self.consumed.started()
             yield batch
+        self.consumed.ended()
 
 
 class _SizedTrainLoader(_TrainLoader):
@@ -189,7 +188,7 @@ class FastDataModule(pl.LightningDataModule):
         trainer = getattr(self, "trainer", None)
         train = self._loaders.get("train")
         if trainer is not None and trainer.training and train is not None:
-            train.consumed += 1
+            train.consumed.received()
         return batch
 
     def state_dict(self) -> dict[str, Any]:
@@ -197,10 +196,7 @@ class FastDataModule(pl.LightningDataModule):
         train = self._loaders.get("train")
         if train is None:
             return {} if self._pending_state is None else {"train": self._pending_state}
-        state = train.loader.state_dict()
-        if train.epoch == state["epoch"]:
-            state["steps"] = train.consumed
-        return {"train": state}
+        return {"train": train.consumed.state_dict()}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Resume the training loader from :meth:`state_dict` (applied when it is built)."""
@@ -211,4 +207,5 @@ class FastDataModule(pl.LightningDataModule):
         if train is None:
             self._pending_state = state
         else:
+            train.consumed.ended()  # counts from the loaded position when the epoch starts
             train.loader.load_state_dict(state)

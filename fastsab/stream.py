@@ -1,0 +1,114 @@
+"""A rank's plan chunks of one epoch: :class:`Stream` skips the batches already run and lowers limits.
+
+A stream wraps a plan (a planner's epoch, or an :class:`~fastsab.plans.ExplicitPlan` of batches
+known up front) and counts positions in batches. It replays the limits lowered in the run it
+resumes, at the positions they were lowered at, and records new lowerings, so that the record
+is what a state saves.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Protocol
+
+import numpy as np
+
+from fastsab.epoch_state import Limit, Lowered, lowered_at
+from fastsab.epochs import EpochStats
+from fastsab.plans import PlanChunk
+
+__all__ = ["Plan", "Stream"]
+
+
+class Plan(Protocol):
+    """Plan chunks one after the other, whose not yet returned items can be planned again."""
+
+    def __next__(self) -> PlanChunk: ...
+
+    def lower(self, pending: np.ndarray, limit: Limit) -> None:
+        """Plan ``pending`` (ids not returned yet, in order) and the rest under ``limit``."""
+
+
+class Stream:
+    """This rank's plan chunks of one epoch, after ``skip`` batches, with limits lowered.
+
+    ``lowered`` limits are re-applied where they were lowered (also inside the skipped
+    batches), so that a resumed stream has the batches the interrupted one had.
+    :meth:`lower` plans the batches from a position on again, also those of chunks already
+    returned (fetched ahead): the chunks returned are kept until :meth:`release` lets them go.
+
+    Examples:
+        >>> from fastsab.plans import ExplicitPlan
+        >>> class Planner:  # what ExplicitPlan needs to re-plan: batches of at most `limit` ids
+        ...     def split(self, ids, limit):
+        ...         return np.split(ids, range(limit, len(ids), limit))
+        >>> plan = ExplicitPlan(PlanChunk.from_batches([np.arange(4), np.arange(4, 8)]), Planner())
+        >>> stream = Stream(plan, skip=1, lowered=[(1, 3)])
+        >>> [batch.tolist() for chunk in stream for batch in chunk.batches()]
+        [[4, 5, 6], [7]]
+    """
+
+    def __init__(self, plan: Plan, *, skip: int = 0, lowered: Lowered | None = None) -> None:
+        self.plan = plan
+        self.skip = skip
+        self.lowered: Lowered = list(lowered or [])  # the record: replayed and new lowerings
+        self._replay = deque(self.lowered)
+        self.position = 0  # batches of the stream before the next chunk
+        self.stats: EpochStats | None = None
+        self._returned: deque[tuple[int, int, PlanChunk]] = deque()  # (first, end position, chunk) not released
+
+    def __iter__(self) -> Stream:
+        return self
+
+    def __next__(self) -> PlanChunk:
+        while True:
+            chunk = next(self.plan)
+            if self.stats is not None:
+                self.stats.add(chunk)
+            start = self.position
+            end = start + chunk.num_batches
+            while self._replay and self._replay[0][0] <= end:
+                position, limit = self._replay.popleft()
+                cut = position - start
+                self.plan.lower(chunk.ids[chunk.offsets[cut] :], limit)
+                chunk, end = chunk.head(cut), position
+            self.position = end
+            if self.skip >= end:  # ran before the state was saved
+                continue
+            if self.skip > start:
+                chunk, start = chunk.tail(self.skip - start), self.skip
+            self._returned.append((start, end, chunk))
+            return chunk
+
+    def release(self, position: int) -> None:
+        """Let go of the chunks whose batches all come before ``position``."""
+        returned = self._returned
+        while returned and returned[0][1] <= position:
+            returned.popleft()
+
+    def lower(self, position: int, limit: Limit) -> None:
+        """Plan the batches from ``position`` on again under ``limit``.
+
+        ``position`` must not be released; nothing may iterate the stream meanwhile.
+        """
+        pending = [
+            chunk.ids[chunk.offsets[max(position - start, 0)] :]
+            for start, end, chunk in self._returned
+            if end > position
+        ]
+        self._returned.clear()
+        self.plan.lower(np.concatenate(pending) if pending else np.empty(0, dtype=np.int64), limit)
+        self.position = position
+        self.lowered = lowered_at(self.lowered, position, limit)
+
+    @property
+    def lowered_past_end(self) -> bool:
+        """Whether lowered limits remain that the stream never reached."""
+        return bool(self._replay)
+
+    def count(self) -> int:
+        """Number of batches left (consumes the stream)."""
+        total = 0
+        for chunk in self:
+            total += chunk.num_batches
+        return total
