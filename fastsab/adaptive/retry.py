@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from fastsab._checks import check_positive_int
-from fastsab.adaptive.caches import BatchSizeCache, _CacheSlot, _context_slot
+from fastsab.adaptive.caches import BatchSizeCache, _CacheSlot, _context_slot, _cuda_initialized
 from fastsab.oom import is_out_of_memory
 
 
@@ -70,7 +70,7 @@ def free_memory(error: BaseException | None = None) -> None:
     if error is not None and error.__traceback__ is not None:
         traceback.clear_frames(error.__traceback__)
     gc.collect()
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
+    if _cuda_initialized():
         torch.cuda.empty_cache()
     for backend in ("mps", "xpu"):
         module = getattr(torch, backend, None)
