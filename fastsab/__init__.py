@@ -3,9 +3,9 @@
 from fastsab.batching import BatchSplit, Carry, split_batches
 from fastsab.buckets import BucketBatchSampler, Buckets, create_buckets
 from fastsab.epochs import EpochStats
-from fastsab.feeder import OutOfCoreDataset
 from fastsab.fetch import collate_batch
 from fastsab.loader import FastLoader, FastSizeAwareLoader
+from fastsab.out_of_core import OutOfCoreDataset
 from fastsab.planned import PlannedBatchSampler, PlannedDataLoader
 from fastsab.samplers import SizeAwareBatchSampler
 from fastsab.shuffle import GroupedPermutation, grouped_permutation

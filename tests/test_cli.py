@@ -71,3 +71,23 @@ def test_loader_rows_report_speedups():
     assert by_method["DataLoader, __getitem__ per item"].speedup == pytest.approx(1.0)
     assert all(row.speedup is not None and row.speedup > 0 for row in rows)
     assert by_method["FastLoader"].note == "100 batches"
+
+
+def test_the_bench_module_keeps_its_names():
+    from fastsab.bench import loaders, report, workloads
+
+    assert bench.__all__ == [
+        "Row",
+        "adaptive_rows",
+        "first_batch_rows",
+        "kernel_rows",
+        "loader_rows",
+        "lognormal_lengths",
+        "machine_info",
+        "permutation_rows",
+        "time_best",
+        "to_markdown",
+    ]
+    parts = {**vars(report), **vars(workloads), **vars(loaders)}
+    for name in [*bench.__all__, "PerItemDataset", "BatchedDataset"]:
+        assert getattr(bench, name) is parts[name]

@@ -60,7 +60,7 @@ def test_loader_reads_each_chunk_once_per_epoch(shuffle):
         seen = [i for batch in loader for i in batch["y"].tolist()]
         assert sorted(seen) == list(range(1000))  # every sample, the remainder included
         assert dataset.chunk_reads - before == dataset.num_chunks  # each chunk read once
-    assert len(dataset._chunks) <= 2
+    assert len(dataset._cache.chunks) <= 2
     dataset.close()
 
 
@@ -362,10 +362,10 @@ def test_without_a_chunk_order_only_sequential_access_is_read_ahead():
     for chunk in [5, 9, 2, 7, 0, 3]:
         for offset in (1, 2):
             assert dataset.__getitems__([chunk * 10 + offset])["y"].tolist() == [chunk * 10 + offset]
-    assert dataset.chunk_reads == 6 and not dataset._pending  # no chunk read for nothing
+    assert dataset.chunk_reads == 6 and not dataset._cache.pending  # no chunk read for nothing
     for chunk in [0, 1, 2]:
         dataset.__getitems__([chunk * 10])
-    assert list(dataset._pending) == [3]  # in order: the next chunk is read ahead
+    assert list(dataset._cache.pending) == [3]  # in order: the next chunk is read ahead
     dataset.__getitems__([35])  # read ahead, and chunk 4 read ahead in turn
     dataset.close()
     assert dataset.chunk_reads == 6 + 5
@@ -408,3 +408,15 @@ def test_whole_batches_in_a_dataloader_without_a_collate_fn_of_ones_own():
         [0, 1, 2, 3],
         [4, 5],
     ]
+
+
+def test_the_former_module_path_gives_the_same_objects():
+    import fastsab
+    import fastsab.feeder
+    import fastsab.out_of_core
+    from fastsab.out_of_core import dataset
+
+    assert fastsab.feeder.OutOfCoreDataset is fastsab.OutOfCoreDataset is fastsab.out_of_core.OutOfCoreDataset
+    assert fastsab.feeder.OutOfCoreDataset is dataset.OutOfCoreDataset
+    assert fastsab.feeder.OVERHEAD_BYTES is fastsab.out_of_core.OVERHEAD_BYTES == 32 * 2**20
+    assert fastsab.feeder.__all__ == ["OVERHEAD_BYTES", "OutOfCoreDataset"]

@@ -113,9 +113,15 @@ def call_site(frame: Any, depth: int = 16) -> tuple[tuple[str, int], ...]:
     return tuple(sites)
 
 
+def _cuda_initialized() -> bool:
+    """Whether torch has initialized CUDA (asking does not initialize it)."""
+    initialized: Callable[[], bool] = torch.cuda.is_initialized  # NOTE: torch leaves it unannotated
+    return torch.cuda.is_available() and initialized()
+
+
 def available_memory() -> int:
     """Free bytes of the current CUDA device if CUDA is initialized, else of the host."""
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
+    if _cuda_initialized():
         return int(torch.cuda.mem_get_info()[0])
     try:
         with open("/proc/meminfo", "rb") as meminfo:

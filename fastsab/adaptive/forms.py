@@ -11,7 +11,7 @@ import torch
 
 # NOTE: GlobalCache is used by the examples of the docstrings (their namespace is this module's)
 from fastsab.adaptive.caches import GlobalCache, call_site, code_context  # noqa: F401
-from fastsab.adaptive.retry import _BATCH_NAMES, _STEP_NAMES, _Batch, _Chunked, _decorate, _Range
+from fastsab.adaptive.retry import _Batch, _Chunked, _decorate, _Range
 
 
 def batch(
@@ -56,16 +56,7 @@ def batch(
         TypeError: If ``func`` is not callable, or is a generator or ``async`` function.
     """
     return _decorate(
-        lambda f: _Batch(
-            f,
-            initial_batch_size,
-            min_batch_size,
-            factor,
-            cache,
-            form="adaptive.batch",
-            names=_BATCH_NAMES,
-            context=context,
-        ),
+        lambda f: _Batch(f, initial_batch_size, min_batch_size, factor, cache, form="adaptive.batch", context=context),
         func,
     )
 
@@ -90,10 +81,7 @@ def range_(
     ``context`` mean, as for :func:`batch`.
     """
     return _decorate(
-        lambda f: _Range(
-            f, initial_step, min_step, factor, cache, form="adaptive.range", names=_STEP_NAMES, context=context
-        ),
-        func,
+        lambda f: _Range(f, initial_step, min_step, factor, cache, form="adaptive.range", context=context), func
     )
 
 
@@ -114,7 +102,11 @@ def chunked(
     negative, counted from the last dimension. Generator and ``async`` functions are
     refused, and ``cache`` and ``context`` mean, as for :func:`batch`.
     """
-    return _decorate(lambda f: _Chunked(f, initial_step, min_step, factor, cache, dim, context=context), func)
+
+    def make(f: Callable[..., Any]) -> _Chunked:
+        return _Chunked(f, initial_step, min_step, factor, cache, form="adaptive.chunked", context=context).along(dim)
+
+    return _decorate(make, func)
 
 
 class explicit:
@@ -150,10 +142,7 @@ class explicit:
         """``func(batch_size, *args, **kwargs)`` with adaptive batch size."""
         context = code_context(func) if adaptive_context is None else adaptive_context
         form = "adaptive.explicit.batch"
-        adaptive = _Batch(
-            func, initial_batch_size, 1, 2, adaptive_cache, form=form, names=_BATCH_NAMES, context=context
-        )
-        return adaptive(*args, **kwargs)
+        return _Batch(func, initial_batch_size, 1, 2, adaptive_cache, form=form, context=context)(*args, **kwargs)
 
     @staticmethod
     def range(
@@ -170,9 +159,7 @@ class explicit:
         """``func(chunk_start, chunk_end, *args, **kwargs)`` over ``start..end``."""
         context = code_context(func) if adaptive_context is None else adaptive_context
         form = "adaptive.explicit.range"
-        _Range(func, initial_step, 1, 2, adaptive_cache, form=form, names=_STEP_NAMES, context=context)(
-            start, end, *args, **kwargs
-        )
+        _Range(func, initial_step, 1, 2, adaptive_cache, form=form, context=context)(start, end, *args, **kwargs)
 
     @staticmethod
     def chunked(
@@ -189,9 +176,8 @@ class explicit:
         """``func(chunk, start, end, *args, **kwargs)`` over ``tensor`` along ``adaptive_dim``."""
         context = code_context(func) if adaptive_context is None else adaptive_context
         form = "adaptive.explicit.chunked"
-        _Chunked(func, initial_step, 1, 2, adaptive_cache, adaptive_dim, form=form, context=context)(
-            tensor, *args, **kwargs
-        )
+        chunks = _Chunked(func, initial_step, 1, 2, adaptive_cache, form=form, context=context).along(adaptive_dim)
+        chunks(tensor, *args, **kwargs)
 
 
 class execute:

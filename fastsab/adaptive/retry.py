@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from fastsab._checks import check_positive_int
-from fastsab.adaptive.caches import BatchSizeCache, _CacheSlot, _context_slot
+from fastsab.adaptive.caches import BatchSizeCache, _CacheSlot, _context_slot, _cuda_initialized
 from fastsab.oom import is_out_of_memory
 
 
@@ -70,7 +70,7 @@ def free_memory(error: BaseException | None = None) -> None:
     if error is not None and error.__traceback__ is not None:
         traceback.clear_frames(error.__traceback__)
     gc.collect()
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
+    if _cuda_initialized():
         torch.cuda.empty_cache()
     for backend in ("mps", "xpu"):
         module = getattr(torch, backend, None)
@@ -155,10 +155,12 @@ class _Adaptive(ABC):
         factor: Shrink factor (> 1) after each out-of-memory error.
         cache: See :func:`batch`.
         form: The public name of the form, for messages (``"adaptive.batch"``).
-        names: The names of the ``initial`` and ``minimum`` arguments, for messages.
         context: What the sizes are remembered for (hashable): every call made with an equal
             context shares them. ``None``: this object's calls only.
     """
+
+    #: The names of the ``initial`` and ``minimum`` arguments, for messages.
+    names: tuple[str, str]
 
     @abstractmethod
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -173,7 +175,6 @@ class _Adaptive(ABC):
         cache: Any,
         *,
         form: str,
-        names: tuple[str, str],
         context: Any = None,
     ) -> None:
         if not callable(func):
@@ -184,6 +185,7 @@ class _Adaptive(ABC):
         kind = _lazy_kind(func)
         if kind is not None:
             raise TypeError(f"{self.name} is {kind}; {form} cannot retry it: {_LAZY_ADVICE}")
+        names = self.names
         self.initial = check_positive_int(names[0], initial)
         self.minimum = check_positive_int(names[1], minimum)
         if self.minimum > self.initial:
@@ -236,6 +238,8 @@ class _Adaptive(ABC):
 
 
 class _Batch(_Adaptive):
+    names = _BATCH_NAMES
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         cache = self.cache
         key = self.key(cache, sys._getframe(1))
@@ -251,6 +255,8 @@ class _Batch(_Adaptive):
 
 
 class _Range(_Adaptive):
+    names = _STEP_NAMES
+
     def __call__(self, start: int, end: int, /, *args: Any, **kwargs: Any) -> None:
         start, end = _check_integer("start", start), _check_integer("end", end)
         if end < start:
@@ -283,19 +289,13 @@ class _Range(_Adaptive):
 
 
 class _Chunked(_Range):
-    def __init__(
-        self,
-        func: Callable[..., Any],
-        initial: int,
-        minimum: int,
-        factor: float,
-        cache: Any,
-        dim: int,
-        form: str = "adaptive.chunked",
-        context: Any = None,
-    ) -> None:
-        super().__init__(func, initial, minimum, factor, cache, form=form, names=_STEP_NAMES, context=context)
+    #: The dimension chunked along (see :meth:`along`).
+    dim = 0
+
+    def along(self, dim: int) -> _Chunked:
+        """This form, chunking along ``dim`` (an integer, checked against each tensor when called)."""
         self.dim = _check_integer("dim", dim)
+        return self
 
     def __call__(self, tensor: torch.Tensor, /, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
         if not isinstance(tensor, torch.Tensor):

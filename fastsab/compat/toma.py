@@ -43,16 +43,27 @@ from __future__ import annotations
 import functools
 import sys
 from collections.abc import Callable
-from numbers import Integral
 from typing import Any
 
 import torch
 
 from fastsab import adaptive
-from fastsab._checks import check_positive_int
-from fastsab.adaptive import AdaptiveOOMError, BatchSizeCache, GlobalCache, NoCache, StackMemoryCache
-from fastsab.adaptive.retry import _LAZY_ADVICE, _lazy_kind
-from fastsab.oom import is_out_of_memory
+from fastsab.adaptive import BatchSizeCache
+from fastsab.compat._toma_calls import (
+    DEFAULT_CACHE_TYPE,
+    GlobalBatchsizeCache,
+    NoBatchsizeCache,
+    StacktraceMemoryBatchsizeCache,
+    _cache_type,
+    _check_function,
+    _chunked,
+    _dimension,
+    _first,
+    _size,
+    explicit,
+    should_reduce_batch_size,
+    simple,
+)
 
 __all__ = [
     "DEFAULT_CACHE_TYPE",
@@ -64,167 +75,6 @@ __all__ = [
     "simple",
     "toma",
 ]
-
-#: Start from the initial size every time.
-NoBatchsizeCache = NoCache
-#: One size per context (by default, per function).
-GlobalBatchsizeCache = GlobalCache
-#: One size per context, call site and available-memory bucket.
-StacktraceMemoryBatchsizeCache = StackMemoryCache
-DEFAULT_CACHE_TYPE = StackMemoryCache
-
-
-def should_reduce_batch_size(exception: BaseException) -> bool:
-    """Whether ``exception`` is an out-of-memory error (:func:`fastsab.oom.is_out_of_memory`)."""
-    return is_out_of_memory(exception)
-
-
-def _size(value: Any, *names: str) -> int:
-    """The first of toma's fallbacks that is given (``toma_initial_step or initial_step``), checked."""
-    return check_positive_int(" or ".join(names), value)
-
-
-def _cache_type(name: str, value: Any) -> type[BatchSizeCache]:
-    if not (isinstance(value, type) and issubclass(value, BatchSizeCache)):
-        raise TypeError(
-            f"{name} must be a cache class (StacktraceMemoryBatchsizeCache, GlobalBatchsizeCache, "
-            f"NoBatchsizeCache), got {value!r}."
-        )
-    return value
-
-
-def _check_function(form: str, size_name: str, func: Any) -> Callable[..., Any]:
-    """``func``, the function to decorate; a size given in its place (``@toma.batch(64)``) is named."""
-    if not callable(func):
-        raise TypeError(
-            f"{form} takes its options by keyword ({size_name}={func!r}); func must be a function, "
-            f"got {func!r} of type {type(func).__name__}."
-        )
-    kind = _lazy_kind(func)
-    if kind is not None:  # NOTE: refused when decorated, as by fastsab.adaptive's decorators, not at the first call
-        name = getattr(func, "__qualname__", None) or repr(func)
-        raise TypeError(f"{name} is {kind}; {form} cannot retry it: {_LAZY_ADVICE}")
-    return func
-
-
-def _first(given: Any, default: Any) -> Any:
-    return default if given is None else given
-
-
-def _as_toma_error(call: Callable[[], Any]) -> Any:
-    """``call()``, raising the last out-of-memory error itself when even size 1 failed, as toma does."""
-    try:
-        return call()
-    except AdaptiveOOMError as error:
-        raise error.last from error
-
-
-class explicit:
-    """Call forms; sizes are remembered per ``toma_context`` (default: the function's code)."""
-
-    @staticmethod
-    def batch(
-        func: Callable[..., Any],
-        initial_batchsize: int,
-        *args: Any,
-        toma_context: Any = None,
-        toma_cache_type: type[BatchSizeCache] = DEFAULT_CACHE_TYPE,
-        **kwargs: Any,
-    ) -> Any:
-        """``func(batchsize, *args, **kwargs)``, halving ``batchsize`` on out-of-memory."""
-        initial = _size(initial_batchsize, "initial_batchsize")
-        cache = _cache_type("toma_cache_type", toma_cache_type)
-        return _as_toma_error(
-            lambda: adaptive.explicit.batch(
-                func, initial, *args, adaptive_cache=cache, adaptive_context=toma_context, **kwargs
-            )
-        )
-
-    @staticmethod
-    def range(
-        func: Callable[..., Any],
-        start: int,
-        end: int,
-        initial_step: int,
-        *args: Any,
-        toma_context: Any = None,
-        toma_cache_type: type[BatchSizeCache] = DEFAULT_CACHE_TYPE,
-        **kwargs: Any,
-    ) -> None:
-        """``func(chunk_start, chunk_end, *args, **kwargs)`` over ``start..end``, halving the step on out-of-memory."""
-        initial = _size(initial_step, "initial_step")
-        cache = _cache_type("toma_cache_type", toma_cache_type)
-        _as_toma_error(
-            lambda: adaptive.explicit.range(
-                func, start, end, initial, *args, adaptive_cache=cache, adaptive_context=toma_context, **kwargs
-            )
-        )
-
-    @staticmethod
-    def chunked(
-        func: Callable[..., Any],
-        tensor: torch.Tensor,
-        initial_step: int,
-        *args: Any,
-        toma_dimension: int | None = None,
-        toma_context: Any = None,
-        toma_cache_type: type[BatchSizeCache] = DEFAULT_CACHE_TYPE,
-        **kwargs: Any,
-    ) -> None:
-        """``func(chunk, chunk_start, chunk_end, *args, **kwargs)`` over ``tensor`` along ``toma_dimension``."""
-        dim = _dimension("toma_dimension", toma_dimension, tensor)
-        _chunked(func, tensor, initial_step, args, kwargs, dim=dim, context=toma_context, cache_type=toma_cache_type)
-
-
-def _dimension(name: str, value: Any, tensor: Any) -> int:
-    """The dimension to chunk along (``None``: 0), checked against ``tensor`` under the name the call gave it."""
-    given = _first(value, 0)
-    if isinstance(given, bool) or not isinstance(given, Integral):
-        raise TypeError(f"{name} must be an integer, got {value!r} of type {type(value).__name__}.")
-    dim = int(given)
-    if isinstance(tensor, torch.Tensor) and not -tensor.dim() <= dim < tensor.dim():
-        raise ValueError(f"{name}={value!r} is out of range for a tensor of shape {tuple(tensor.shape)}.")
-    return dim
-
-
-def _chunked(
-    func: Callable[..., Any],
-    tensor: torch.Tensor,
-    initial_step: int,
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    *,
-    dim: int,
-    context: Any,
-    cache_type: Any,
-) -> None:
-    initial = _size(initial_step, "initial_step")
-    cache = _cache_type("toma_cache_type", cache_type)
-    _as_toma_error(
-        lambda: adaptive.explicit.chunked(
-            func, tensor, initial, *args, adaptive_dim=dim, adaptive_cache=cache, adaptive_context=context, **kwargs
-        )
-    )
-
-
-class simple:
-    """The forms without a cache: every call starts from the initial size."""
-
-    @staticmethod
-    def batch(func: Callable[..., Any], initial_batchsize: int, *args: Any, **kwargs: Any) -> Any:
-        """``func(batchsize, *args, **kwargs)``, halving ``batchsize`` on out-of-memory."""
-        return explicit.batch(func, initial_batchsize, *args, toma_cache_type=NoBatchsizeCache, **kwargs)
-
-    @staticmethod
-    def range(func: Callable[..., Any], start: int, end: int, initial_step: int, *args: Any, **kwargs: Any) -> None:
-        """``func(chunk_start, chunk_end, *args, **kwargs)`` over ``start..end``."""
-        explicit.range(func, start, end, initial_step, *args, toma_cache_type=NoBatchsizeCache, **kwargs)
-
-    @staticmethod
-    def chunked(func: Callable[..., Any], tensor: torch.Tensor, initial_step: int, dimension: int = 0) -> None:
-        """``func(chunk, chunk_start, chunk_end)`` over ``tensor`` along ``dimension``."""
-        dim = _dimension("dimension", dimension, tensor)
-        _chunked(func, tensor, initial_step, (), {}, dim=dim, context=None, cache_type=NoBatchsizeCache)
 
 
 class toma:
@@ -253,8 +103,9 @@ class toma:
         def wrapped(
             *args: Any, toma_initial_batchsize: int | None = None, toma_context: Any = None, **kwargs: Any
         ) -> Any:
-            initial = _first(toma_initial_batchsize, initial_batchsize)
-            _size(initial, "toma_initial_batchsize", "initial_batchsize")
+            initial = _size(
+                _first(toma_initial_batchsize, initial_batchsize), "toma_initial_batchsize", "initial_batchsize"
+            )
             context_ = _first(toma_context, context)
             return explicit.batch(function, initial, *args, toma_context=context_, toma_cache_type=cache, **kwargs)
 
@@ -286,8 +137,7 @@ class toma:
             toma_context: Any = None,
             **kwargs: Any,
         ) -> None:
-            initial = _first(toma_initial_step, initial_step)
-            _size(initial, "toma_initial_step", "initial_step")
+            initial = _size(_first(toma_initial_step, initial_step), "toma_initial_step", "initial_step")
             context_ = _first(toma_context, context)
             explicit.range(function, start, end, initial, *args, toma_context=context_, toma_cache_type=cache, **kwargs)
 
@@ -323,8 +173,7 @@ class toma:
             toma_context: Any = None,
             **kwargs: Any,
         ) -> None:
-            initial = _first(toma_initial_step, initial_step)
-            _size(initial, "toma_initial_step", "initial_step")
+            initial = _size(_first(toma_initial_step, initial_step), "toma_initial_step", "initial_step")
             given = _first(toma_dimension, dimension)
             dim = _dimension("toma_dimension or dimension", given, tensor)
             _chunked(

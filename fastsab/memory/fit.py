@@ -149,7 +149,7 @@ def module_work(
         leaves = [leaf for leaf in optree.tree_leaves(call(size)) if isinstance(leaf, torch.Tensor)]
         loss = sum(leaf.float().sum() for leaf in leaves if leaf.is_floating_point())
         if isinstance(loss, torch.Tensor) and loss.requires_grad:
-            loss.backward()
+            torch.autograd.backward(loss)
 
     def cleanup() -> None:
         module.zero_grad(set_to_none=True)

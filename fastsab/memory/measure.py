@@ -23,7 +23,7 @@ from functools import partial
 from typing import Any, Literal
 
 import torch
-from torch.profiler import ProfilerActivity, profile
+from torch.profiler import DeviceType, ProfilerActivity, profile
 from tqdm import tqdm
 
 from fastsab._checks import check_choice
@@ -34,7 +34,7 @@ __all__ = ["Measurements", "collect_cuda_peak_alloc", "collect_peak_alloc", "pro
 Baseline = Literal["absolute", "subtract"]
 
 
-class Measurements(tuple):
+class Measurements(tuple[list[Any], list[int]]):
     """``(features, peaks)`` as the bionemo API returns them, plus what was skipped.
 
     Unpacks as a pair: ``features, peaks = collect_cuda_peak_alloc(...)``.
@@ -256,7 +256,7 @@ def _kineto_memory_events(fn: Callable[[], Any]) -> tuple[Any, list[int]]:  # pr
     events = sorted(
         (event.start_ns(), event.nbytes())
         for event in results.events()
-        if event.name() == "[memory]" and event.device_type() == torch.autograd.DeviceType.CPU
+        if event.name() == "[memory]" and event.device_type() == DeviceType.CPU
     )
     return result, [nbytes for _, nbytes in events]
 

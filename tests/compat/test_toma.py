@@ -430,3 +430,22 @@ def test_the_call_initial_size_is_a_ceiling_and_only_out_of_memory_lowers_the_si
         assert loop(peer) == [64, 64, 64]
     with fresh_caches():
         assert loop(ours) == [64, 8, 128]
+
+
+def test_every_name_of_the_module_is_the_one_its_parts_define():
+    from fastsab.compat import _toma_calls
+
+    assert ours.__all__ == [
+        "DEFAULT_CACHE_TYPE",
+        "GlobalBatchsizeCache",
+        "NoBatchsizeCache",
+        "StacktraceMemoryBatchsizeCache",
+        "explicit",
+        "should_reduce_batch_size",
+        "simple",
+        "toma",
+    ]
+    for name in ours.__all__[:-1]:
+        assert getattr(ours, name) is getattr(_toma_calls, name)
+    assert ours.NoBatchsizeCache is adaptive.NoCache and ours.GlobalBatchsizeCache is adaptive.GlobalCache
+    assert ours.StacktraceMemoryBatchsizeCache is ours.DEFAULT_CACHE_TYPE is adaptive.StackMemoryCache

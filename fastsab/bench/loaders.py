@@ -1,0 +1,146 @@
+"""The loader workloads of ``fastsab bench``: the seed loop and its size-aware version per epoch, and the time
+to the first batch, against DataLoader and the numpy floor."""
+
+from __future__ import annotations
+
+import gc
+import time
+from collections.abc import Callable, Iterable, Iterator
+from functools import partial
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, RandomSampler
+
+from fastsab.bench.report import Row, time_best
+from fastsab.bench.workloads import lognormal_lengths
+from fastsab.loader import FastLoader, FastSizeAwareLoader
+from fastsab.samplers import SizeAwareBatchSampler
+
+__all__ = ["BatchedDataset", "PerItemDataset", "first_batch_rows", "loader_rows"]
+
+
+class PerItemDataset(Dataset[torch.Tensor]):
+    """The map-style dataset of the seed loop: one ``__getitem__`` per sample."""
+
+    def __init__(self, data: torch.Tensor) -> None:
+        self.data = data
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        return self.data[index]
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+
+class BatchedDataset(PerItemDataset):
+    """The same dataset with ``__getitems__``: one call per batch."""
+
+    def __getitems__(self, indices: list[int]) -> torch.Tensor:
+        return self.data[indices]
+
+
+def _identity(batch: Any) -> Any:
+    return batch
+
+
+def _epoch_times(
+    cases: list[tuple[str, Callable[[], Iterable[Any]]]],
+    epochs: int,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, tuple[float, int]]:
+    """Best seconds per epoch of each case, and its batches.
+
+    After one warm-up epoch each, the cases run one epoch in turn, ``epochs`` rounds, so
+    that a slow spell of a shared machine hits all of them alike.
+    """
+    iterables = {}
+    batches = {}
+    for name, make in cases:
+        if progress is not None:
+            progress(name)
+        iterables[name] = make()
+        batches[name] = sum(1 for _ in iterables[name])
+    best = dict.fromkeys(iterables, float("inf"))
+    for _ in range(epochs):
+        for name, iterable in iterables.items():
+            gc.collect()
+            start = time.perf_counter()
+            for _ in iterable:
+                pass
+            best[name] = min(best[name], time.perf_counter() - start)
+    return {name: (best[name], batches[name]) for name in iterables}
+
+
+def loader_rows(
+    samples: int = 300_000,
+    batch_size: int = 300,
+    epochs: int = 3,
+    progress: Callable[[str], None] | None = None,
+) -> list[Row]:
+    """The seed loop and its size-aware version, per epoch, against the numpy floor.
+
+    Fixed-size rows use ``torch.arange(samples)`` batched by ``batch_size`` and shuffled;
+    size-aware rows use log-normal lengths (mean ~150) with a budget of ``batch_size`` x
+    mean length. Ratios are to the numpy permutation+reshape loop measured in this run.
+    """
+    data = torch.arange(samples)
+    lengths = lognormal_lengths(samples)
+    budget = batch_size * int(lengths.mean())
+    length_list = lengths.tolist()
+    rng = np.random.default_rng(0)
+    numbers = np.arange(samples)
+
+    def numpy_floor() -> Iterable[Any]:
+        class Epochs:
+            def __iter__(self) -> Iterator[Any]:
+                usable = samples // batch_size * batch_size
+                return iter(rng.permutation(numbers)[:usable].reshape(-1, batch_size))
+
+        return Epochs()
+
+    def size_aware_dataloader() -> Iterable[Any]:
+        sampler = SizeAwareBatchSampler(RandomSampler(data), length_list.__getitem__, budget, warn_logger=None)
+        return DataLoader(BatchedDataset(data), batch_sampler=sampler, collate_fn=_identity)
+
+    cases: list[tuple[str, Callable[[], Iterable[Any]]]] = [
+        ("numpy permutation+reshape (floor)", numpy_floor),
+        ("DataLoader, __getitem__ per item", lambda: DataLoader(PerItemDataset(data), batch_size, shuffle=True)),
+        (
+            "DataLoader + __getitems__",
+            lambda: DataLoader(BatchedDataset(data), batch_size, shuffle=True, collate_fn=_identity),
+        ),
+        ("FastLoader", lambda: FastLoader(data, batch_size)),
+        ("SizeAwareBatchSampler(callable) + DataLoader", size_aware_dataloader),
+        ("FastSizeAwareLoader", lambda: FastSizeAwareLoader(data, lengths, budget)),
+    ]
+    rows: list[Row] = []
+    measured = _epoch_times(cases, epochs, progress)
+    floor = measured[cases[0][0]][0]
+    for name, (seconds, n_batches) in measured.items():
+        workload = "seed loop" if "Size" not in name else "size-aware"
+        base = "numpy permutation+reshape (floor)"
+        rows.append(Row("loaders", workload, name, seconds, base, seconds / floor, f"{n_batches:,} batches"))
+    per_item = next(row.seconds for row in rows if "per item" in row.method)
+    size_aware_baseline = next(row.seconds for row in rows if "SizeAwareBatchSampler" in row.method)
+    for row in rows:
+        row.speedup = (size_aware_baseline if row.workload == "size-aware" else per_item) / row.seconds
+    return rows
+
+
+def first_batch_rows(n: int = 10**8, repeat: int = 3) -> list[Row]:
+    """Time to the first batch of a FastLoader over ``n`` items vs one numpy permutation of ``n``."""
+    data = torch.arange(n)
+    loader = FastLoader(data, 300)
+    base = "numpy permutation"
+    floor = time_best(partial(np.random.default_rng(0).permutation, n), repeat)
+    seconds = time_best(partial(_first_batch, loader), repeat)
+    return [
+        Row("first batch", f"n={n:,}", base, floor, base, 1.0),
+        Row("first batch", f"n={n:,}", "FastLoader first batch", seconds, base, seconds / floor),
+    ]
+
+
+def _first_batch(loader: FastLoader) -> Any:
+    return next(iter(loader))

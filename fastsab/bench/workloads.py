@@ -1,0 +1,129 @@
+"""The workloads of ``fastsab bench`` without a loader: the split kernel, grouped permutations, the adaptive
+decorator's overhead, and the log-normal lengths every size-aware workload uses."""
+
+from __future__ import annotations
+
+import gc
+import time
+from collections.abc import Callable, Iterable
+from functools import partial
+from typing import Any, Literal
+
+import numpy as np
+import torch
+
+from fastsab import adaptive
+from fastsab.batching import split_batches
+from fastsab.bench.report import Row, time_best
+from fastsab.shuffle import GroupedPermutation
+
+__all__ = ["adaptive_rows", "kernel_rows", "lognormal_lengths", "permutation_rows"]
+
+
+def lognormal_lengths(n: int, seed: int = 0, mean: float = 150.0, sigma: float = 1.0) -> np.ndarray:
+    """The size-aware workload: log-normal lengths with the given mean, clipped to [8, 4000].
+
+    Examples:
+        >>> lengths = lognormal_lengths(100_000)
+        >>> bool(lengths.min() >= 8 and lengths.max() <= 4000), bool(130 < lengths.mean() < 170)
+        (True, True)
+    """
+    rng = np.random.default_rng(seed)
+    mu = np.log(mean) - sigma**2 / 2
+    return np.clip(rng.lognormal(mu, sigma, n), 8, 4000).astype(np.int64)
+
+
+def kernel_rows(sizes: Iterable[int], repeat: int = 5) -> list[Row]:
+    """Split kernel vs one ``np.cumsum`` over the same costs (int and float, sum and padded).
+
+    Budget is 300 x the mean length, as in the size-aware loader workload.
+    """
+    rows = []
+    for n in sizes:
+        lengths = lognormal_lengths(n)
+        budget = 300 * int(lengths.mean())
+        floats = lengths * 1.0009765625  # non-integer float costs, exact in binary
+        work = f"n={n:,}"
+        for kind, costs, cap in (("int", lengths, budget), ("float", floats, float(budget))):
+            base = f"np.cumsum {kind} (floor)"
+            floor = time_best(partial(np.cumsum, costs), repeat)
+            rows.append(Row("split kernel", work, base, floor, base, 1.0))
+            modes: tuple[Literal["sum", "padded"], ...] = ("sum", "padded") if kind == "int" else ("sum",)
+            for mode in modes:
+                fn = partial(split_batches, costs, cap, cost=mode)
+                seconds = time_best(fn, repeat)
+                note = f"{fn().num_batches:,} batches"
+                rows.append(
+                    Row("split kernel", work, f"split_batches {kind} {mode}", seconds, base, seconds / floor, note)
+                )
+    return rows
+
+
+def permutation_rows(sizes: Iterable[int], repeat: int = 3, group_size: int = 2**16) -> list[Row]:
+    """A grouped permutation per epoch and to its first group, vs numpy and torch."""
+    rows = []
+    for n in sizes:
+        rng = np.random.default_rng(0)
+        perm = GroupedPermutation(n, group_size, seed=0)
+        work = f"n={n:,}"
+        base = "numpy permutation"
+        floor = time_best(partial(rng.permutation, n), repeat)
+        rows.append(Row("permutation", work, base, floor, base, 1.0))
+        cases: list[tuple[str, Callable[[], Any]]] = [
+            ("torch.randperm", partial(torch.randperm, n)),
+            ("GroupedPermutation epoch", partial(perm.permutation, 1)),
+            ("GroupedPermutation first group", partial(_first_group, perm)),
+        ]
+        for name, fn in cases:
+            seconds = time_best(fn, repeat)
+            rows.append(Row("permutation", work, name, seconds, base, seconds / floor))
+    return rows
+
+
+def _first_group(perm: GroupedPermutation) -> np.ndarray:
+    return next(perm.groups(1))
+
+
+def adaptive_rows(calls: int = 200, repeat: int = 9) -> list[Row]:
+    """Overhead of the adaptive batch decorator on its cached fast path (no OOM).
+
+    Two workloads: a no-op (the wrapper's own cost per call, in isolation) and matrix
+    products repeated to take about 2 ms per call. Each row is the time per call over
+    ``calls`` calls, best of ``repeat``, with the methods measured in turn each repeat so
+    that drifts of a shared machine hit them alike.
+    """
+    left, right = torch.randn(300, 300), torch.randn(300, 300)
+    reps = 10
+
+    def matmuls(batch_size: int) -> torch.Tensor:
+        out = left
+        for _ in range(reps):
+            out = torch.mm(left, right)
+        return out
+
+    reps = max(1, round(2e-3 / (time_best(partial(matmuls, 0), 10) / reps)))  # about 2 ms per call
+
+    def noop(batch_size: int) -> int:
+        return batch_size
+
+    rows = []
+    for workload, operation in (("no-op", noop), ("~2 ms op", matmuls)):
+        methods: list[tuple[str, Callable[[], Any]]] = [
+            ("direct call", partial(operation, 64)),
+            ("batch, StackMemoryCache (default)", adaptive.batch(operation, initial_batch_size=64)),
+            ("batch, GlobalCache", adaptive.batch(operation, initial_batch_size=64, cache=adaptive.GlobalCache)),
+            ("batch, NoCache", adaptive.batch(operation, initial_batch_size=64, cache=None)),
+        ]
+        best = dict.fromkeys((name for name, _ in methods), float("inf"))
+        for _ in range(repeat):
+            for name, fn in methods:
+                gc.collect()
+                start = time.perf_counter()
+                for _ in range(calls):
+                    fn()
+                best[name] = min(best[name], (time.perf_counter() - start) / calls)
+        floor = best["direct call"]
+        for name, seconds in best.items():
+            overhead = f"{(seconds - floor) * 1e6:+.1f} us per call"
+            rows.append(Row("adaptive overhead", workload, name, seconds, "direct call", seconds / floor, overhead))
+    return rows
