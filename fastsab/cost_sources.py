@@ -110,7 +110,8 @@ class _ArrayCosts(_CostSource):
         self.sizes = sizes
 
     def __call__(self, ids: np.ndarray) -> np.ndarray:
-        return self.sizes[ids]
+        costs: np.ndarray = self.sizes[ids]
+        return costs
 
     def fingerprint(self, n: int) -> bytes:
         return np.ascontiguousarray(self.sizes).tobytes()
@@ -229,7 +230,7 @@ def per_item_sizeof(sizeof: object, accepted: str) -> Callable[[Any], Any]:
         return sizeof.__getitem__
     if not callable(sizeof):
         raise TypeError(f"sizeof must be {accepted}, got {type(sizeof).__name__}.")
-    return sizeof  # type: ignore[no-any-return]
+    return sizeof
 
 
 def item_size(sizeof: Callable[[Any], Any], item: Any, describe: Callable[[Any], str]) -> int | float:

@@ -133,8 +133,8 @@ class BatchCost:
         costs = costs.reshape(len(costs), -1)
         starts = offsets[:-1]
         if self.cost == "sum":
-            return np.add.reduceat(costs, starts, axis=0)  # type: ignore[no-any-return]
-        return np.maximum.reduceat(costs, starts, axis=0) * np.diff(offsets)[:, None]  # type: ignore[no-any-return]
+            return np.add.reduceat(costs, starts, axis=0)
+        return np.maximum.reduceat(costs, starts, axis=0) * np.diff(offsets)[:, None]
 
     def balance_costs(self, costs: np.ndarray, offsets: np.ndarray) -> np.ndarray:
         """Each batch's cost relative to the caps (a cap of 0 divides by 1), the largest column counting."""

@@ -24,6 +24,7 @@ __all__ = ["Carry", "ExplicitPlan", "PlanChunk", "PlanInputs", "PlanStream", "Pl
 _EMPTY_IDS = np.empty(0, dtype=np.int64)
 
 LimitT = TypeVar("LimitT")
+LimitT_contra = TypeVar("LimitT_contra", contravariant=True)
 
 
 @dataclass(frozen=True)
@@ -101,8 +102,9 @@ class PlanChunk:
         ([4, 2], [0, 1, 4])
     """
 
+    # NOTE: ids has no default (_Ids says so at run time); type checkers take the descriptor for one
     ids: np.ndarray = _Ids()  # type: ignore[assignment]
-    offsets: np.ndarray
+    offsets: np.ndarray  # type: ignore[misc]
     skipped: np.ndarray = field(default_factory=lambda: _EMPTY_IDS)
     dropped: np.ndarray = field(default_factory=lambda: _EMPTY_IDS)
     padded: np.ndarray = field(default_factory=lambda: _EMPTY_IDS)
@@ -177,14 +179,14 @@ class PlanChunk:
         return PlanChunk(self.ids[first:], self.offsets[start:] - first, self.skipped, self.dropped, self.padded, spans)
 
 
-class PlanStream(Protocol[LimitT]):
+class PlanStream(Protocol[LimitT_contra]):
     """The plan chunks of one epoch, whose limit can be lowered mid-epoch."""
 
     def __iter__(self) -> Iterator[PlanChunk]: ...
 
     def __next__(self) -> PlanChunk: ...
 
-    def lower(self, pending: np.ndarray, limit: LimitT) -> None:
+    def lower(self, pending: np.ndarray, limit: LimitT_contra) -> None:
         """Batch ``pending`` (the items not yet yielded of the current chunk) and all that follows under ``limit``."""
         ...
 
