@@ -67,6 +67,7 @@ def test_caps_for_the_costs_dtype_keep_comparisons_exact() -> None:
     # an int total is within 7.5 iff within 7; a float total within 2**53 + 1 iff within 2**53
     assert BatchCost(7.5).caps_for_dtype(1, False).tolist() == [7]
     assert BatchCost(2**53 + 1).caps_for_dtype(1, True).tolist() == [2.0**53]
+    assert BatchCost(2**53).caps_for_dtype(1, True).tolist() == [2.0**53]  # exact as a float: kept
     assert BatchCost(2**70).caps_for_dtype(2, False).tolist() == [2**63 - 1] * 2
     assert BatchCost(2**1100).caps_for_dtype(1, True).tolist() == [sys.float_info.max]
 
@@ -95,6 +96,7 @@ def test_balance_costs_divide_by_the_caps_and_keep_the_largest_column() -> None:
     # a column capped at 0 counts as it is
     assert BatchCost([16, 0]).balance_costs(COSTS, OFFSETS).tolist() == [1.0, 2.0]
     assert BatchCost(5).balance_costs(np.empty(0), np.array([0])).size == 0
+    assert BatchCost(0.5).balance_costs(np.array([0.25, 0.5]), np.array([0, 2])).tolist() == [1.5]  # one batch
 
 
 def test_smaller_caps_sum_and_padded() -> None:
@@ -103,6 +105,7 @@ def test_smaller_caps_sum_and_padded() -> None:
     assert BatchCost([20, 7], cost="padded").smaller_caps(costs, [20, 7], 4) == [2.5, 7]
     assert BatchCost(20).smaller_caps(np.array([30]), [6], 2) == [6]  # never above the current caps
     assert BatchCost(20).smaller_caps(np.empty(0), [6], 2) == [6]
+    assert BatchCost(20).smaller_caps(np.array([0.25, 0.5]), [6], 3) == [0.25]  # a cost below 1 counts
 
 
 def test_checked_and_lowered_caps() -> None:
