@@ -4,7 +4,7 @@
 many items from a position fit the cap: :func:`_sum_counter` for ``cost="sum"`` (prefix sums
 and a galloping binary search, exact for integer and float costs) and :func:`_padded_counter`
 for ``cost="padded"`` (a running-max window, ``len * max`` against the cap). The caps come
-converted by :func:`~fastsab.batching._caps_for_dtype`.
+converted by :meth:`~fastsab.costs.BatchCost.caps_for_dtype`.
 """
 
 from __future__ import annotations
@@ -152,7 +152,7 @@ def _float_column_counter(prefix: memoryview, column: np.ndarray, cap: float) ->
 def _padded_counter(c: np.ndarray, caps: np.ndarray, exact_caps: list[int | float]) -> Callable[[int, int, int], int]:
     """Counter for ``cost="padded"``: ``len * running max`` is monotone, so count the fits.
 
-    ``caps`` are the caps of :func:`_caps_for_dtype`, ``exact_caps`` those given.
+    ``caps`` are the caps of :meth:`~fastsab.costs.BatchCost.caps_for_dtype`, ``exact_caps`` those given.
     """
     single = c.shape[1] == 1
     column = np.ascontiguousarray(c[:, 0]) if single else c

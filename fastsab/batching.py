@@ -13,108 +13,33 @@ batch while the batch's cost stays ``<= max_total_size`` (the cap is inclusive),
 the batch is emitted and a new one starts with that item; the last partial batch is
 emitted; no empty batch is ever emitted.
 
-This module holds the kernel's API (:func:`split_batches`, :class:`BatchSplit`,
-:class:`Carry`) and the caps it compares against; the counters that walk the batches are in
-:mod:`fastsab._kernels`.
+This module holds the kernel's API (:func:`split_batches`, :func:`split_with`); the batches
+come back as a :class:`~fastsab.plans.PlanChunk` (also named :data:`BatchSplit`), the caps and
+costs are those of a :class:`~fastsab.costs.BatchCost`, and the counters that walk the batches
+are in :mod:`fastsab._kernels`.
 """
 
 from __future__ import annotations
 
-import math
-import sys
-from collections.abc import Sequence
-from dataclasses import dataclass
-from numbers import Integral
 from typing import Any, Literal
 
 import numpy as np
 
-from fastsab._checks import (
-    as_numeric_array,
-    check_choice,
-    check_nonnegative_real,
-    check_optional_positive_int,
-    check_positive_int,
-)
-from fastsab._kernels import _INT64_MAX, _greedy_ends, _padded_counter, _sum_counter
+from fastsab._checks import as_numeric_array, check_choice
+from fastsab._kernels import _greedy_ends, _padded_counter, _sum_counter
+from fastsab.costs import BatchCost
+from fastsab.costs import CostMode as CostMode
+from fastsab.plans import Carry, PlanChunk
 from fastsab.streaming import report_batching as report_batching
 from fastsab.streaming import size_aware_batching
 
 __all__ = ["BatchSplit", "Carry", "size_aware_batching", "split_batches"]
 
-CostMode = Literal["sum", "padded"]
 OversizePolicy = Literal["skip", "own_batch", "error"]
 
-
-@dataclass(frozen=True)
-class Carry:
-    """The open batch at the end of a non-final :func:`split_batches` call.
-
-    Pass it as ``carry=`` to the next call (with the next chunk of costs) to continue the
-    split exactly as if the chunks had been one array.
-
-    Attributes:
-        ids: Ids of the items of the open batch, in order.
-        costs: Their costs, shape ``(len(ids), k)``.
-        next_position: Global position of the next chunk's first item (used for default ids).
-    """
-
-    ids: np.ndarray
-    costs: np.ndarray
-    next_position: int
-
-    def __len__(self) -> int:
-        return len(self.ids)
-
-
-class BatchSplit:
-    """Result of :func:`split_batches`: batches in CSR form.
-
-    Batch ``b`` is ``ids[offsets[b]:offsets[b + 1]]``.
-
-    Attributes:
-        ids: Ids of the batched items, batch after batch (global positions by default,
-            made on first access).
-        offsets: ``int64`` array of ``num_batches + 1`` offsets into ``ids``.
-        skipped: Ids of the oversize items that were skipped (``oversize="skip"``).
-        carry: The open batch to pass to the next call, or ``None`` after a final call.
-    """
-
-    __slots__ = ("_ids", "carry", "offsets", "skipped")
-
-    def __init__(self, ids: np.ndarray | range, offsets: np.ndarray, skipped: np.ndarray, carry: Carry | None) -> None:
-        self._ids = ids
-        self.offsets = offsets
-        self.skipped = skipped
-        self.carry = carry
-
-    @property
-    def ids(self) -> np.ndarray:
-        if isinstance(self._ids, range):
-            self._ids = np.arange(self._ids.start, self._ids.stop, dtype=np.int64)
-        return self._ids
-
-    @property
-    def num_batches(self) -> int:
-        """Number of complete batches in this result."""
-        return len(self.offsets) - 1
-
-    def batches(self) -> list[np.ndarray]:
-        """The batches as a list of id arrays (views into :attr:`ids`).
-
-        Examples:
-            >>> split_batches([2, 2, 3, 1], 4).batches()
-            [array([0, 1]), array([2, 3])]
-        """
-        offsets = self.offsets
-        ids = self.ids
-        return [ids[offsets[b] : offsets[b + 1]] for b in range(len(offsets) - 1)]
-
-    def __repr__(self) -> str:
-        return (
-            f"BatchSplit(num_batches={self.num_batches}, num_items={int(self.offsets[-1])}, "
-            f"num_skipped={len(self.skipped)}, carry={None if self.carry is None else len(self.carry)})"
-        )
+#: The result of :func:`split_batches`: batches in CSR form (``ids``, ``offsets``), the
+#: skipped items and the open batch (``carry``).
+BatchSplit = PlanChunk
 
 
 def split_batches(
@@ -128,7 +53,7 @@ def split_batches(
     ids: Any = None,
     carry: Carry | None = None,
     final: bool = True,
-) -> BatchSplit:
+) -> PlanChunk:
     """Split items with per-item costs into greedy batches, vectorized.
 
     Gives exactly the batches of the greedy loop described in the module docstring, for
@@ -153,16 +78,16 @@ def split_batches(
             the next batch (fairseq's ``required_batch_size_multiple``). The last batch and
             batches closed by an ``own_batch`` item are kept whole.
         oversize: What to do with an item whose cost alone exceeds the cap: ``"skip"`` it
-            (returned in :attr:`BatchSplit.skipped`; callers warn), give it a batch of its
+            (returned in :attr:`PlanChunk.skipped`; callers warn), give it a batch of its
             ``"own_batch"``, or raise ``ValueError`` (``"error"``).
         ids: Optional ids of the items (same length as ``costs``), returned in place of
             positions, e.g. dataset indices in epoch order.
-        carry: The :attr:`BatchSplit.carry` of the previous chunk's call.
+        carry: The :attr:`PlanChunk.carry` of the previous chunk's call.
         final: ``False`` if more chunks follow: the trailing batch that could still grow is
-            returned as :attr:`BatchSplit.carry` instead of being emitted.
+            returned as :attr:`PlanChunk.carry` instead of being emitted.
 
     Returns:
-        A :class:`BatchSplit` with the batches in CSR form.
+        A :class:`~fastsab.plans.PlanChunk` with the batches in CSR form.
 
     Raises:
         TypeError: If an argument has the wrong type.
@@ -187,10 +112,21 @@ def split_batches(
         >>> [b.tolist() for b in first.batches() + rest.batches()]
         [[0, 1], [2, 3], [4]]
     """
-    mode = check_choice("cost", cost, ("sum", "padded"))
+    rule = BatchCost(max_total_size, cost=cost, max_batch_size=max_batch_size, batch_size_multiple=batch_size_multiple)
+    return split_with(rule, costs, oversize=oversize, ids=ids, carry=carry, final=final)
+
+
+def split_with(
+    rule: BatchCost,
+    costs: Any,
+    *,
+    oversize: OversizePolicy = "skip",
+    ids: Any = None,
+    carry: Carry | None = None,
+    final: bool = True,
+) -> PlanChunk:
+    """:func:`split_batches` under the caps and options of ``rule``."""
     policy = check_choice("oversize", oversize, ("skip", "own_batch", "error"))
-    max_items = check_optional_positive_int("max_batch_size", max_batch_size)
-    multiple = check_positive_int("batch_size_multiple", batch_size_multiple)
     if not isinstance(final, bool):
         raise TypeError(f"final must be a bool, got {final!r}.")
     if carry is not None and not isinstance(carry, Carry):
@@ -200,7 +136,7 @@ def split_batches(
     if c.ndim == 1:
         c = c[:, None]
     n, k = c.shape
-    cap_values = _as_caps(max_total_size, k)
+    cap_values = rule.column_caps(k)
     start = 0 if carry is None else carry.next_position
     item_ids = None  # None: the ids are the positions start, start + 1, ... (made lazily)
     if ids is not None:
@@ -216,7 +152,7 @@ def split_batches(
         if carry.costs.dtype != c.dtype:
             c = c.astype(np.float64)
     float_mode = c.dtype == np.float64 or (carry is not None and carry.costs.dtype == np.float64)
-    caps = _caps_for_dtype(cap_values, float_mode)
+    caps = rule.caps_for_dtype(k, float_mode)
     if float_mode:
         c = c.astype(np.float64, copy=False)
 
@@ -228,7 +164,7 @@ def split_batches(
             pos = int(np.argmax(over))
             item = start + pos if item_ids is None else item_ids[pos].item()
             raise ValueError(
-                f"item {item!r} has cost {_row(c, pos)!r} above max_total_size {max_total_size!r} (oversize='error')."
+                f"item {item!r} has cost {_row(c, pos)!r} above max_total_size {rule.shown()!r} (oversize='error')."
             )
         if policy == "skip":
             if item_ids is None:
@@ -246,11 +182,11 @@ def split_batches(
         if over is not None:
             over = np.concatenate([np.zeros(len(carry), dtype=bool), over])
 
-    if mode == "sum":
+    if rule.cost == "sum":
         count = _sum_counter(c, caps, over is not None)
     else:
         count = _padded_counter(c, caps, cap_values)
-    ends, open_start = _greedy_ends(len(c), count, max_items, multiple, over, final)
+    ends, open_start = _greedy_ends(len(c), count, rule.max_batch_size, rule.batch_size_multiple, over, final)
     offsets = np.zeros(len(ends) + 1, dtype=np.int64)
     offsets[1:] = ends
     next_carry = None
@@ -258,39 +194,8 @@ def split_batches(
         rest = np.arange(start + open_start, start + n) if item_ids is None else item_ids[open_start:]
         next_carry = Carry(rest, c[open_start:], start + n)
     batched = range(start, start + open_start) if item_ids is None else item_ids[:open_start]
-    return BatchSplit(batched, offsets, skipped, next_carry)
+    return PlanChunk(batched, offsets, skipped, carry=next_carry)  # type: ignore[arg-type]
 
 
 def _row(c: np.ndarray, pos: int) -> Any:
     return c[pos, 0].item() if c.shape[1] == 1 else c[pos].tolist()
-
-
-def _as_caps(max_total_size: Any, k: int) -> list[int | float]:
-    if isinstance(max_total_size, (Sequence, np.ndarray)) and not isinstance(max_total_size, str):
-        caps = [check_nonnegative_real("max_total_size", v) for v in max_total_size]
-        if len(caps) != k:
-            raise ValueError(f"max_total_size has {len(caps)} caps but costs has {k} columns: {max_total_size!r}.")
-        return caps
-    return [check_nonnegative_real("max_total_size", max_total_size)] * k
-
-
-def _caps_for_dtype(caps: list[int | float], float_mode: bool) -> np.ndarray:
-    # NOTE: the loop compares a running total with the cap exactly (Python semantics). For
-    # integer totals `total <= cap` equals `total <= floor(cap)`; for float totals it equals
-    # `total <= the largest float64 not above cap`. Converting the cap once this way keeps
-    # every later comparison exact in a single numpy dtype. An integer cap past int64 acts
-    # as the largest int64: no int64 cost exceeds it, and sums stay below 2**62 (see
-    # _kernels._sum_counter); padded mode works from the exact caps instead (see
-    # _kernels._padded_limits).
-    if float_mode:
-        out = []
-        for cap in caps:
-            if isinstance(cap, Integral) and cap > sys.float_info.max:
-                f = sys.float_info.max
-            else:
-                f = float(cap)
-                if isinstance(cap, Integral) and f > cap:
-                    f = math.nextafter(f, -math.inf)
-            out.append(f)
-        return np.array(out, dtype=np.float64)
-    return np.array([min(math.floor(cap), _INT64_MAX) for cap in caps], dtype=np.int64)

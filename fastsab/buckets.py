@@ -114,7 +114,7 @@ class BucketBatchSampler(Sampler[list[int]]):
         self,
         sizes: torch.Tensor | np.ndarray,
         bucket_boundaries: torch.Tensor | np.ndarray,
-        base_batch_sampler_class: type[Sampler],
+        base_batch_sampler_class: type[Sampler[list[int]]],
         base_batch_sampler_shared_kwargs: dict[str, Any] | None = None,
         base_batch_sampler_individual_kwargs: dict[str, Sequence[Any]] | None = None,
         shuffle: bool = True,
@@ -185,7 +185,7 @@ class BucketBatchSampler(Sampler[list[int]]):
             )
         # NOTE: each base sampler keeps a reference to its bucket's list; shuffling the list in
         # place (as __iter__ does) reshuffles what the base sampler iterates over.
-        self.base_batch_samplers: list[Sampler] = [
+        self.base_batch_samplers: list[Sampler[list[int]]] = [
             base_batch_sampler_class(indices, **shared, **kwargs)  # type: ignore[call-arg]
             for indices, kwargs in zip(self.bucket_element_indices, self.base_batch_sampler_individual_kwargs)
         ]
@@ -224,9 +224,8 @@ class NoElementInBucketsError(ValueError, RuntimeError):
     ``RuntimeError`` bionemo's ``BucketBatchSampler`` raises, for code written for it."""
 
 
-def _as_real_tensor(name: str, values: Any) -> torch.Tensor:
-    if isinstance(values, np.ndarray):
-        values = torch.from_numpy(values)
+def _as_real_tensor(name: str, given: object) -> torch.Tensor:
+    values = torch.from_numpy(given) if isinstance(given, np.ndarray) else given
     if not isinstance(values, torch.Tensor):
         raise TypeError(f"{name} must be a torch tensor or numpy array, got {type(values).__name__}.")
     if values.ndim != 1:

@@ -1,179 +1,198 @@
-"""Cost sources: any accepted ``sizeof`` turned into a function ``indices -> costs``.
+"""The batch cost: what a batch may hold, and what it costs.
 
-:func:`make_cost_source` accepts an array of sizes, a callable of an index array or of one
-index, or a callable over per-item ``features``; the planners evaluate the result one chunk
-at a time. An array of sizes is checked once; a callable's costs are checked on every chunk.
+:class:`BatchCost` owns the caps (one number, or one per cost column), how a batch's cost is
+counted (``"sum"`` of its items, or ``"padded"``: its length times its largest item), the
+optional cap on items and the batch size multiple; it checks and lowers the caps and prices
+batches. The kernel (:func:`~fastsab.batching.split_batches`), the planners, the bionemo
+samplers and the streaming generator all take their rule from it. Any accepted ``sizeof``
+is turned into costs by :mod:`fastsab.cost_sources` (:func:`make_cost_source`, re-exported).
 """
 
 from __future__ import annotations
 
-import warnings
-from collections.abc import Callable, Sequence
-from typing import Any
+import copy
+import math
+import sys
+from collections.abc import Sequence
+from numbers import Integral
+from typing import Any, Literal
 
 import numpy as np
-import torch
 
-from fastsab._checks import as_numeric_array, as_python_number, as_real_array
+from fastsab._checks import (
+    check_choice,
+    check_nonnegative_real,
+    check_optional_positive_int,
+    check_positive_int,
+    check_positive_real,
+)
+from fastsab._kernels import _INT64_MAX
+from fastsab.cost_sources import CostSource, make_cost_source
 
-__all__ = ["make_cost_source"]
+__all__ = ["BatchCost", "CostMode", "CostSource", "make_cost_source"]
+
+CostMode = Literal["sum", "padded"]
+Caps = list[int | float]
 
 
-def make_cost_source(sizeof: Any, n: int, features: Any = None) -> Callable[[np.ndarray], np.ndarray]:
-    """Turn a loader's ``sizeof`` into a function ``indices -> costs`` evaluated per chunk.
+class BatchCost:
+    """Caps on a batch's cost and how that cost is counted.
 
-    Accepted forms: a 1-D (or ``(n, k)``) array, tensor or sequence of per-item sizes; a
-    callable applied to ``features[indices]`` when ``features`` is given (e.g. a fitted
-    memory model over per-item lengths, evaluated in one call per chunk; ``features`` is a
-    1-D or ``(n, d)`` real-valued tensor, array or sequence, converted once: integers to
-    int64, floats to float64 for a memory model (one with ``num_features``) and to their own
-    floating dtype for another callable; a tensor stays a tensor on its device, anything else
-    becomes a numpy array;
-    booleans, complex, strings, objects, NaN and infinity are refused); a vectorized
-    callable taking an index array; a per-item callable (accepted, warned about as slow).
-    The result pickles whenever ``sizeof`` does.
+    Args:
+        max_total_size: The inclusive cap: one number (for every cost column) or one per
+            column (a sequence or 1-D array); finite and >= 0. A 0-d array or tensor is one number.
+        cost: ``"sum"`` (a batch costs the sum of its items) or ``"padded"`` (its length
+            times its largest item, per column).
+        max_batch_size: Optional cap on the number of items of a batch.
+        batch_size_multiple: Full batches are cut down to a multiple of this.
+
+    Attributes:
+        caps: The caps as Python numbers (integers stay integers, so comparisons are exact).
+        per_column: Whether the caps were given one per column (else one cap for all).
 
     Examples:
-        >>> costs = make_cost_source(np.array([4, 5, 6]), 3)
-        >>> costs(np.array([2, 0])).tolist()
-        [6, 4]
-        >>> make_cost_source(lambda lengths: 2 * lengths, 3, features=torch.tensor([1.0, 2.0, 3.0]))(np.array([1]))
-        array([4.])
+        >>> rule = BatchCost([10, 4], cost="padded")
+        >>> rule.per_batch(np.array([[3, 1], [5, 1], [2, 2]]), np.array([0, 2, 3])).tolist()
+        [[10, 2], [2, 2]]
+        >>> rule.smaller_caps(np.array([[3, 1], [5, 1]]), rule.caps, 4)
+        [2.5, 0.5]
     """
-    if isinstance(sizeof, (np.ndarray, torch.Tensor)) or (
-        isinstance(sizeof, Sequence) and not isinstance(sizeof, (str, bytes))
-    ):
-        if features is not None:
-            raise ValueError("features is only used with a callable sizeof; sizeof is already an array of sizes.")
-        sizes = as_numeric_array("sizeof", sizeof, ndim=(1, 2))
-        if len(sizes) != n:
-            raise ValueError(f"sizeof has {len(sizes)} sizes but the dataset has {n} items.")
-        return _ArrayCosts(sizes)
-    if not callable(sizeof):
-        raise TypeError(
-            f"sizeof must be an array, tensor or sequence of sizes, or a callable, got {type(sizeof).__name__}."
-        )
-    if features is not None:
-        return _FeatureCosts(sizeof, _checked_features(features, n, sizeof))
-    probe = np.arange(min(n, 2), dtype=np.int64)
-    if n and _is_vectorized(sizeof, probe):
-        return _IndexCosts(sizeof, per_item=False)
-    warnings.warn(
-        "sizeof is called once per item, which is slow: pass an array of sizes, a vectorized callable "
-        "taking an index array, or a memory model with features=.",
-        stacklevel=3,
-    )
-    return _IndexCosts(sizeof, per_item=True)
+
+    __slots__ = ("batch_size_multiple", "caps", "cost", "max_batch_size", "per_column")
+
+    def __init__(
+        self,
+        max_total_size: Any,
+        *,
+        cost: CostMode = "sum",
+        max_batch_size: int | None = None,
+        batch_size_multiple: int = 1,
+    ) -> None:
+        self.cost: CostMode = check_choice("cost", cost, ("sum", "padded"))  # type: ignore[assignment]
+        self.max_batch_size = check_optional_positive_int("max_batch_size", max_batch_size)
+        self.batch_size_multiple = check_positive_int("batch_size_multiple", batch_size_multiple)
+        self.per_column = isinstance(max_total_size, (Sequence, np.ndarray)) and not isinstance(max_total_size, str)
+        if isinstance(max_total_size, np.ndarray) and max_total_size.ndim == 0:
+            self.per_column = False  # one cap, as a number
+        if self.per_column:
+            self.caps: Caps = [check_nonnegative_real("max_total_size", v) for v in max_total_size]
+        else:
+            self.caps = [check_nonnegative_real("max_total_size", max_total_size)]
+
+    @property
+    def limit(self) -> Caps:
+        """The caps as a list (one entry for one cap)."""
+        return list(self.caps)
+
+    @property
+    def num_columns(self) -> int:
+        """Cost columns the caps name (1 for one cap, which applies to every column)."""
+        return len(self.caps)
+
+    def shown(self) -> int | float | Caps:
+        """The caps as given: one number, or the list."""
+        return self.limit if self.per_column else self.caps[0]
+
+    def column_caps(self, k: int) -> Caps:
+        """The cap of each of ``k`` cost columns."""
+        if not self.per_column:
+            return self.caps * k
+        if len(self.caps) != k:
+            raise ValueError(f"max_total_size has {len(self.caps)} caps but costs has {k} columns: {self.caps!r}.")
+        return list(self.caps)
+
+    def caps_for_dtype(self, k: int, float_mode: bool) -> np.ndarray:
+        """The caps of ``k`` columns in the costs' dtype, so that ``cost <= cap`` stays exact."""
+        # NOTE: the loop compares a running total with the cap exactly (Python semantics). For
+        # integer totals `total <= cap` equals `total <= floor(cap)`; for float totals it equals
+        # `total <= the largest float64 not above cap`. Converting the cap once this way keeps
+        # every later comparison exact in a single numpy dtype. An integer cap past int64 acts
+        # as the largest int64: no int64 cost exceeds it, and sums stay below 2**62 (see
+        # _kernels._sum_counter); padded mode works from the exact caps instead (see
+        # _kernels._padded_limits).
+        caps = self.column_caps(k)
+        if not float_mode:
+            return np.array([min(math.floor(cap), _INT64_MAX) for cap in caps], dtype=np.int64)
+        out = []
+        for cap in caps:
+            if isinstance(cap, Integral) and cap > sys.float_info.max:
+                f = sys.float_info.max
+            else:
+                f = float(cap)
+                if isinstance(cap, Integral) and f > cap:
+                    f = math.nextafter(f, -math.inf)
+            out.append(f)
+        return np.array(out, dtype=np.float64)
+
+    def fits(self, total: int | float, count: int) -> bool:
+        """Whether a batch of ``count`` items of one summed cost column totalling ``total`` is allowed."""
+        return total <= self.caps[0] and (self.max_batch_size is None or count <= self.max_batch_size)
+
+    def per_batch(self, costs: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+        """The cost of each batch ``costs[offsets[b]:offsets[b + 1]]``, per column: shape ``(b, k)``."""
+        costs = costs.reshape(len(costs), -1)
+        starts = offsets[:-1]
+        if self.cost == "sum":
+            return np.add.reduceat(costs, starts, axis=0)
+        return np.maximum.reduceat(costs, starts, axis=0) * np.diff(offsets)[:, None]
+
+    def balance_costs(self, costs: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+        """Each batch's cost relative to the caps (a cap of 0 divides by 1), the largest column counting."""
+        if len(offsets) < 2:
+            return np.empty(0, dtype=np.float64)
+        per_batch = self.per_batch(np.asarray(costs, dtype=np.float64), offsets)
+        caps = np.asarray(self.caps, dtype=np.float64)
+        # NOTE: a column capped at 0 holds only items of cost 0 (and own-batch oversize items):
+        # its costs count as they are, not divided by 0.
+        return (per_batch / np.where(caps > 0, caps, 1.0)).max(axis=1)  # type: ignore[no-any-return]
+
+    def smaller_caps(self, costs: np.ndarray, current: Caps, factor: float) -> Caps:
+        """Caps ``factor`` times below the cost of the batch of ``costs`` (never above ``current``).
+
+        A column the batch spent nothing of keeps its cap: it cannot have caused the error.
+        """
+        if not len(costs):
+            return list(current)
+        spent = self.per_batch(np.asarray(costs), np.array([0, len(costs)]))[0]
+        return [min(cap, float(cost) / factor) if cost > 0 else cap for cap, cost in zip(current, spent.tolist())]
+
+    def check_caps(self, limit: object) -> Caps:
+        """``limit`` as caps for these columns: as many as configured, each positive and finite."""
+        several = isinstance(limit, Sequence) or (isinstance(limit, np.ndarray) and limit.ndim > 0)
+        values = list(limit) if several else [limit.item() if isinstance(limit, np.ndarray) else limit]  # type: ignore[call-overload]
+        if len(values) != len(self.caps):
+            raise ValueError(f"limit must have {len(self.caps)} cap(s), got {limit!r}.")
+        return [check_positive_real("limit", cap) for cap in values]
+
+    def check_lowered(self, limit: object) -> Caps:
+        """``limit`` checked as caps (:meth:`check_caps`), none above the configured ones."""
+        checked = self.check_caps(limit)
+        refuse_above(checked, self.caps, self.limit, limit)
+        return checked
+
+    def lowered(self, caps: Caps) -> BatchCost:
+        """The same rule under ``caps`` (checked caps, as many as configured)."""
+        rule = copy.copy(self)
+        rule.caps = list(caps)
+        return rule
+
+    def options(self) -> dict[str, Any]:
+        """How batches are counted and cut, besides the caps."""
+        return {
+            "cost": self.cost,
+            "max_batch_size": self.max_batch_size,
+            "batch_size_multiple": self.batch_size_multiple,
+        }
+
+    def fingerprint_options(self, oversize: str | None = None) -> dict[str, Any]:
+        """What of this rule decides batches: the caps (as a list), ``oversize`` if given, the options."""
+        head: dict[str, Any] = {"limit": self.limit}
+        if oversize is not None:
+            head["oversize"] = oversize
+        return head | self.options()
 
 
-class _ArrayCosts:
-    """Costs looked up in a validated array of per-item sizes."""
-
-    def __init__(self, sizes: np.ndarray) -> None:
-        self.sizes = sizes
-
-    def __call__(self, ids: np.ndarray) -> np.ndarray:
-        return self.sizes[ids]
-
-
-def _checked_features(features: Any, n: int, sizeof: Any) -> np.ndarray | torch.Tensor:
-    """``features`` checked against ``n`` and converted once: integers to int64, floats to float64 for a
-    memory model and to their own floating dtype for another callable (a tensor stays a tensor)."""
-    # NOTE: booleans are refused (as for sizes): a mask passed as features is more likely a
-    # mistake than a 0/1 feature, and converting one is a single call.
-    values = as_real_array("features", features, ndim=(1, 2))
-    if len(values) != n:
-        raise ValueError(f"features has {len(values)} rows but the dataset has {n} items.")
-    columns = getattr(sizeof, "num_features", None)  # a PolynomialRegression's number of inputs
-    if not isinstance(columns, int) or isinstance(columns, bool):
-        return _own_float_dtype(values, features)
-    if n:  # (an empty list has no columns)
-        shape = tuple(values.shape)
-        if (columns == 1 and len(shape) != 1) or (columns > 1 and shape[1:] != (columns,)):
-            wanted = "1-D" if columns == 1 else f"of shape (n, {columns})"
-            raise ValueError(f"features must be {wanted} for a model with num_features={columns}, got shape {shape}.")
-    return values
-
-
-def _own_float_dtype(values: np.ndarray | torch.Tensor, features: Any) -> np.ndarray | torch.Tensor:
-    """Checked float features back in the floating dtype they were given in (ints stay int64)."""
-    # NOTE: a callable of the user's own (a float32 module) needs the dtype it was given; the
-    # memory model computes in float64 whatever it gets, so its features are float64.
-    if isinstance(values, torch.Tensor):
-        if isinstance(features, torch.Tensor) and features.is_floating_point():
-            return values.to(features.dtype)
-        return values
-    if isinstance(features, np.ndarray) and np.issubdtype(features.dtype, np.floating):
-        return values.astype(features.dtype, copy=False)
-    return values
-
-
-class _FeatureCosts:
-    """Costs from ``fn(features[ids])``: one call per chunk, without autograd."""
-
-    def __init__(self, fn: Callable[[Any], Any], features: np.ndarray | torch.Tensor) -> None:
-        self.fn = fn
-        self.features = features
-
-    def __call__(self, ids: np.ndarray) -> np.ndarray:
-        features = self.features
-        rows = features[torch.from_numpy(ids)] if isinstance(features, torch.Tensor) else features[ids]
-        with torch.no_grad():
-            try:
-                costs = self.fn(rows)
-            except (TypeError, ValueError) as err:
-                if type(err) not in (TypeError, ValueError):
-                    raise
-                # NOTE: a memory model names its own argument (x); say which loader input it is
-                raise type(err)(
-                    f"sizeof failed on features[indices] (shape {tuple(rows.shape)}, dtype {rows.dtype}): {err}"
-                ) from err
-        return _check_costs(costs, ids)
-
-
-class _IndexCosts:
-    """Costs from ``fn(ids)`` (vectorized) or ``[fn(i) for i in ids]`` (per item)."""
-
-    def __init__(self, fn: Callable[[Any], Any], *, per_item: bool) -> None:
-        self.fn = fn
-        self.per_item = per_item
-
-    def __call__(self, ids: np.ndarray) -> np.ndarray:
-        if self.per_item:
-            return _check_costs([as_python_number(self.fn(i)) for i in ids.tolist()], ids)
-        return _check_costs(self.fn(ids), ids)
-
-
-def _is_vectorized(sizeof: Callable[[Any], Any], probe: np.ndarray) -> bool:
-    try:
-        out = sizeof(probe)
-    except Exception:  # a per-item callable may fail in any way on an array; it is then called per item
-        return False
-    shape = getattr(out, "shape", None)
-    return shape is not None and len(shape) in (1, 2) and shape[0] == len(probe)
-
-
-def _check_costs(values: Any, ids: np.ndarray) -> np.ndarray:
-    """Validate the sizes computed for a chunk, naming the dataset index of a bad one."""
-    if isinstance(values, torch.Tensor):
-        values = values.detach().cpu().numpy()
-    raw = np.asarray(values)
-    if raw.ndim not in (1, 2) or len(raw) != len(ids):
-        raise ValueError(
-            f"sizeof returned shape {tuple(raw.shape)} for {len(ids)} indices; "
-            "expected one size (or row of sizes) each."
-        )
-    try:
-        return as_numeric_array("sizeof values", raw, ndim=(1, 2))
-    except ValueError:
-        if raw.dtype.kind not in "fiu":
-            raise
-        rows = raw.reshape(len(raw), -1)
-        bad = np.flatnonzero(~(np.isfinite(rows) & (rows >= 0)).all(axis=1))
-        if not len(bad):
-            raise
-        value = rows[bad[0]].tolist()
-        raise ValueError(
-            f"sizeof gave {value[0] if len(value) == 1 else value!r} for dataset index {ids[bad[0]]}; "
-            "sizes must be finite and non-negative."
-        ) from None
+def refuse_above(new: Sequence[int | float], old: Sequence[int | float], configured: object, limit: object) -> None:
+    """Raise ``ValueError`` if a lowered limit ``new`` has a cap above the configured ``old`` one."""
+    if any(a > b for a, b in zip(new, old)):
+        raise ValueError(f"a lowered limit must not exceed the configured {configured!r}, got {limit!r}.")

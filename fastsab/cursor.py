@@ -25,17 +25,16 @@ from typing import Any
 import numpy as np
 
 from fastsab._checks import check_choice, check_nonnegative_int
-from fastsab.costs import _ArrayCosts
 from fastsab.distributed import EvenBatches, StepAssignment
 from fastsab.epoch_state import STATE_FORMAT, Limit, Segment, lowered_at, parse_state
 from fastsab.epochs import EpochStats
-from fastsab.planners import FixedSizePlanner, SizeAwarePlanner
+from fastsab.plans import Planner as _Planner
 from fastsab.shares import EpochShares
 from fastsab.stream import Stream
 
 __all__ = ["STATE_FORMAT", "EpochCursor", "Segment", "Stream", "plan_fingerprint"]
 
-Planner = FixedSizePlanner | SizeAwarePlanner
+Planner = _Planner[Any]
 
 
 def _plain(value: Any) -> Any:
@@ -59,16 +58,12 @@ def plan_fingerprint(planner: Planner) -> str:
     callable's sizes are not all computed just to fingerprint them). Numbers are compared by
     value: ``np.int64(100)``, ``100`` and ``100.0`` are the same cap.
     """
+    kind, options, sizes = planner.plan_inputs()
     order = planner.order
     digest = hashlib.blake2b(digest_size=12)
-    digest.update(repr((type(planner).__name__, order.n, order.shuffle, order.group_size, order.rotate)).encode())
-    digest.update(json.dumps(_plain(planner.fingerprint_options())).encode())
-    if isinstance(planner, SizeAwarePlanner):
-        if isinstance(planner.costs, _ArrayCosts):
-            digest.update(np.ascontiguousarray(planner.costs.sizes).tobytes())
-        elif order.n:
-            sample = np.unique(np.linspace(0, order.n - 1, min(order.n, 4096)).astype(np.int64))
-            digest.update(np.ascontiguousarray(planner.costs(sample)).tobytes())
+    digest.update(repr((kind, order.n, order.shuffle, order.group_size, order.rotate)).encode())
+    digest.update(json.dumps(_plain(options)).encode())
+    digest.update(sizes)
     return digest.hexdigest()
 
 
@@ -227,12 +222,7 @@ class EpochCursor:
 
     def check_lowered_limit(self, limit: Any) -> Limit:
         """``limit`` checked as a batch size or caps, none above the configured ones."""
-        checked: Limit = self.planner.check_limit(limit)
-        configured: Limit = self.planner.limit
-        new_caps = checked if isinstance(checked, list) else [checked]
-        old_caps = configured if isinstance(configured, list) else [configured]
-        if any(new > old for new, old in zip(new_caps, old_caps)):
-            raise ValueError(f"a lowered limit must not exceed the configured {configured!r}, got {limit!r}.")
+        checked: Limit = self.planner.check_lowered_limit(limit)
         return checked
 
     def fingerprint(self) -> str:

@@ -1,7 +1,7 @@
 """Epoch plans: which indices form which batches, chunk by chunk.
 
-A planner turns ``(epoch)`` into a stream of :class:`PlanChunk` (ids in epoch order and
-batch offsets, as :class:`~fastsab.batching.BatchSplit` does), computed one shuffle group
+A planner (:class:`~fastsab.plans.Planner`) turns ``(epoch)`` into a stream of
+:class:`~fastsab.plans.PlanChunk` (ids in epoch order and batch offsets), computed one shuffle group
 at a time so that memory stays bounded and the first batch is ready at once. The loaders
 fetch what a plan names; :class:`fastsab.planned.PlannedBatchSampler` hands the same
 plan to a ``torch.utils.data.DataLoader``.
@@ -9,14 +9,15 @@ plan to a ``torch.utils.data.DataLoader``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from fastsab._checks import check_positive_int, check_positive_real
-from fastsab.batching import Carry, CostMode, OversizePolicy, split_batches
-from fastsab.plans import _EMPTY_IDS, PlanChunk
+from fastsab._checks import check_choice, check_positive_int
+from fastsab.batching import OversizePolicy, split_with
+from fastsab.costs import BatchCost, Caps, CostMode, CostSource, refuse_above
+from fastsab.plans import _EMPTY_IDS, Carry, PlanChunk, PlanInputs
 
 if TYPE_CHECKING:
     from fastsab.epochs import EpochOrder
@@ -41,9 +42,9 @@ class FixedSizePlanner:
         n, size = self.order.n, self.batch_size
         return n // size if self.drop_last else -(-n // size)
 
-    def fingerprint_options(self) -> dict[str, Any]:
-        """What besides the order decides the batches."""
-        return {"batch_size": self.batch_size, "drop_last": self.drop_last}
+    def plan_inputs(self) -> PlanInputs:
+        """What besides the order decides the batches: the batch size and ``drop_last``."""
+        return PlanInputs("FixedSizePlanner", {"batch_size": self.batch_size, "drop_last": self.drop_last}, b"")
 
     def chunks(self, epoch: int) -> FixedSizeEpoch:
         return FixedSizeEpoch(self, epoch)
@@ -57,8 +58,15 @@ class FixedSizePlanner:
         """The configured limit: the batch size."""
         return self.batch_size
 
-    def check_limit(self, limit: Any) -> int:
+    def check_limit(self, limit: object) -> int:
+        """``limit`` checked as a batch size."""
         return check_positive_int("limit", limit)
+
+    def check_lowered_limit(self, limit: object) -> int:
+        """``limit`` checked as a batch size, not above the configured one."""
+        checked = self.check_limit(limit)
+        refuse_above([checked], [self.batch_size], self.batch_size, limit)
+        return checked
 
     def smaller_limit(self, ids: np.ndarray, current: int, factor: float) -> int:
         """A batch size about ``factor`` times below the failed batch's size."""
@@ -106,7 +114,7 @@ class FixedSizeEpoch:
         rest, self._rest = self._rest, _EMPTY_IDS
         return PlanChunk(rest, np.append(np.arange(0, len(rest), size, dtype=np.int64), len(rest)))
 
-    def lower(self, pending: np.ndarray, limit: Any) -> None:
+    def lower(self, pending: np.ndarray, limit: int) -> None:
         """Batch ``pending`` (the rest of the current chunk) and all that follows with ``limit`` items."""
         self._rest = np.concatenate([pending, self._rest])
         self.batch_size = int(limit)
@@ -118,7 +126,7 @@ class SizeAwarePlanner:
     def __init__(
         self,
         order: EpochOrder,
-        costs: Callable[[np.ndarray], np.ndarray],
+        costs: CostSource,
         max_total_size: Any,
         *,
         cost: CostMode = "sum",
@@ -128,17 +136,10 @@ class SizeAwarePlanner:
     ) -> None:
         self.order = order
         self.costs = costs
-        self.options: dict[str, Any] = {
-            "cost": cost,
-            "max_batch_size": max_batch_size,
-            "batch_size_multiple": batch_size_multiple,
-        }
-        self.oversize: Any = oversize
-        if isinstance(max_total_size, np.ndarray) and max_total_size.ndim == 0:
-            max_total_size = max_total_size.item()  # one cap, as a number
-        self.max_total_size = max_total_size
-        k = len(max_total_size) if isinstance(max_total_size, (Sequence, np.ndarray)) else 1
-        split_batches(np.zeros((0, k)), max_total_size, oversize=self.oversize, **self.options)  # validates now
+        self.rule = BatchCost(
+            max_total_size, cost=cost, max_batch_size=max_batch_size, batch_size_multiple=batch_size_multiple
+        )
+        self.oversize: OversizePolicy = check_choice("oversize", oversize, ("skip", "own_batch", "error"))  # type: ignore[assignment]
         self._cache: tuple[int, list[PlanChunk]] | None = None
 
     def num_batches(self, epoch: int) -> int:
@@ -163,46 +164,36 @@ class SizeAwarePlanner:
         """
         if len(offsets) < 2:
             return np.empty(0, dtype=np.float64)
-        costs = np.asarray(self.costs(ids), dtype=np.float64).reshape(len(ids), -1)
-        starts = offsets[:-1]
-        if self.options["cost"] == "sum":
-            per_batch = np.add.reduceat(costs, starts, axis=0)
-        else:
-            per_batch = np.maximum.reduceat(costs, starts, axis=0) * np.diff(offsets)[:, None]
-        caps = np.asarray(self.limit, dtype=np.float64)
-        # NOTE: a column capped at 0 holds only items of cost 0 (and own-batch oversize items):
-        # its costs count as they are, not divided by 0.
-        return (per_batch / np.where(caps > 0, caps, 1.0)).max(axis=1)
+        return self.rule.balance_costs(self.costs(ids), offsets)
 
-    def fingerprint_options(self) -> dict[str, Any]:
-        """What besides the order and the sizes decides the batches."""
-        return {"limit": self.limit, "oversize": self.oversize, **self.options}
+    def plan_inputs(self) -> PlanInputs:
+        """What besides the order decides the batches: the caps, options and sizes."""
+        options = self.rule.fingerprint_options(self.oversize)
+        return PlanInputs("SizeAwarePlanner", options, self.costs.fingerprint(self.order.n))
 
     @property
-    def limit(self) -> list[Any]:
+    def limit(self) -> Caps:
         """The configured limit: the cap of every cost column."""
-        caps = self.max_total_size
-        return list(caps) if isinstance(caps, (Sequence, np.ndarray)) else [caps]
+        return self.rule.limit
 
-    def check_limit(self, limit: Any) -> list[Any]:
-        several = isinstance(limit, Sequence) or (isinstance(limit, np.ndarray) and limit.ndim > 0)
-        caps = list(limit) if several else [limit.item() if isinstance(limit, np.ndarray) else limit]
-        if len(caps) != len(self.limit):
-            raise ValueError(f"limit must have {len(self.limit)} cap(s), got {limit!r}.")
-        return [check_positive_real("limit", cap) for cap in caps]
+    def check_limit(self, limit: object) -> Caps:
+        """``limit`` checked as caps: as many as configured, each positive."""
+        return self.rule.check_caps(limit)
 
-    def smaller_limit(self, ids: np.ndarray, current: list[Any], factor: float) -> list[Any]:
+    def check_lowered_limit(self, limit: object) -> Caps:
+        """``limit`` checked as caps, none above the configured ones."""
+        return self.rule.check_lowered(limit)
+
+    def smaller_limit(self, ids: np.ndarray, current: Caps, factor: float) -> Caps:
         """Caps ``factor`` times below the failed batch's cost (never above the current caps).
 
         A column the batch spent nothing of keeps its cap: it cannot have caused the error.
         """
-        costs = np.asarray(self.costs(ids)).reshape(len(ids), -1)
-        spent = costs.sum(axis=0) if self.options["cost"] == "sum" else len(ids) * costs.max(axis=0)
-        return [min(cap, float(cost) / factor) if cost > 0 else cap for cap, cost in zip(current, spent.tolist())]
+        return self.rule.smaller_caps(self.costs(ids), current, factor)
 
-    def split(self, ids: np.ndarray, limit: Any) -> list[np.ndarray]:
+    def split(self, ids: np.ndarray, limit: Caps) -> list[np.ndarray]:
         """Split ``ids`` greedily under ``limit``; an item above it gets a batch of its own."""
-        return split_batches(self.costs(ids), limit, ids=ids, oversize="own_batch", **self.options).batches()
+        return split_with(self.rule.lowered(limit), self.costs(ids), ids=ids, oversize="own_batch").batches()
 
 
 class SizeAwareEpoch:
@@ -217,9 +208,9 @@ class SizeAwareEpoch:
         self.planner = planner
         self._cached = iter(cached) if cached is not None else None
         self._cached_list = cached
-        self._order: Any = planner.order.chunks(epoch) if cached is None else iter(())
+        self._order: Iterator[np.ndarray] = planner.order.chunks(epoch) if cached is None else iter(())
         self._carry: Carry | None = None
-        self._caps: Any = None  # the lowered cap(s), once lower() was called
+        self._lowered: BatchCost | None = None  # the rule under the lowered caps, once lower() was called
         self._prefix: tuple[np.ndarray, np.ndarray] | None = None  # items re-planned by lower()
         self._extra_skipped = _EMPTY_IDS
         self._done = False
@@ -250,14 +241,13 @@ class SizeAwareEpoch:
     def _split(self, ids: np.ndarray, final: bool) -> PlanChunk:
         planner = self.planner
         costs = planner.costs(ids) if len(ids) else self._empty_costs()
-        cap, oversize = planner.max_total_size, planner.oversize
-        oversize_now: Any = oversize
+        rule, oversize = planner.rule, planner.oversize
         skipped = self._extra_skipped
         self._extra_skipped = _EMPTY_IDS
-        if self._caps is not None:
+        if self._lowered is not None:
             # the original cap's policy first, then the lowered cap with own batches
             if len(ids):
-                keep = split_batches(costs, cap, ids=ids, oversize=oversize, **planner.options)
+                keep = split_with(rule, costs, ids=ids, oversize=oversize)
                 kept = np.isin(ids, keep.skipped, invert=True)
                 skipped = np.concatenate([skipped, keep.skipped])
                 ids, costs = ids[kept], costs[kept]
@@ -267,10 +257,8 @@ class SizeAwareEpoch:
                 (prefix_ids, prefix_costs), self._prefix = self._prefix, None
                 ids = np.concatenate([prefix_ids, ids])
                 costs = np.concatenate([prefix_costs, np.asarray(costs).reshape(len(costs), prefix_costs.shape[1])])
-            cap, oversize_now = self._caps, "own_batch"
-        split = split_batches(
-            costs, cap, ids=ids, carry=self._carry, final=final, oversize=oversize_now, **planner.options
-        )
+            rule, oversize = self._lowered, "own_batch"
+        split = split_with(rule, costs, ids=ids, carry=self._carry, final=final, oversize=oversize)
         self._carry = split.carry
         batched = split.ids
         if batched.base is not None and batched.base.nbytes > 2 * batched.nbytes + 4096:
@@ -280,10 +268,9 @@ class SizeAwareEpoch:
     def _empty_costs(self) -> np.ndarray:
         if self._carry is not None:
             return np.empty((0, self._carry.costs.shape[1]), dtype=self._carry.costs.dtype)
-        caps = self.planner.max_total_size
-        return np.empty((0, len(caps) if isinstance(caps, (Sequence, np.ndarray)) else 1))
+        return np.empty((0, self.planner.rule.num_columns))
 
-    def lower(self, pending: np.ndarray, caps: Any) -> None:
+    def lower(self, pending: np.ndarray, caps: Caps) -> None:
         """Re-plan ``pending`` (the rest of the current chunk) and all that follows under ``caps``."""
         if self._cached is not None:
             # switch from the cached plan to live planning of everything not yet yielded
@@ -297,5 +284,5 @@ class SizeAwareEpoch:
             pending = np.concatenate([pending, carry.ids])
             costs = carry.costs if costs is None else np.concatenate([costs, carry.costs])
         self._prefix = None if costs is None else (pending, costs)
-        self._caps = caps
+        self._lowered = self.planner.rule.lowered(caps)
         self._done = False  # the last chunk may have been planned: plan what was taken back

@@ -10,7 +10,6 @@ vectorized kernel of :mod:`fastsab.batching`. The bucketed sampler and
 from __future__ import annotations
 
 import itertools
-import math
 import sys
 import warnings
 from collections import deque
@@ -21,12 +20,16 @@ import numpy as np
 import torch
 from torch.utils.data import Sampler
 
-from fastsab._checks import as_numeric_array, as_size, check_nonnegative_real
-from fastsab.batching import report_batching, split_batches
+from fastsab._checks import as_numeric_array, check_nonnegative_real
+from fastsab.batching import report_batching, split_with
 
-# NOTE: re-exported (listed in __all__): ``from fastsab.samplers import ...`` gives every sampler name.
+# NOTE: the names of buckets.py and planned.py are re-exported (listed in __all__):
+# ``from fastsab.samplers import ...`` gives every sampler name.
 from fastsab.buckets import BucketBatchSampler, Buckets, NoElementInBucketsError, create_buckets
+from fastsab.cost_sources import item_size, oversize_message, per_item_sizeof, size_array
+from fastsab.costs import BatchCost
 from fastsab.planned import PlannedBatchSampler, PlannedDataLoader
+from fastsab.plans import PlanChunk
 
 __all__ = [
     "BucketBatchSampler",
@@ -104,22 +107,11 @@ class SizeAwareBatchSampler(Sampler[list[int]]):
             raise TypeError(
                 f"sampler must be a torch.utils.data.Sampler or an iterable of indices, got {type(sampler).__name__}."
             )
-        self._max_total_size = check_nonnegative_real("max_total_size", max_total_size)
-        self._sizes: np.ndarray | None = None
+        self._rule = BatchCost(check_nonnegative_real("max_total_size", max_total_size))
+        self._sizes = size_array(sizeof)
         self._sizeof: Callable[[Any], Any] | None = None
-        if isinstance(sizeof, (np.ndarray, torch.Tensor)) or (
-            isinstance(sizeof, Sequence) and not isinstance(sizeof, (str, bytes))
-        ):
-            self._sizes = as_numeric_array("sizeof", sizeof)
-        elif isinstance(sizeof, Mapping):
-            self._sizeof = sizeof.__getitem__
-        elif callable(sizeof):
-            self._sizeof = sizeof
-        else:
-            raise TypeError(
-                "sizeof must be a callable, a mapping, a sequence, a numpy array or a tensor, "
-                f"got {type(sizeof).__name__}."
-            )
+        if self._sizes is None:
+            self._sizeof = per_item_sizeof(sizeof, "a callable, a mapping, a sequence, a numpy array or a tensor")
         self._sampler = sampler
         self._info_logger = info_logger
         self._warn_logger = warn_logger
@@ -140,18 +132,7 @@ class SizeAwareBatchSampler(Sampler[list[int]]):
             return ids, self._sizes[ids]
         sizeof = self._sizeof
         assert sizeof is not None  # NOTE: set whenever _sizes is None (see __init__)
-        sizes = []
-        for index in chunk:
-            try:
-                size = sizeof(index)
-            except Exception as err:
-                raise RuntimeError(f"sizeof raised an error for index {index!r}: {err}") from err
-            kind = type(size)
-            # NOTE: one cheap test per index for a plain int or float >= 0; the rest (numpy and
-            # tensor numbers, bad values) gets the full check, which names the index.
-            if not ((kind is int and size >= 0) or (kind is float and 0 <= size < math.inf)):
-                size = as_size("sizeof", size, index)
-            sizes.append(size)
+        sizes = [item_size(sizeof, index, _describe_index) for index in chunk]
         ids = np.empty(len(chunk), dtype=object)
         ids[:] = chunk
         return ids, as_numeric_array("sizeof values", sizes)
@@ -174,16 +155,16 @@ class SizeAwareBatchSampler(Sampler[list[int]]):
             # NOTE: the split works on positions in the sampler's order (an index may come
             # twice); they place each skip among the batches, and map back to the indices.
             positions = np.arange(n_samples, n_samples + len(chunk), dtype=np.int64)
-            split = split_batches(costs, self._max_total_size, ids=positions, carry=carry, final=final)
+            split = split_with(self._rule, costs, ids=positions, carry=carry, final=final)
             kept = np.ones(len(chunk), dtype=bool)
             if split.skipped.size:
                 where = split.skipped - n_samples
                 kept[where] = False
                 skipped += ids[where].tolist()
                 if self._warn_logger is not None:
-                    cap = self._max_total_size
+                    cap = self._rule.caps[0]
                     pending.extend(
-                        (position, f"Size of element {index} exceeds max_total_size ({size} > {cap}), skipping")
+                        (position, oversize_message(index, size, cap))
                         for position, index, size in zip(
                             split.skipped.tolist(), ids[where].tolist(), costs[where].tolist()
                         )
@@ -200,10 +181,10 @@ class SizeAwareBatchSampler(Sampler[list[int]]):
                 break
         self.skipped = skipped
         self.num_skipped = len(skipped)
-        report_batching(n_samples, n_batched, n_batches, self._max_total_size, self._info_logger, self._warn_logger)
+        report_batching(n_samples, n_batched, n_batches, self._rule.caps[0], self._info_logger, self._warn_logger)
 
     def _batches_and_warnings(
-        self, split: Any, indices: np.ndarray, pending: deque[tuple[int, str]]
+        self, split: PlanChunk, indices: np.ndarray, pending: deque[tuple[int, str]]
     ) -> Iterator[list[int]]:
         """Yield the split's batches (of positions) as indices, reporting each skip where an
         item-by-item loop would.
@@ -216,14 +197,13 @@ class SizeAwareBatchSampler(Sampler[list[int]]):
         positions = split.ids
         if split.carry is not None and len(split.carry):
             positions = np.concatenate([positions, split.carry.ids[:1]])
-        for b in range(len(offsets) - 1):
+        for end, batch in zip(offsets[1:], split.batches_of(indices)):
             if pending:
-                end = offsets[b + 1]
                 # NOTE: the last batch of a final split has no successor: every skip comes first.
                 limit = positions[end].item() if end < len(positions) else sys.maxsize
                 while pending and pending[0][0] < limit:
                     self._report(pending.popleft()[1])
-            yield indices[offsets[b] : offsets[b + 1]].tolist()
+            yield batch.tolist()
         if split.carry is None:
             while pending:
                 self._report(pending.popleft()[1])
@@ -231,3 +211,7 @@ class SizeAwareBatchSampler(Sampler[list[int]]):
     def _report(self, message: str) -> None:
         if self._warn_logger is not None:  # NOTE: skips are pending only with a warn_logger
             self._warn_logger(message)
+
+
+def _describe_index(index: object) -> str:
+    return f"index {index!r}"

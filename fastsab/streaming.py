@@ -10,7 +10,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
-from fastsab._checks import as_size, check_nonnegative_real, check_optional_positive_int, short_repr
+from fastsab._checks import check_nonnegative_real, short_repr
+from fastsab.cost_sources import item_size, oversize_message, per_item_sizeof
+from fastsab.costs import BatchCost
 
 __all__ = ["report_batching", "size_aware_batching"]
 
@@ -70,45 +72,34 @@ def size_aware_batching(
     """
     if not (isinstance(dataset, Iterable) or hasattr(type(dataset), "__getitem__")):
         raise TypeError(f"dataset must be an iterable, got {short_repr(dataset)} of type {type(dataset).__name__}.")
-    if isinstance(sizeof, Mapping):
-        sizeof = sizeof.__getitem__
-    elif not callable(sizeof):
-        raise TypeError(f"sizeof must be a callable or a mapping, got {type(sizeof).__name__}.")
-    max_total_size = check_nonnegative_real("max_total_size", max_total_size)
+    size = per_item_sizeof(sizeof, "a callable or a mapping")
+    # NOTE: the bionemo API takes one cap (a number), checked before the rest of the rule
+    rule = BatchCost(check_nonnegative_real("max_total_size", max_total_size), max_batch_size=max_batch_size)
     if collate_fn is not None and not callable(collate_fn):
         raise TypeError(f"collate_fn must be callable or None, got {type(collate_fn).__name__}.")
-    max_items = check_optional_positive_int("max_batch_size", max_batch_size)
-    return _size_aware_batches(dataset, sizeof, max_total_size, collate_fn, info_logger, warn_logger, max_items)
+    return _size_aware_batches(dataset, size, rule, collate_fn, info_logger, warn_logger)
 
 
 def _size_aware_batches(
     dataset: Iterable[Data],
     sizeof: Callable[[Data], Any],
-    max_total_size: int | float,
+    rule: BatchCost,
     collate_fn: Callable[[list[Data]], Any] | None,
     info_logger: Callable[[str], None] | None,
     warn_logger: Callable[[str], None] | None,
-    max_items: int | None,
 ) -> Iterator[Any]:
     batch: list[Data] = []
-    total: Any = 0
+    total: int | float = 0
     n_samples = n_batched = n_batches = 0
+    fits = rule.fits
     for data in dataset:
         n_samples += 1
-        try:
-            size = sizeof(data)
-        except Exception as err:
-            raise RuntimeError(f"sizeof raised an error for data={short_repr(data)}: {err}") from err
-        kind = type(size)
-        # NOTE: one cheap test per item: a plain int or float within [0, max_total_size]. The
-        # rest (oversize items, numpy and tensor numbers, bad values) gets the full check.
-        if not ((kind is int or kind is float) and 0 <= size <= max_total_size):
-            size = as_size("sizeof", size, data)
-            if size > max_total_size:
-                if warn_logger is not None:
-                    warn_logger(f"Size of element {data} exceeds max_total_size ({size} > {max_total_size}), skipping")
-                continue
-        if batch and (size + total > max_total_size or len(batch) == max_items):
+        size = item_size(sizeof, data, _describe_data)
+        if not fits(size, 1):
+            if warn_logger is not None:
+                warn_logger(oversize_message(data, size, rule.caps[0]))
+            continue
+        if batch and not fits(size + total, len(batch) + 1):
             n_batches += 1
             yield batch if collate_fn is None else collate_fn(batch)
             batch, total = [], 0
@@ -118,7 +109,11 @@ def _size_aware_batches(
     if batch:
         n_batches += 1
         yield batch if collate_fn is None else collate_fn(batch)
-    report_batching(n_samples, n_batched, n_batches, max_total_size, info_logger, warn_logger)
+    report_batching(n_samples, n_batched, n_batches, rule.caps[0], info_logger, warn_logger)
+
+
+def _describe_data(data: object) -> str:
+    return f"data={short_repr(data)}"
 
 
 def report_batching(

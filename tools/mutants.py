@@ -36,17 +36,21 @@ ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_FILES = [
     "fastsab/epochs.py:EpochOrder,EpochStats",
     "fastsab/planners.py:FixedSizePlanner,FixedSizeEpoch,SizeAwarePlanner,SizeAwareEpoch",
+    "fastsab/costs.py:BatchCost",
     "fastsab/plans.py",
     "fastsab/cursor.py",
     "fastsab/distributed.py:assign_steps,_window_starts,_spread",
     "fastsab/shuffle.py:GroupedPermutation",
 ]
-DEFAULT_TESTS = [f"tests/test_{name}.py" for name in ("cursor", "distributed", "loader", "shuffle", "adaptive")]
+DEFAULT_TESTS = [
+    f"tests/test_{name}.py" for name in ("costs", "planners", "cursor", "distributed", "loader", "shuffle", "adaptive")
+]
 # NOTE: real DDP processes are slow, and of test_adaptive.py only the tests with a loader reach the planners
 DEFAULT_KEYWORD = "not real_ddp and not (test_adaptive.py and not loader and not ranks_split and not lower_limit)"
 # the test files that run first for a module (most likely to fail fast), then the others in the given order
 FIRST = {"epochs": "loader cursor adaptive", "plans": "loader cursor distributed", "cursor": "cursor distributed"}
-FIRST |= {"planners": "loader cursor adaptive", "distributed": "distributed cursor", "shuffle": "shuffle loader"}
+FIRST |= {"planners": "planners loader cursor adaptive", "distributed": "distributed cursor"}
+FIRST |= {"shuffle": "shuffle loader", "costs": "costs planners loader"}
 PAIRS = [("<", ast.Lt, "<=", ast.LtE), (">", ast.Gt, ">=", ast.GtE), ("==", ast.Eq, "!=", ast.NotEq)]
 PAIRS += [("is", ast.Is, "is not", ast.IsNot), ("in", ast.In, "not in", ast.NotIn), ("+", ast.Add, "-", ast.Sub)]
 PAIRS += [("and", ast.And, "or", ast.Or)]
