@@ -143,7 +143,7 @@ def children(node: Any) -> list[tuple[str, Any]] | None:
     if kind is tuple:
         return [(f"[{i}]", value) for i, value in enumerate(node)]
     if is_namedtuple(node):
-        return [(f".{name}", value) for name, value in zip(kind._fields, node)]  # type: ignore[attr-defined]
+        return [(f".{name}", value) for name, value in zip(kind._fields, node)]
     if is_dataclass_tree(node):
         return [(f".{field.name}", getattr(node, field.name)) for field in dataclasses.fields(node)]
     return None
