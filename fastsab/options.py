@@ -24,7 +24,7 @@ DEFAULT_CHUNK_BYTES = 64 * 2**20
 
 #: A limit as a loader applies it: a batch size (:class:`~fastsab.FastLoader`) or the caps of
 #: the cost columns (:class:`~fastsab.FastSizeAwareLoader`).
-Limit = int | list[Any]
+Limit = int | list[float]
 
 #: A limit as it may be given: a batch size, one cap, or a sequence or array of caps.
 LimitLike = int | float | Sequence[int | float] | np.ndarray
