@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import dataclasses
-from collections import namedtuple
 from typing import Any
 
 import numpy as np
@@ -12,34 +11,16 @@ from fastsab import FastLoader
 from fastsab.batch_maker import BatchMaker
 from fastsab.fetch import Fetcher
 from fastsab.transfer import Transfer
+from tests.test_fetch import Columns, Pair, Scaled
 
 N = 20
-Pair = namedtuple("Pair", ["x", "y"])
-
-
-@dataclasses.dataclass
-class Columns:
-    x: torch.Tensor
-    y: np.ndarray
-    name: str = "columns"
-
-
-@dataclasses.dataclass(frozen=True)
-class Scaled:
-    """Transforms its input once, when it is made."""
-
-    x: torch.Tensor
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "x", self.x * 2)
-
 
 DATASETS = {
     "tensor": lambda: torch.arange(N * 2).reshape(N, 2),
     "numpy": lambda: np.arange(N) * 3,
     "dict": lambda: {"x": torch.arange(N), "y": {"z": np.arange(N) * 2}, "name": "d"},
     "namedtuple": lambda: Pair(torch.arange(N), torch.arange(N) * 2),
-    "dataclass": lambda: Columns(torch.arange(N), np.arange(N) * 5),
+    "dataclass": lambda: Columns(torch.arange(N), np.arange(N) * 5, "c"),
     "post_init dataclass": lambda: Scaled(torch.arange(N)),
 }
 
