@@ -9,7 +9,7 @@ rows fit in ``chunk_bytes``): the same batches as gathering batch by batch, at n
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import pairwise
 from typing import Any, Generic
 
@@ -88,13 +88,11 @@ class BatchMaker(Generic[B]):
         return self.fetcher.kind == "gather" and self.fetcher.row_bytes * size <= self.chunk_bytes
 
 
-def _slices(rows: Any, bounds: list[int]) -> Iterator[Any]:
+def _slices(rows: Any, bounds: list[int]) -> Iterable[Any]:
     """The rows ``[bounds[b], bounds[b + 1])`` of every array leaf of ``rows``, batch by batch."""
     if isinstance(rows, torch.Tensor):  # views made in one call, cheaper than slicing
-        yield from torch.split(rows, np.diff(bounds).tolist())
-        return
-    for lo, hi in pairwise(bounds):
-        yield tree_map_arrays(_rows(lo, hi), rows)
+        return torch.split(rows, np.diff(bounds).tolist())
+    return (tree_map_arrays(_rows(lo, hi), rows) for lo, hi in pairwise(bounds))
 
 
 def _rows(lo: int, hi: int) -> Callable[[Any], Any]:

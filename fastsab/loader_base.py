@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Generator, Iterator, Sequence
-from typing import Any, Generic, Protocol
+from typing import Any, Generic, Protocol, cast
 
 import numpy as np
 import torch
@@ -154,13 +154,13 @@ class LoaderBase(EpochCursor, Generic[T], metaclass=TakesDataLoaderKeywords):
     # -- iteration ----------------------------------------------------------------------
 
     def __iter__(self) -> Iterator[T]:
-        return _batches_of(self._iterate())
+        return cast(Iterator[T], self._iterate(with_indices=False))
 
     def iter_with_indices(self) -> Iterator[tuple[IndexArray, T]]:
         """Iterate the next epoch as ``(indices, batch)`` pairs (indices: an int64 array)."""
-        return self._iterate()
+        return cast(Iterator[tuple[IndexArray, T]], self._iterate(with_indices=True))
 
-    def _iterate(self) -> Generator[tuple[IndexArray, T], None, None]:
+    def _iterate(self, with_indices: bool) -> Generator[T | tuple[IndexArray, T], None, None]:
         # NOTE: a generator, so the epoch is fixed at the first next(), not at iter(): a
         # trainer may call iter() before set_epoch(), as DataLoader's lazy samplers allow.
         stats = EpochStats(self.epoch)
@@ -184,12 +184,12 @@ class LoaderBase(EpochCursor, Generic[T], metaclass=TakesDataLoaderKeywords):
         while next_stream is not None:
             produced = self._produce(next_stream)
             source = produced if depth == 0 else prefetched(produced, depth)
-            next_stream = yield from self._consume(next_stream, source, stats)
+            next_stream = yield from self._consume(next_stream, source, stats, with_indices)
         self._epoch_done(stats)
 
     def _consume(
-        self, stream: Stream, source: Generator[tuple[IndexArray, T], None, None], stats: EpochStats
-    ) -> Generator[tuple[IndexArray, T], None, Stream | None]:
+        self, stream: Stream, source: Generator[tuple[IndexArray, T], None, None], stats: EpochStats, with_indices: bool
+    ) -> Generator[T | tuple[IndexArray, T], None, Stream | None]:
         """Yield the batches of ``source`` (from ``stream``); ``stream`` again if the limit was lowered.
 
         A lowering applies right after the batch last handed out (or, to retry, in its
@@ -202,7 +202,7 @@ class LoaderBase(EpochCursor, Generic[T], metaclass=TakesDataLoaderKeywords):
                 stats.num_items += len(ids)
                 self._step_done()
                 self._handed_out, self._rewound = len(ids), False
-                yield ids, batch
+                yield (ids, batch) if with_indices else batch
                 if self._pending is not None:  # (read without the lock: the common case is none)
                     lowering = self._take_pending()
                     if lowering is not None:
@@ -315,12 +315,3 @@ class LoaderBase(EpochCursor, Generic[T], metaclass=TakesDataLoaderKeywords):
 
 def _same_limit(a: Limit | None, b: Limit | None) -> bool:
     return bool(np.array_equal(np.asarray(a), np.asarray(b)))
-
-
-def _batches_of(pairs: Generator[tuple[IndexArray, T], None, None]) -> Generator[T, None, None]:
-    """The batches of ``(indices, batch)`` pairs; closing it closes ``pairs`` (and a prefetch thread)."""
-    try:
-        for _, batch in pairs:
-            yield batch
-    finally:
-        pairs.close()
