@@ -36,7 +36,8 @@ class LoaderOptions:
 
     The loaders take them as keywords; ``loader.options`` holds them as given, so that a
     loader like another one is ``FastLoader(other_data, 8, **loader.options.keywords())``.
-    Each value is checked when a loader is made with it.
+    ``prefetch`` is checked here, the other values by the parts of a loader that use them
+    when it is made (with the same messages).
 
     Attributes:
         shuffle: Shuffle every epoch (grouped permutation); otherwise sequential order.

@@ -98,3 +98,10 @@ def test_options_and_loaders_pickle():
     clone = pickle.loads(pickle.dumps(loader))
     assert clone.options == options
     assert [b.tolist() for b in clone] == [b.tolist() for b in loader] == [[0, 2, 4], [6, 8, 10], [12]]
+
+
+def test_a_loader_subscripted_with_its_batch_type_takes_the_same_keywords():
+    loader = FastLoader[torch.Tensor](torch.arange(4), 2, shuffle=False, num_workers=0)
+    assert isinstance(loader, FastLoader) and [b.tolist() for b in loader] == [[0, 1], [2, 3]]
+    with pytest.raises(TypeError, match=r"FastSizeAwareLoader does not take DataLoader's keyword num_workers"):
+        FastSizeAwareLoader[torch.Tensor](torch.arange(4), [1] * 4, 2, num_workers=2)
