@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -26,6 +26,8 @@ __all__ = [
     "keyword_list",
     "without_dataloader_defaults",
 ]
+
+_Made = TypeVar("_Made")
 
 _WORKER_OPTION = "an option of worker processes: pass it to loader.data_loader(num_workers=..., {name}=...)"
 
@@ -107,7 +109,7 @@ def advice_for(loader_name: str, name: str) -> str | None:
 
 
 @functools.cache
-def _dataloader_defaults() -> dict[str, Any]:
+def _dataloader_defaults() -> dict[str, object]:
     """DataLoader's keywords whose default value asks for nothing fastsab does not do already.
 
     ``batch_size`` is not one: its default (batches of one item) is a choice, not the absence of one.
@@ -119,7 +121,7 @@ def _dataloader_defaults() -> dict[str, Any]:
     }
 
 
-def _is_default(name: str, value: Any) -> bool:
+def _is_default(name: str, value: object) -> bool:
     defaults = _dataloader_defaults()
     if name not in defaults:
         return False
@@ -151,8 +153,11 @@ class TakesDataLoaderKeywords(type):
     naming it with what to use instead.
     """
 
-    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
-        return super().__call__(*args, **without_dataloader_defaults(cls, kwargs))
+    def __call__(cls: type[_Made], *args: Any, **kwargs: Any) -> _Made:
+        # NOTE: typed as making an instance of the class, so that type checkers check the
+        # call against __init__'s explicit signature
+        made: _Made = type.__call__(cls, *args, **without_dataloader_defaults(cls, kwargs))
+        return made
 
     @property
     def __signature__(cls) -> inspect.Signature:
@@ -162,7 +167,7 @@ class TakesDataLoaderKeywords(type):
         )
 
 
-def check_dataloader_keywords(loader: type, keywords: Mapping[str, Any]) -> None:
+def check_dataloader_keywords(loader: type, keywords: Mapping[str, object]) -> None:
     """Raise a ``TypeError`` naming the first DataLoader keyword in ``keywords`` that ``loader`` does not take.
 
     Keywords that are not DataLoader's are left alone (the constructor call raises

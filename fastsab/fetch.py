@@ -24,10 +24,7 @@ count from the end).
 
 from __future__ import annotations
 
-import copy
-import dataclasses
 import warnings
-from collections import OrderedDict, defaultdict
 from collections.abc import Callable
 from typing import Any
 
@@ -35,15 +32,14 @@ import numpy as np
 import torch
 from torch.utils.data import TensorDataset, default_collate
 
-from fastsab.transfer import tree_arrays
+from fastsab.pytree import children as _children
+from fastsab.pytree import is_array as _is_array
+from fastsab.pytree import is_dataclass_tree as _is_dataclass_tree  # noqa: F401  # an older import path
+from fastsab.pytree import is_namedtuple as _is_namedtuple  # noqa: F401  # an older import path
+from fastsab.pytree import tree_arrays, tree_map_arrays
+from fastsab.pytree import walk as _walk
 
-__all__ = ["Fetcher"]
-
-# NOTE: containers are matched by exact type: a subclass may change what indexing or
-# iterating it means, so it is not taken apart.
-_DICTS = (dict, OrderedDict, defaultdict)
-# Leaves that are kept as they are in every batch: names, flags, sizes.
-_PLAIN = (type(None), bool, int, float, complex, str, bytes, np.generic)
+__all__ = ["Fetcher", "collate_batch"]
 
 
 class Fetcher:
@@ -126,7 +122,7 @@ class Fetcher:
 
     def _gather(self, index: np.ndarray) -> Any:
         tensor_index = torch.from_numpy(index)
-        return _take(self._source, lambda x: x[index] if isinstance(x, np.ndarray) else x[tensor_index])
+        return tree_map_arrays(lambda x: x[index] if isinstance(x, np.ndarray) else x[tensor_index], self._source)
 
     def _getitems(self, indices: np.ndarray) -> Any:
         name = type(self.dataset).__name__
@@ -141,6 +137,11 @@ class Fetcher:
                     f"{name}.__getitems__ returned a batch of {leaves[0].shape[0]} rows for {len(indices)} indices."
                 )
         return (self.collate_fn or collate_batch)(result)
+
+
+def _take(node: Any, pick: Callable[[Any], Any]) -> Any:
+    """``node`` with ``pick`` applied to its array leaves (the older name of ``tree_map_arrays``)."""
+    return tree_map_arrays(pick, node)
 
 
 def collate_batch(fetched: Any) -> Any:
@@ -164,26 +165,6 @@ def collate_batch(fetched: Any) -> Any:
 # -- which datasets are gathered ------------------------------------------------------
 
 
-def _is_array(node: Any) -> bool:
-    # NOTE: np.matrix and masked arrays are ndarrays whose rows are not what fancy
-    # indexing gives; a memmap's are
-    return isinstance(node, torch.Tensor) or type(node) in (np.ndarray, np.memmap)
-
-
-def _is_namedtuple(node: Any) -> bool:
-    kind = type(node)
-    return (
-        isinstance(node, tuple)
-        and isinstance(getattr(kind, "_fields", None), tuple)
-        and all(getattr(kind, name) is getattr(tuple, name) for name in ("__getitem__", "__len__", "__iter__"))
-    )
-
-
-def _is_dataclass_tree(node: Any) -> bool:
-    """A dataclass instance that is a container: one that defines ``__getitem__`` is a dataset."""
-    return dataclasses.is_dataclass(node) and not isinstance(node, type) and not hasattr(type(node), "__getitem__")
-
-
 def _is_plain_tensor_dataset(dataset: Any) -> bool:
     """A ``TensorDataset`` whose items are rows of its tensors (its class changes no indexing)."""
     kind = type(dataset)
@@ -191,40 +172,6 @@ def _is_plain_tensor_dataset(dataset: Any) -> bool:
         getattr(kind, name, None) is getattr(TensorDataset, name, None)
         for name in ("__getitem__", "__len__", "__getitems__")
     )
-
-
-def _children(node: Any) -> list[tuple[str, Any]] | None:
-    """The children of a pytree container with the path step to each, or ``None`` for anything else."""
-    kind = type(node)
-    if kind in _DICTS:
-        return [(f"[{key!r}]", value) for key, value in node.items()]
-    if kind is tuple:
-        return [(f"[{i}]", value) for i, value in enumerate(node)]
-    if _is_namedtuple(node):
-        return [(f".{name}", value) for name, value in zip(kind._fields, node)]
-    if _is_dataclass_tree(node):
-        return [(f".{field.name}", getattr(node, field.name)) for field in dataclasses.fields(node)]
-    return None
-
-
-def _walk(node: Any, path: str, arrays: list[Any]) -> str | None:
-    """Collect the array leaves of a pytree into ``arrays``.
-
-    Returns:
-        ``None`` if ``node`` holds only containers, arrays and plain leaves, else the path
-        and type of the first node that is none of these.
-    """
-    if _is_array(node):
-        arrays.append(node)
-        return None
-    children = _children(node)
-    if children is None:
-        return None if isinstance(node, _PLAIN) else f"{path} is a {type(node).__name__}"
-    for step, child in children:
-        problem = _walk(child, path + step, arrays)
-        if problem is not None:
-            return problem
-    return None
 
 
 def _gather_source(dataset: Any) -> tuple[Any, list[Any]]:
@@ -251,30 +198,6 @@ def _gather_source(dataset: Any) -> tuple[Any, list[Any]]:
             "strings); a list is a sequence of samples. Use tuples, or give the dataset __getitems__(indices)."
         )
     return dataset, arrays
-
-
-def _take(node: Any, pick: Callable[[Any], Any]) -> Any:
-    """``node`` with ``pick`` applied to its array leaves (a pytree accepted by :func:`_walk`)."""
-    if _is_array(node):
-        return pick(node)
-    kind = type(node)
-    if kind in _DICTS:
-        out = copy.copy(node)  # keeps the order of the keys and a defaultdict's factory
-        for key, value in node.items():
-            out[key] = _take(value, pick)
-        return out
-    if kind is tuple:
-        return tuple(_take(value, pick) for value in node)
-    if _is_namedtuple(node):
-        return kind(*[_take(value, pick) for value in node])
-    if _is_dataclass_tree(node):
-        # NOTE: field by field on a copy: making a new instance would run __init__ and
-        # __post_init__ again, which may transform the rows a second time
-        out = copy.copy(node)
-        for field in dataclasses.fields(node):
-            object.__setattr__(out, field.name, _take(getattr(node, field.name), pick))
-        return out
-    return node
 
 
 # -- checks ----------------------------------------------------------------------------

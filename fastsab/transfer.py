@@ -1,68 +1,37 @@
-"""Moving batch pytrees to a device with optree.
+"""Moving batch pytrees to a device.
 
 A batch may be a tensor or any nesting of dicts, lists, tuples, namedtuples and
-dataclasses holding tensors; :func:`tree_map_arrays` maps a function over its tensor and
-numpy leaves and keeps everything else, and :func:`to_device` moves the tensors.
+dataclasses holding tensors (:mod:`fastsab.pytree`); :func:`to_device` moves its tensors,
+and :class:`Transfer` is a loader's way of doing so: the device, pinning and asynchrony it
+was given, checked once. The pytree helpers ``tree_map_arrays``, ``tree_leaves`` and
+``tree_arrays`` are also importable from here.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import warnings
-from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
-import optree
 import torch
 
-__all__ = ["pin_available", "resolve_device", "to_device", "tree_map_arrays"]
+from fastsab.pytree import tree_arrays, tree_leaves, tree_map_arrays
+
+__all__ = [
+    "Transfer",
+    "pin_available",
+    "resolve_device",
+    "to_device",
+    "tree_arrays",
+    "tree_leaves",
+    "tree_map_arrays",
+]
+
+B = TypeVar("B")
 
 
-def _is_dataclass_instance(x: Any) -> bool:
-    return dataclasses.is_dataclass(x) and not isinstance(x, type)
-
-
-def tree_map_arrays(fn: Callable[[Any], Any], tree: Any) -> Any:
-    """Apply ``fn`` to every tensor and numpy array leaf of ``tree``; keep other leaves.
-
-    Containers are those of optree (dict, list, tuple, namedtuple, ...) and dataclasses.
-
-    Examples:
-        >>> batch = {"x": torch.zeros(2, 3), "meta": ("id", [torch.ones(2)])}
-        >>> tree_map_arrays(lambda t: t.shape[0], batch)
-        {'x': 2, 'meta': ('id', [2])}
-    """
-
-    def visit(leaf: Any) -> Any:
-        if isinstance(leaf, (torch.Tensor, np.ndarray)):
-            return fn(leaf)
-        if _is_dataclass_instance(leaf):
-            changes = {f.name: tree_map_arrays(fn, getattr(leaf, f.name)) for f in dataclasses.fields(leaf) if f.init}
-            return dataclasses.replace(leaf, **changes)
-        return leaf
-
-    return optree.tree_map(visit, tree, is_leaf=_is_dataclass_instance, none_is_leaf=True)
-
-
-def tree_leaves(tree: Any) -> list[Any]:
-    """All leaves of ``tree`` in traversal order, looking inside dataclasses too."""
-    found: list[Any] = []
-    for leaf in optree.tree_leaves(tree, is_leaf=_is_dataclass_instance, none_is_leaf=True):
-        if _is_dataclass_instance(leaf):
-            for field in dataclasses.fields(leaf):
-                found += tree_leaves(getattr(leaf, field.name))
-        else:
-            found.append(leaf)
-    return found
-
-
-def tree_arrays(tree: Any) -> list[Any]:
-    """The tensor and numpy array leaves of ``tree`` in traversal order."""
-    return [leaf for leaf in tree_leaves(tree) if isinstance(leaf, (torch.Tensor, np.ndarray))]
-
-
-def resolve_device(device: Any) -> torch.device | None:
+def resolve_device(device: object) -> torch.device | None:
     """Validate ``device`` (None, a string or a ``torch.device``) and return it.
 
     Raises:
@@ -112,7 +81,7 @@ def warn_pin_unavailable() -> None:
     )
 
 
-def to_device(batch: Any, device: torch.device | None, *, non_blocking: bool = True, pin_memory: bool = False) -> Any:
+def to_device(batch: B, device: torch.device | None, *, non_blocking: bool = True, pin_memory: bool = False) -> B:
     """Move every tensor of a batch pytree to ``device`` (numpy arrays become tensors).
 
     Args:
@@ -130,7 +99,7 @@ def to_device(batch: Any, device: torch.device | None, *, non_blocking: bool = T
     if device is None and not pin_memory:
         return batch
 
-    def move(leaf: Any) -> Any:
+    def move(leaf: torch.Tensor | np.ndarray) -> torch.Tensor:
         tensor = torch.from_numpy(leaf) if isinstance(leaf, np.ndarray) else leaf
         if pin_memory and tensor.device.type == "cpu" and not tensor.is_pinned():
             tensor = tensor.pin_memory()
@@ -138,4 +107,50 @@ def to_device(batch: Any, device: torch.device | None, *, non_blocking: bool = T
             return tensor
         return tensor.to(device, non_blocking=non_blocking)
 
-    return tree_map_arrays(move, batch)
+    moved: B = tree_map_arrays(move, batch)
+    return moved
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """How a loader moves its batches: to ``device``, pinned first or not, asynchronously or not.
+
+    Make one with :meth:`create`, which checks the values; calling it moves a batch
+    (:func:`to_device`; without a device and pinning, the batch is returned as it is).
+
+    Attributes:
+        device: Where batches go; ``None`` leaves them where they are.
+        pin_memory: Pin host memory first (only where an accelerator is available).
+        non_blocking: Asynchronous host-to-device copies.
+
+    Examples:
+        >>> move = Transfer.create("cpu")
+        >>> move.device, move({"x": np.arange(2)})["x"]
+        (device(type='cpu'), tensor([0, 1]))
+    """
+
+    device: torch.device | None = None
+    pin_memory: bool = False
+    non_blocking: bool = True
+
+    @classmethod
+    def create(cls, device: str | torch.device | None, pin_memory: bool = False, non_blocking: bool = True) -> Transfer:
+        """Check the values and pin only where an accelerator is available (else warn).
+
+        Raises:
+            TypeError: If ``device`` is not None, a string or a ``torch.device``, or
+                ``pin_memory`` or ``non_blocking`` is not a bool.
+            ValueError: If ``device`` is not a device, or its backend is unavailable.
+        """
+        resolved = resolve_device(device)
+        for name, value in (("pin_memory", pin_memory), ("non_blocking", non_blocking)):
+            if not isinstance(value, bool):
+                raise TypeError(f"{name} must be a bool, got {value!r}.")
+        if pin_memory and not pin_available():
+            warn_pin_unavailable()
+            pin_memory = False
+        return cls(resolved, pin_memory, non_blocking)
+
+    def __call__(self, batch: B) -> B:
+        """``batch`` moved (see :func:`to_device`)."""
+        return to_device(batch, self.device, non_blocking=self.non_blocking, pin_memory=self.pin_memory)

@@ -1,17 +1,64 @@
-"""Loaders that survive out-of-memory errors: :func:`run`."""
+"""Loaders that survive out-of-memory errors: :func:`run` over a :class:`LowersLimit`."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import Protocol, TypeVar
 
+import numpy as np
 import torch  # noqa: F401  # NOTE: used by the examples of the docstrings (their namespace is this module's)
 
 from fastsab.adaptive.retry import AdaptiveOOMError, _check_factor, free_memory
+from fastsab.epochs import EpochStats
 from fastsab.oom import is_out_of_memory
+from fastsab.options import Limit
+
+__all__ = ["LowersLimit", "run"]
+
+B = TypeVar("B")
+B_co = TypeVar("B_co", covariant=True)
+R = TypeVar("R")
 
 
-def run(loader: Any, step: Callable[[Any], Any], *, factor: float = 2) -> Iterator[Any]:
+class LowersLimit(Protocol[B_co]):
+    """What :func:`run` needs of a loader: batches with their indices, and a limit it can lower.
+
+    :class:`~fastsab.FastLoader` and :class:`~fastsab.FastSizeAwareLoader` implement it; the
+    limit is a batch size or the caps of the cost columns (:data:`fastsab.options.Limit`).
+    """
+
+    @property
+    def world_size(self) -> int:
+        """The number of ranks that share each epoch."""
+        ...
+
+    @property
+    def stats(self) -> EpochStats | None:
+        """The epoch being iterated (``num_splits`` counts the batches split)."""
+        ...
+
+    def iter_with_indices(self) -> Iterator[tuple[np.ndarray, B_co]]:
+        """The next epoch as ``(indices, batch)`` pairs."""
+        ...
+
+    def fetch(self, indices: np.ndarray) -> B_co:
+        """The batch of ``indices``, made like the loader's own batches."""
+        ...
+
+    def smaller_limit(self, indices: np.ndarray, factor: float) -> Limit:
+        """The limit under which the batch ``indices`` splits into about ``factor`` parts."""
+        ...
+
+    def split_indices(self, indices: np.ndarray, limit: Limit) -> Sequence[np.ndarray]:
+        """``indices`` split in order into batches within ``limit``."""
+        ...
+
+    def retry_last_batch(self, limit: Limit) -> None:
+        """Plan the batch last yielded again, with the rest of the epoch, under ``limit``."""
+        ...
+
+
+def run(loader: LowersLimit[B], step: Callable[[B], R], *, factor: float = 2) -> Iterator[R]:
     """Call ``step(batch)`` on every batch of the loader's next epoch, surviving OOM.
 
     When ``step`` runs out of memory on a batch, memory is freed and the loader plans that
@@ -29,7 +76,8 @@ def run(loader: Any, step: Callable[[Any], Any], *, factor: float = 2) -> Iterat
     saved between its parts' results resumes after the whole batch.
 
     Args:
-        loader: A :class:`~fastsab.FastLoader` or :class:`~fastsab.FastSizeAwareLoader`.
+        loader: A :class:`~fastsab.FastLoader` or :class:`~fastsab.FastSizeAwareLoader`
+            (any :class:`LowersLimit`).
         step: The work on one batch, e.g. a training step; its results are yielded.
         factor: How much smaller the limit gets after each out-of-memory error (> 1).
 
@@ -50,12 +98,13 @@ def run(loader: Any, step: Callable[[Any], Any], *, factor: float = 2) -> Iterat
     """
     factor = _check_factor(factor)
     for indices, first in loader.iter_with_indices():
-        pending: list[tuple[Any, Any]] = [(indices, first)]
+        # NOTE: the parts of a split batch are fetched when their turn comes (None until then)
+        pending: list[tuple[np.ndarray, B | None]] = [(indices, first)]
         del first
         while pending:
-            ids, batch = pending.pop()
-            if batch is None:
-                batch = loader.fetch(ids)
+            ids, fetched = pending.pop()
+            batch = loader.fetch(ids) if fetched is None else fetched
+            del fetched
             try:
                 result = step(batch)
             except Exception as error:
@@ -66,8 +115,8 @@ def run(loader: Any, step: Callable[[Any], Any], *, factor: float = 2) -> Iterat
                 if len(ids) == 1:
                     raise AdaptiveOOMError(f"step on the sample {int(ids[0])}", [1], 1, error) from None
                 limit = loader.smaller_limit(ids, factor)
-                parts = loader.split_indices(ids, limit)
-                loader.stats.num_splits += 1
+                parts = list(loader.split_indices(ids, limit))
+                _count_split(loader.stats)
                 if loader.world_size == 1 and len(parts) > 1 and ids is indices:
                     # NOTE: the loader plans the batch again under the smaller limit, so its
                     # parts come next as the loader's own batches and a state taken between
@@ -83,3 +132,8 @@ def run(loader: Any, step: Callable[[Any], Any], *, factor: float = 2) -> Iterat
                 continue
             del batch
             yield result
+
+
+def _count_split(stats: EpochStats | None) -> None:
+    if stats is not None:  # (set by the loader's iteration, which is running)
+        stats.num_splits += 1

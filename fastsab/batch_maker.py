@@ -1,0 +1,99 @@
+"""Making a loader's batches, always in the same order: fetch, collate, move.
+
+:class:`BatchMaker` is the one place where a loader's batches are made, from the indices of
+a plan: the :class:`~fastsab.fetch.Fetcher` reads (and collates) a batch, the
+:class:`~fastsab.transfer.Transfer` moves it. For an in-memory tensor dataset, the rows of a
+whole plan chunk are gathered at once and each batch is a slice of them (when the chunk's
+rows fit in ``chunk_bytes``): the same batches as gathering batch by batch, at numpy speed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from itertools import pairwise
+from typing import Any, Generic
+
+import numpy as np
+import torch
+from typing_extensions import TypeVar
+
+from fastsab.fetch import Fetcher
+from fastsab.pytree import tree_map_arrays
+from fastsab.transfer import Transfer
+
+__all__ = ["BatchMaker", "IndexArray"]
+
+#: A batch as the loader hands it out (``Any`` where the loader cannot know it).
+B = TypeVar("B", default=Any)
+
+#: Dataset indices: a 1-D int64 array.
+IndexArray = np.ndarray
+
+
+class BatchMaker(Generic[B]):
+    """Makes batches of ``fetcher``'s dataset, moved by ``transfer``.
+
+    Args:
+        fetcher: Reads and collates a batch.
+        transfer: Moves a collated batch.
+        chunk_bytes: Largest gather of a whole plan chunk (``fetcher.kind == "gather"``);
+            the rows of a larger chunk are gathered batch by batch.
+
+    Raises:
+        ValueError: If ``chunk_bytes`` is not a non-negative integer.
+
+    Examples:
+        >>> make = BatchMaker(Fetcher(torch.arange(10) * 10, None), Transfer(), chunk_bytes=2**20)
+        >>> make(np.array([2, 5]))
+        tensor([20, 50])
+        >>> [(ids.tolist(), batch.tolist()) for ids, batch in make.batches(np.array([4, 1, 7]), [0, 2, 3])]
+        [([4, 1], [40, 10]), ([7], [70])]
+    """
+
+    def __init__(self, fetcher: Fetcher, transfer: Transfer, chunk_bytes: int) -> None:
+        if isinstance(chunk_bytes, bool) or not isinstance(chunk_bytes, int) or chunk_bytes < 0:
+            raise ValueError(f"chunk_bytes must be a non-negative integer, got {chunk_bytes!r}.")
+        self.fetcher = fetcher
+        self.transfer = transfer
+        self.chunk_bytes = chunk_bytes
+
+    def __call__(self, indices: IndexArray | Sequence[int]) -> B:
+        """The batch of ``indices``: fetched, collated and moved.
+
+        Raises:
+            TypeError, ValueError, IndexError: If ``indices`` are not valid (see
+                :meth:`~fastsab.fetch.Fetcher.__call__`).
+        """
+        batch: B = self.transfer(self.fetcher(indices))
+        return batch
+
+    def batches(self, ids: IndexArray, offsets: IndexArray | Sequence[int]) -> Iterator[tuple[IndexArray, B]]:
+        """The batches ``ids[offsets[b]:offsets[b + 1]]`` of a plan chunk, with their indices, in order."""
+        bounds: list[int] = np.asarray(offsets).tolist()
+        if not self._gathers_chunk(len(ids)):
+            for lo, hi in pairwise(bounds):
+                yield ids[lo:hi], self(ids[lo:hi])
+            return
+        fetcher = self.fetcher
+        rows = fetcher.take(ids)
+        if fetcher.collate_fn is None:
+            # NOTE: without a collate_fn a batch is its rows, and moving commutes with
+            # slicing: the whole chunk is moved in one copy and the batches are views of it
+            rows = self.transfer(rows)
+        for (lo, hi), part in zip(pairwise(bounds), _slices(rows, bounds)):
+            batch: B = part if fetcher.collate_fn is None else self.transfer(fetcher.collate(part))
+            yield ids[lo:hi], batch
+
+    def _gathers_chunk(self, size: int) -> bool:
+        return self.fetcher.kind == "gather" and self.fetcher.row_bytes * size <= self.chunk_bytes
+
+
+def _slices(rows: Any, bounds: list[int]) -> Iterable[Any]:
+    """The rows ``[bounds[b], bounds[b + 1])`` of every array leaf of ``rows``, batch by batch."""
+    if isinstance(rows, torch.Tensor):  # views made in one call, cheaper than slicing
+        return torch.split(rows, np.diff(bounds).tolist())
+    return (tree_map_arrays(_rows(lo, hi), rows) for lo, hi in pairwise(bounds))
+
+
+def _rows(lo: int, hi: int) -> Callable[[Any], Any]:
+    return lambda leaf: leaf[lo:hi]

@@ -1,0 +1,317 @@
+"""What both loaders share: :class:`LoaderBase`.
+
+The base of :class:`~fastsab.FastLoader` and :class:`~fastsab.FastSizeAwareLoader`: the
+epoch, rank and state of an :class:`~fastsab.cursor.EpochCursor`, iteration (batches made by
+a :class:`~fastsab.batch_maker.BatchMaker`, optionally ahead in a thread), stats, and
+lowering the limit mid-epoch (the loader side of :func:`fastsab.adaptive.run`).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Generator, Iterator, Sequence
+from typing import Any, Generic, Protocol, cast
+
+import numpy as np
+import torch
+from typing_extensions import TypeVar
+
+from fastsab.batch_maker import BatchMaker, IndexArray
+from fastsab.cursor import EpochCursor, Stream
+from fastsab.dataloader_keywords import TakesDataLoaderKeywords
+from fastsab.distributed import resolve_rank
+from fastsab.epochs import EpochOrder, EpochStats
+from fastsab.fetch import Fetcher
+from fastsab.options import Limit, LimitLike, LoaderOptions
+from fastsab.planned import PlannedBatchSampler, PlannedDataLoader
+from fastsab.planners import FixedSizePlanner, SizeAwarePlanner
+from fastsab.prefetch import prefetched
+from fastsab.shuffle import DEFAULT_GROUP_SIZE
+from fastsab.transfer import Transfer
+
+__all__ = ["LoaderBase"]
+
+#: The batch type of a loader: what its ``collate_fn`` returns, ``Any`` where it cannot be known.
+T = TypeVar("T", default=Any)
+
+
+class _ChunkedDataset(Protocol):
+    """A dataset read in chunks that wants the epoch's chunk order (:class:`~fastsab.OutOfCoreDataset`)."""
+
+    chunk_size: int
+
+    def set_chunk_order(self, order: np.ndarray) -> None: ...
+
+
+class LoaderBase(EpochCursor, Generic[T], metaclass=TakesDataLoaderKeywords):
+    """What both loaders share: epochs, ranks, making batches, prefetch, stats and state.
+
+    The metaclass drops DataLoader's keywords at their default values (``num_workers=0``) and
+    refuses the others with what to use instead, so that the constructors keep explicit signatures.
+
+    Attributes:
+        options: The :class:`~fastsab.options.LoaderOptions` as given.
+        dataset: The dataset.
+        order: The epoch order (:class:`~fastsab.epochs.EpochOrder`).
+        maker: Makes the batches (:class:`~fastsab.batch_maker.BatchMaker`).
+        stats: What the last epoch yielded (:class:`~fastsab.epochs.EpochStats`), ``None`` before.
+        limit: The batch size or caps in force in the current epoch.
+    """
+
+    def __init__(self, dataset: object, options: LoaderOptions) -> None:
+        self.options = options
+        self.rank, self.world_size = resolve_rank(options.rank, options.world_size)
+        fetcher = Fetcher(dataset, options.collate_fn)
+        self.dataset = dataset
+        chunk_size = getattr(dataset, "chunk_size", None)
+        self._chunked = isinstance(chunk_size, int) and callable(getattr(dataset, "set_chunk_order", None))
+        group_size = options.group_size
+        if group_size is None:
+            # NOTE: a chunked dataset (OutOfCoreDataset) is shuffled with its chunks as the
+            # groups, unrotated, so every chunk is read once per epoch
+            group_size = chunk_size if isinstance(chunk_size, int) and self._chunked else DEFAULT_GROUP_SIZE
+        self.order = EpochOrder(
+            fetcher.length, shuffle=options.shuffle, seed=options.seed, group_size=group_size, rotate=not self._chunked
+        )
+        transfer = Transfer.create(options.device, options.pin_memory, options.non_blocking)
+        self.maker: BatchMaker[T] = BatchMaker(fetcher, transfer, options.chunk_bytes)
+        self.stats: EpochStats | None = None
+        self.planner: FixedSizePlanner | SizeAwarePlanner
+        self.limit: Limit | None = None
+        # (limit, retry): asked for by lower_limit() or retry_last_batch() (maybe from another
+        # thread), applied by the iteration before it hands out the next batch
+        self._pending: tuple[Limit, bool] | None = None
+        self._pending_lock = threading.Lock()
+        self._handed_out = 0  # items of the batch last handed out
+        self._rewound = False  # whether that batch was taken back to be planned again
+
+    @property
+    def fetcher(self) -> Fetcher:
+        """How batches are read from the dataset (:class:`~fastsab.fetch.Fetcher`)."""
+        return self.maker.fetcher
+
+    @property
+    def device(self) -> torch.device | None:
+        """Where batches are moved (``None``: left where they are)."""
+        return self.maker.transfer.device
+
+    @property
+    def pin_memory(self) -> bool:
+        """Whether host memory is pinned before copies (``False`` where no accelerator is available)."""
+        return self.maker.transfer.pin_memory
+
+    @property
+    def non_blocking(self) -> bool:
+        """Whether host-to-device copies are asynchronous."""
+        return self.maker.transfer.non_blocking
+
+    @property
+    def prefetch(self) -> int | None:
+        """Batches a background thread prepares ahead (``None``: chosen per dataset)."""
+        return self.options.prefetch
+
+    @property
+    def chunk_bytes(self) -> int:
+        """Largest in-memory gather of one plan chunk."""
+        return self.maker.chunk_bytes
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        del state["_pending_lock"]  # a lock does not pickle; a new one is made on load
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._pending_lock = threading.Lock()
+
+    # -- epochs and plans -------------------------------------------------------------
+
+    def _use_planner(self, planner: FixedSizePlanner | SizeAwarePlanner) -> None:
+        self._init_cursor(planner, self.rank, self.world_size, self.options.even_batches, self.options.balance)
+
+    def batch_sampler(self) -> PlannedBatchSampler:
+        """This loader's batch plan as a ``Sampler[list[int]]`` for ``DataLoader(batch_sampler=...)``.
+
+        The sampler starts at the loader's next epoch and counts epochs on its own.
+        """
+        sampler = PlannedBatchSampler(
+            self.planner, self.rank, self.world_size, self.even_batches, self.balance, epoch=self.epoch
+        )
+        self._copy_position(sampler)
+        return sampler
+
+    def data_loader(self, **options: Any) -> PlannedDataLoader:
+        """A ``DataLoader`` with this loader's batch plan, e.g. for worker processes.
+
+        ``options`` go to ``DataLoader`` (``num_workers``, ``collate_fn``, ...). Its
+        ``state_dict`` counts the batches the training loop received, not those the
+        workers fetched ahead. This loader's device transfer and ``collate_fn`` are not
+        used (the default ``collate_fn`` is :func:`~fastsab.collate_batch`): pass what
+        ``DataLoader`` needs.
+        """
+        return PlannedDataLoader(self.dataset, self.batch_sampler(), **options)
+
+    # -- iteration ----------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[T]:
+        return cast(Iterator[T], self._iterate(with_indices=False))
+
+    def iter_with_indices(self) -> Iterator[tuple[IndexArray, T]]:
+        """Iterate the next epoch as ``(indices, batch)`` pairs (indices: an int64 array)."""
+        return cast(Iterator[tuple[IndexArray, T]], self._iterate(with_indices=True))
+
+    def _iterate(self, with_indices: bool) -> Generator[T | tuple[IndexArray, T], None, None]:
+        # NOTE: a generator, so the epoch is fixed at the first next(), not at iter(): a
+        # trainer may call iter() before set_epoch(), as DataLoader's lazy samplers allow.
+        stats = EpochStats(self.epoch)
+        epoch, stream = self._start_epoch(stats)
+        if self._chunked:
+            dataset: _ChunkedDataset = self.dataset  # type: ignore[assignment]  # checked in __init__
+            dataset.set_chunk_order(self.order.group_order(epoch))
+        self.stats = stats
+        self._pending = None
+        self.limit = self.planner.limit
+        for segment in self._history:  # lowered in earlier stretches, then before the resumed position
+            for _, limit in segment.lowered:
+                self.limit = limit
+        for position, limit in stream.lowered:
+            if position <= stream.skip:
+                self.limit = limit
+        depth = self.prefetch
+        if depth is None:  # in-memory gathers are cheaper than a thread hand-off
+            depth = 0 if self.fetcher.kind == "gather" else 2
+        next_stream: Stream | None = stream
+        while next_stream is not None:
+            produced = self._produce(next_stream)
+            source = produced if depth == 0 else prefetched(produced, depth)
+            next_stream = yield from self._consume(next_stream, source, stats, with_indices)
+        self._epoch_done(stats)
+
+    def _consume(
+        self, stream: Stream, source: Generator[tuple[IndexArray, T], None, None], stats: EpochStats, with_indices: bool
+    ) -> Generator[T | tuple[IndexArray, T], None, Stream | None]:
+        """Yield the batches of ``source`` (from ``stream``); ``stream`` again if the limit was lowered.
+
+        A lowering applies right after the batch last handed out (or, to retry, in its
+        place): the batches ``source`` prepared ahead under the old limit are planned again.
+        """
+        lowering = None
+        try:
+            for ids, batch in source:
+                stats.num_batches += 1
+                stats.num_items += len(ids)
+                self._step_done()
+                self._handed_out, self._rewound = len(ids), False
+                yield (ids, batch) if with_indices else batch
+                if self._pending is not None:  # (read without the lock: the common case is none)
+                    lowering = self._take_pending()
+                    if lowering is not None:
+                        break
+                if self._progress is not None:
+                    stream.release(self._progress[1] - 1)  # a retry may take back the batch handed out
+        finally:
+            source.close()  # joins a prefetch thread
+        if lowering is None:
+            return None
+        limit, retry = lowering
+        if retry:
+            stats.num_batches -= 1
+            stats.num_items -= self._handed_out
+            self._rewound = True
+            self._rewind()
+        position = self._progress[1] if self._progress is not None else 0
+        stream.lower(position, limit)
+        stats.limit_changes.append((stats.num_batches, self.limit, limit))
+        self.limit = limit
+        return stream
+
+    def _take_pending(self, keep: bool = False) -> tuple[Limit, bool] | None:
+        """The lowering asked for since the last batch (kept with ``keep``), unless it changes nothing."""
+        with self._pending_lock:
+            pending = self._pending
+            if not keep:
+                self._pending = None
+        if pending is None or (not pending[1] and _same_limit(pending[0], self.limit)):
+            return None
+        return pending
+
+    def _pending_lowering(self) -> tuple[int, Limit] | None:
+        pending = self._take_pending(keep=True)
+        if pending is None or self._progress is None:
+            return None
+        return self._progress[1] - (1 if pending[1] else 0), pending[0]
+
+    def _produce(self, stream: Stream) -> Generator[tuple[IndexArray, T], None, None]:
+        for chunk in stream:
+            yield from self.maker.batches(chunk.ids, chunk.offsets)
+
+    # -- adapting to out-of-memory errors -------------------------------------------------
+
+    def fetch(self, indices: IndexArray | Sequence[int]) -> T:
+        """The batch for ``indices``, made like the loader's own batches (fetched, collated, moved)."""
+        return self.maker(np.asarray(indices, dtype=np.int64))
+
+    def lower_limit(self, limit: LimitLike) -> None:
+        """Use a smaller limit (batch size, or cap per column) for the rest of this epoch.
+
+        Applies from the next batch on (batches prefetched under the old limit are planned
+        again): the items not yet handed out are planned again, so no sample is lost or
+        repeated; items above the new limit get batches of their own. It may be called from
+        another thread (a memory monitor) or from the dataset: a batch being fetched is
+        handed out whole, and the lowering applies after it. A limit equal to the
+        one in force changes nothing. Recorded in ``stats.limit_changes`` and in the state;
+        the next epoch starts from the configured limit again.
+
+        Raises:
+            ValueError: If ``limit`` is not a valid batch size or caps, exceeds the
+                configured limit, or this is one of several ranks.
+            RuntimeError: If no batch of an epoch is being iterated.
+        """
+        self._ask_lowering(self._checked_lowering(limit), retry=False)
+
+    def retry_last_batch(self, limit: LimitLike) -> None:
+        """Plan the batch last yielded again, with everything after it, under ``limit``.
+
+        For a batch that failed (ran out of memory): it is no longer counted as done, and
+        the next batches are its parts under the smaller limit, then the rest of the epoch.
+        A state taken in between resumes exactly. :func:`fastsab.adaptive.run` uses it.
+
+        Raises:
+            ValueError: As :meth:`lower_limit`.
+            RuntimeError: If no batch of an epoch is being iterated.
+        """
+        self._ask_lowering(self._checked_lowering(limit), retry=True)
+
+    def _ask_lowering(self, limit: Limit, retry: bool) -> None:
+        with self._pending_lock:
+            pending = self._pending
+            # a batch is retried once, however often it is asked; a later lowering keeps the retry
+            retry = (retry and not self._rewound) or (pending is not None and pending[1])
+            self._pending = (limit, retry)
+
+    def _checked_lowering(self, limit: LimitLike) -> Limit:
+        checked: Limit = self.check_lowered_limit(limit)
+        if self.world_size > 1:
+            raise ValueError(
+                f"cannot lower the limit to {limit!r} on rank {self.rank} of {self.world_size}: the ranks would run "
+                "different numbers of steps and data-parallel training would hang."
+            )
+        if self.position is None:
+            raise RuntimeError("lowering the limit needs an epoch being iterated (after its first batch).")
+        return checked
+
+    def split_indices(self, indices: IndexArray | Sequence[int], limit: LimitLike) -> list[IndexArray]:
+        """Split a batch's ``indices`` in order into batches within ``limit`` (greedy)."""
+        planner: Any = self.planner  # NOTE: each planner takes its own kind of limit, checked first
+        parts: list[IndexArray] = planner.split(np.asarray(indices, dtype=np.int64), planner.check_limit(limit))
+        return parts
+
+    def smaller_limit(self, indices: IndexArray | Sequence[int], factor: float) -> Limit:
+        """The limit under which the batch ``indices`` splits into about ``factor`` parts."""
+        planner: Any = self.planner  # NOTE: self.limit is of the planner's kind
+        limit: Limit = planner.smaller_limit(np.asarray(indices, dtype=np.int64), self.limit, factor)
+        return limit
+
+
+def _same_limit(a: Limit | None, b: Limit | None) -> bool:
+    return bool(np.array_equal(np.asarray(a), np.asarray(b)))

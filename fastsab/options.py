@@ -1,0 +1,103 @@
+"""What a loader is given besides its dataset and batching rule: :class:`LoaderOptions`.
+
+Both loaders take the same thirteen options, as keywords of their constructors; a loader
+keeps them, as given, in ``loader.options``. The limit types name what a batch size or caps
+(:meth:`~fastsab.FastLoader.lower_limit`) may be.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from fastsab.distributed import EvenBatches
+
+__all__ = ["DEFAULT_CHUNK_BYTES", "Limit", "LimitLike", "LoaderOptions"]
+
+#: Default bound on the bytes gathered at once from an in-memory tensor dataset.
+DEFAULT_CHUNK_BYTES = 64 * 2**20
+
+#: A limit as a loader applies it: a batch size (:class:`~fastsab.FastLoader`) or the caps of
+#: the cost columns (:class:`~fastsab.FastSizeAwareLoader`).
+Limit = int | list[float]
+
+#: A limit as it may be given: a batch size, one cap, or a sequence or array of caps.
+LimitLike = int | float | Sequence[int | float] | np.ndarray
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoaderOptions:
+    """The options :class:`~fastsab.FastLoader` and :class:`~fastsab.FastSizeAwareLoader` share.
+
+    The loaders take them as keywords; ``loader.options`` holds them as given, so that a
+    loader like another one is ``FastLoader(other_data, 8, **loader.options.keywords())``.
+    ``prefetch`` is checked here, the other values by the parts of a loader that use them
+    when it is made (with the same messages).
+
+    Attributes:
+        shuffle: Shuffle every epoch (grouped permutation); otherwise sequential order.
+        seed: Seed of the epoch orders: the order depends only on ``(seed, epoch)``.
+        group_size: Items per shuffle group, the unit of planning and of in-memory gathers;
+            by default 2**16, or the chunks of a chunked dataset such as
+            :class:`~fastsab.OutOfCoreDataset` (then read once per epoch each).
+        collate_fn: Applied to what is fetched for a batch (see :mod:`fastsab.fetch`).
+        device: Move each batch (pytree) there; ``None`` leaves batches where they are.
+        pin_memory: Pin host memory before copying to an accelerator (ignored, with a
+            warning, where none is available).
+        non_blocking: Asynchronous host-to-device copies.
+        prefetch: Batches a background thread prepares ahead; ``None`` chooses 0 for
+            in-memory tensor data and 2 for datasets that fetch.
+        chunk_bytes: Largest in-memory gather of one shuffle group; bigger groups are
+            gathered batch by batch.
+        rank, world_size: This process's share of the epoch; default from
+            ``torch.distributed`` when it is initialized, else one process. Every rank
+            plans the same global batches and runs the same number of steps.
+        even_batches: ``"pad"`` (fill the last step with repeats of the first batches) or
+            ``"drop"`` (leave the surplus batches out); counted in ``stats``.
+        balance: Deal batches of similar cost to the ranks at each step (see
+            :mod:`fastsab.distributed`); ``stats.spread_before``/``spread_after`` report it.
+
+    Examples:
+        >>> options = LoaderOptions(shuffle=False, prefetch=2)
+        >>> options.shuffle, options.seed, options.prefetch
+        (False, 0, 2)
+        >>> sorted(options.keywords())[:3]
+        ['balance', 'chunk_bytes', 'collate_fn']
+    """
+
+    shuffle: bool = True
+    seed: int = 0
+    group_size: int | None = None
+    collate_fn: Callable[[Any], Any] | None = None
+    device: str | torch.device | None = None
+    pin_memory: bool = False
+    non_blocking: bool = True
+    prefetch: int | None = None
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES
+    rank: int | None = None
+    world_size: int | None = None
+    even_batches: EvenBatches = "pad"
+    balance: bool = True
+
+    def __post_init__(self) -> None:
+        prefetch = self.prefetch
+        if prefetch is not None and (isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0):
+            raise ValueError(f"prefetch must be None or a non-negative integer, got {prefetch!r}.")
+
+    @classmethod
+    def pick(cls, arguments: Mapping[str, object]) -> LoaderOptions:
+        """The options among a constructor's ``arguments`` (its other arguments are left out).
+
+        Raises:
+            ValueError: If ``prefetch`` is not None or a non-negative integer.
+        """
+        return cls(**{field.name: arguments[field.name] for field in dataclasses.fields(cls)})  # type: ignore[arg-type]
+
+    def keywords(self) -> dict[str, Any]:
+        """The options as keyword arguments of a loader (the values themselves, not copies)."""
+        return {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}

@@ -1,0 +1,84 @@
+"""Preparing items ahead in a background thread: :func:`prefetched`.
+
+A loader with ``prefetch=k`` makes its batches (planning, fetching, collating, moving) in one
+thread, ``k`` batches ahead of the training loop, so that reading the next batch overlaps
+the work on the current one.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Generator
+from typing import Literal, TypeVar, Union
+
+__all__ = ["prefetched"]
+
+T = TypeVar("T")
+
+# What the thread sends: an item, the end, or the error that stopped it.
+_Message = Union[tuple[Literal["item"], T], tuple[Literal["end"], None], tuple[Literal["error"], BaseException]]  # noqa: UP007
+
+
+def prefetched(source: Generator[T, None, None], depth: int) -> Generator[T, None, None]:
+    """Run ``source`` in a background thread, ``depth`` items ahead of the consumer.
+
+    Errors in the thread are raised in the consumer. When the consumer stops early
+    (``break``, an exception, ``close()``, garbage collection), the thread is told to stop,
+    the queue is drained so that it cannot block, ``source`` is closed and the thread is
+    joined: no thread outlives the loop.
+
+    Args:
+        source: The items, made in the thread.
+        depth: How many items may wait for the consumer (at least 1).
+
+    Examples:
+        >>> list(prefetched((i * i for i in range(4)), depth=2))
+        [0, 1, 4, 9]
+    """
+    items: queue.Queue[_Message[T]] = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def put(message: _Message[T]) -> bool:
+        while not stop.is_set():
+            try:
+                items.put(message, timeout=0.05)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def produce() -> None:
+        try:
+            for item in source:
+                if not put(("item", item)):
+                    return
+            put(("end", None))
+        except BaseException as err:  # forwarded to the consumer, which re-raises it
+            put(("error", err))
+        finally:
+            source.close()
+
+    thread = threading.Thread(target=produce, name="fastsab-prefetch", daemon=True)
+    thread.start()
+    try:
+        while True:
+            message = items.get()
+            if message[0] == "item":
+                yield message[1]
+            elif message[0] == "end":
+                return
+            else:
+                raise message[1]
+    finally:
+        stop.set()
+        _drain(items)
+        thread.join()
+
+
+def _drain(items: queue.Queue[_Message[T]]) -> None:
+    while True:
+        try:
+            items.get_nowait()
+        except queue.Empty:
+            return
