@@ -185,6 +185,10 @@ class Subject:
     def limit(self, inp: Inputs) -> Limit | None:
         return None
 
+    def outside(self, inp: Inputs) -> set[int]:
+        """Indices left out for another reason than the cap (a bucket sampler's outside its buckets)."""
+        return set()
+
     def __repr__(self) -> str:
         return self.name
 
@@ -374,6 +378,9 @@ class BucketSubject(Subject):
         for base in obj.base_batch_samplers:
             outside += list(getattr(base, "skipped", []))
         return Report(skipped=outside)
+
+    def outside(self, inp: Inputs) -> set[int]:
+        return {i for i, size in enumerate(inp.sizes) if not BOUNDARIES[0] <= size < BOUNDARIES[-1]}
 
     def limit(self, inp: Inputs) -> Limit:
         if self.base == "BatchSampler":
