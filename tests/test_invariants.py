@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 import torch
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from tests.invariants_factories import MAX_N, Inputs, Report, Subject, applicable, flat, inputs
@@ -36,7 +36,7 @@ pytestmark = [
 # deadline catches a batcher that slows down by orders of magnitude (a hang is caught by
 # pytest-timeout).
 FEW = settings(
-    max_examples=12,
+    max_examples=10,
     deadline=5000,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.differing_executors],
 )
@@ -114,12 +114,33 @@ def saved_after(subject: Subject, inp: Inputs, steps: int, world: int | None = N
     return round_trip(states[0])
 
 
+#: The edge cases every property runs besides the drawn ones: no item, and one item above a cap of 0.
+EMPTY = Inputs(
+    sizes=(),
+    cap=0,
+    batch_size=1,
+    max_batch_size=None,
+    oversize="skip",
+    drop_last=True,
+    shuffle=True,
+    seed=0,
+    epoch=0,
+    group_size=None,
+    world_size=2,
+    even_batches="pad",
+    balance=True,
+)
+ONE = replace(EMPTY, sizes=(3,), world_size=3, oversize="own_batch", drop_last=False)
+
+
 # -- the invariants -------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("subject", applicable())
 @FEW
 @given(inp=inputs())
+@example(inp=EMPTY)
+@example(inp=ONE)
 def test_every_index_exactly_once(subject: Subject, inp: Inputs) -> None:
     assume(subject.accepts(inp))
     ranks = subject.ranks(inp)
@@ -155,6 +176,8 @@ def test_len_is_the_number_of_batches(subject: Subject, inp: Inputs, other: int)
 @pytest.mark.parametrize("subject", applicable())
 @FEW
 @given(inp=inputs())
+@example(inp=EMPTY)
+@example(inp=ONE)
 def test_same_seed_and_epoch_same_batches(subject: Subject, inp: Inputs) -> None:
     assume(subject.accepts(inp))
     first, second = subject.ranks(inp), subject.ranks(inp)
@@ -209,6 +232,8 @@ def test_another_epoch_another_order_same_items(subject: Subject) -> None:
 @pytest.mark.parametrize("subject", applicable("pickle"))
 @FEW
 @given(inp=inputs())
+@example(inp=EMPTY)
+@example(inp=ONE)
 def test_pickled_copy_yields_the_same_batches(subject: Subject, inp: Inputs) -> None:
     assume(subject.accepts(inp))
     epochs = "epochs" not in subject.lacks
@@ -255,6 +280,8 @@ def test_pickled_after_iterating_keeps_the_position(subject: Subject, inp: Input
 @pytest.mark.parametrize("subject", applicable("state"))
 @FEW
 @given(inp=inputs())
+@example(inp=EMPTY)
+@example(inp=ONE)
 def test_state_restores_exactly_the_rest(subject: Subject, inp: Inputs) -> None:
     assume(subject.accepts(inp))
     whole = subject.ranks(inp)
@@ -393,6 +420,8 @@ def check_caps(subject: Subject, inp: Inputs, ranks: list[Any], batches: list[li
 @pytest.mark.parametrize("subject", applicable("limit"))
 @FEW
 @given(inp=inputs())
+@example(inp=EMPTY)
+@example(inp=ONE)
 def test_batches_respect_the_cap(subject: Subject, inp: Inputs) -> None:
     assume(subject.accepts(inp))
     ranks = subject.ranks(inp)
