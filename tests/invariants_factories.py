@@ -45,18 +45,18 @@ class Inputs:
     """One drawn configuration: what every subject needs, each taking the options it has."""
 
     sizes: tuple[int, ...]
-    cap: int
-    batch_size: int
-    max_batch_size: int | None
-    oversize: str
-    drop_last: bool
-    shuffle: bool
-    seed: int
-    epoch: int
-    group_size: int | None
-    world_size: int
-    even_batches: str
-    balance: bool
+    cap: int = 0
+    batch_size: int = 1
+    max_batch_size: int | None = None
+    oversize: str = "skip"
+    drop_last: bool = False
+    shuffle: bool = True
+    seed: int = 0
+    epoch: int = 0
+    group_size: int | None = None
+    world_size: int = 1
+    even_batches: str = "pad"
+    balance: bool = True
 
     @property
     def n(self) -> int:
@@ -193,6 +193,18 @@ class Subject:
         return self.name
 
 
+def loader_options(inp: Inputs, rank: int, world: int) -> dict[str, Any]:
+    """The options the loaders (and the Lightning module, for its loaders) take from ``inp``, but the seed."""
+    return {
+        "shuffle": inp.shuffle,
+        "group_size": inp.group_size,
+        "rank": rank,
+        "world_size": world,
+        "even_batches": inp.even_batches,
+        "balance": inp.balance,
+    }
+
+
 class LoaderSubject(Subject):
     """``FastLoader`` / ``FastSizeAwareLoader`` itself, its ``batch_sampler()`` or its ``data_loader()``."""
 
@@ -205,15 +217,7 @@ class LoaderSubject(Subject):
         self.name = label if view == "loader" else f"{label}.{view}()"
 
     def loader(self, inp: Inputs, rank: int, world: int) -> FastLoader | FastSizeAwareLoader:
-        common: dict[str, Any] = {
-            "shuffle": inp.shuffle,
-            "seed": inp.seed,
-            "group_size": inp.group_size,
-            "rank": rank,
-            "world_size": world,
-            "even_batches": inp.even_batches,
-            "balance": inp.balance,
-        }
+        common = {"seed": inp.seed, **loader_options(inp, rank, world)}
         data = torch.arange(inp.n)
         if self.kind == "fixed":
             return FastLoader(data, inp.batch_size, drop_last=inp.drop_last, **common)
@@ -267,14 +271,7 @@ class LightningSubject(Subject):
     def make(self, inp: Inputs, rank: int, world: int) -> Any:
         from fastsab.integrations.lightning import FastDataModule
 
-        options: dict[str, Any] = {
-            "shuffle": inp.shuffle,
-            "group_size": inp.group_size,
-            "rank": rank,
-            "world_size": world,
-            "even_batches": inp.even_batches,
-            "balance": inp.balance,
-        }
+        options = loader_options(inp, rank, world)
         data = torch.arange(inp.n)
         if self.kind == "fixed":
             module = FastDataModule(train=data, batch_size=inp.batch_size, seed=inp.seed, **options)
