@@ -37,7 +37,7 @@ pytestmark = [
 # deadline catches a batcher that slows down by orders of magnitude (a hang is caught by
 # pytest-timeout).
 FEW = settings(
-    max_examples=10,
+    max_examples=8,
     deadline=5000,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.differing_executors],
 )
