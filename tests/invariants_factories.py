@@ -3,7 +3,7 @@
 A :class:`Subject` builds one rank of a loader or sampler from drawn :class:`Inputs` (per-item
 sizes, a cap, the options), iterates it as lists of dataset indices, and reads back what it
 reports left out (skipped, dropped) or repeated (padded). Each subject says which invariants
-apply to it; :data:`NOT_APPLICABLE` gives the reason where one does not. The data of every
+apply to it; its ``lacks`` gives the reason where one does not. The data of every
 subject is ``torch.arange(n)`` (or samples that are their own index), so a batch's content is
 its indices.
 """
@@ -137,11 +137,13 @@ class Subject:
     Attributes:
         name: The test id.
         ranked: It takes ``rank`` and ``world_size`` (else one process).
+        shuffles: ``shuffle=True`` gives each epoch (or pass) another order; a stream keeps its input's.
         lacks: Capability -> why the matching invariant does not apply to this kind.
     """
 
     name = ""
     ranked = False
+    shuffles = True  # with ``shuffle=True`` its epochs (or passes) come in different orders
     lacks: dict[str, str]
 
     def accepts(self, inp: Inputs) -> bool:
@@ -408,6 +410,8 @@ class Streamed:
 class StreamingSubject(Subject):
     """``size_aware_batching`` and the WebDataset stage ``size_aware_batched`` over ``range(n)``."""
 
+    shuffles = False
+
     def __init__(self, form: str) -> None:
         self.form = form
         self.name = form
@@ -445,12 +449,11 @@ def write_shard(path: str, n: int) -> None:
             tar.addfile(info, io.BytesIO(payload))
 
 
-class WebDataSubject(Subject):
+class WebDataSubject(StreamingSubject):
     """``WebDataModule``'s validation split over a tar shard, batched by ``size_aware_batched``."""
 
-    name = "WebDataModule[val]"
-
     def __init__(self) -> None:
+        super().__init__("WebDataModule[val]")
         self._directories: list[tempfile.TemporaryDirectory[str]] = []
 
     def make(self, inp: Inputs, rank: int, world: int) -> Streamed:
@@ -460,17 +463,13 @@ class WebDataSubject(Subject):
         self._directories.append(directory)  # NOTE: removed with the subject, at the end of the session
         write_shard(f"{directory.name}/wdshards-000000.tar", inp.n)
         streamed = Streamed(lambda warn: iter(module.val_dataloader()))
-        stage = size_aware_batched(list(inp.sizes).__getitem__, inp.cap, warn_logger=streamed.warn)
+        stage = size_aware_batched(
+            list(inp.sizes).__getitem__, inp.cap, max_batch_size=inp.max_batch_size, warn_logger=streamed.warn
+        )
         module = WebDataModule(
             {"val": directory.name}, {"val": inp.n}, "index.cls", 1, pipeline_prebatch_wld={"val": stage}
         )
         return streamed
-
-    def report(self, obj: Any) -> Report:
-        return Report(skipped=list(obj.skipped))
-
-    def limit(self, inp: Inputs) -> Limit:
-        return Limit("sum", inp.cap)
 
 
 def _has(module: str) -> bool:
