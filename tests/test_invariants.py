@@ -25,7 +25,7 @@ import torch
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
-from tests.invariants_factories import MAX_N, Inputs, Report, Subject, applicable, flat, inputs
+from tests.invariants_factories import MAX_N, Inputs, LoaderSubject, Report, Subject, applicable, flat, inputs
 from tests.reference import batch_cost
 
 pytestmark = [
@@ -281,7 +281,8 @@ def test_state_restores_exactly_the_rest(subject: Subject, inp: Inputs) -> None:
 
 
 #: Three items of size 0, one per batch, on two ranks: the second step of rank 1 repeats item 0.
-PADDED = Inputs(sizes=(0, 0, 0), shuffle=False, world_size=2)
+#: Three items, one per batch, on two ranks: the second step of rank 1 repeats item 0.
+PADDED = Inputs(sizes=(1, 1, 1), cap=1, shuffle=False, world_size=2)
 
 PADDED_AFTER_RESUME = (
     "a resumed epoch (load_state_dict) yields the padded repeats of its last step but its stats.padded stays "
@@ -290,20 +291,33 @@ PADDED_AFTER_RESUME = (
 )
 
 
-@pytest.mark.parametrize("subject", applicable("state"))
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=PADDED_AFTER_RESUME)
-def test_resumed_epoch_reports_its_padded_repeats(subject: Subject) -> None:
-    whole = subject.ranks(PADDED)
-    full = run_ranks(subject, whole, 0)
-    assert epoch_report(subject, whole).padded == [0]  # the uninterrupted epoch reports the repeat
-    state = saved_after(subject, PADDED, 1)
-    fresh = subject.ranks(PADDED)
+def resume_once(subject: Subject, inp: Inputs, steps: int, world: int) -> tuple[Any, Report, Any, Report]:
+    """The uninterrupted epoch and its report; the rest after a resume on ``world`` ranks, and its report."""
+    whole = subject.ranks(inp)
+    full = run_ranks(subject, whole, inp.epoch)
+    state = saved_after(subject, inp, steps)
+    fresh = subject.ranks(inp, world)
     for obj in fresh:
         subject.load_state_dict(obj, state)
     rest = run_ranks(subject, fresh)
+    return full, epoch_report(subject, whole), rest, epoch_report(subject, fresh)
+
+
+@pytest.mark.parametrize("subject", applicable("state"))
+def test_padded_example_resumes_with_the_rest(subject: Subject) -> None:
+    full, report, rest, _ = resume_once(subject, PADDED, 1, 2)
+    # invariant: the uninterrupted epoch reports its repeat; the resumed one yields the rest
+    assert full == [[[2], [1]], [[0], [0]]] and report.padded == [0]
     assert rest == [batches[1:] for batches in full]
+
+
+@pytest.mark.parametrize("subject", applicable("state"))
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=PADDED_AFTER_RESUME)
+def test_resumed_epoch_reports_its_padded_repeats(subject: Subject) -> None:
+    _, _, _, resumed = resume_once(subject, PADDED, 1, 2)
     # invariant: a resumed epoch reports the repeats it yields, as an uninterrupted one does
-    assert epoch_report(subject, fresh).padded == [0]
+    # (the yields are checked by test_padded_example_resumes_with_the_rest)
+    assert resumed.padded == [0]
 
 
 @pytest.mark.parametrize("subject", applicable("world_change"))
@@ -349,25 +363,32 @@ SKIPPED_AFTER_WORLD_CHANGE = (
     "group_size=2) saved after 2 of its 4 batches and loaded on 2 ranks has stats.skipped == [] and "
     "num_skipped == 0 (item 1 is skipped; a resume on 1 rank reports [1])"
 )
+#: Item 1 is skipped; the first two batches use up the first shuffle group.
+SKIPPING = Inputs(sizes=(0, 5, 1, 1, 1, 1), cap=1, shuffle=False, group_size=2)
 
 
 def _sized_world_change_params() -> list[Any]:
-    return [param for param in applicable("world_change") if "SizeAware" in str(param.id)]
+    """The size-aware loaders and their views (a fixed-size epoch skips nothing)."""
+    sized = [p for p in applicable("world_change") if isinstance(p.values[0], LoaderSubject)]
+    return [p for p in sized if p.values[0].kind == "sized"]
+
+
+@pytest.mark.parametrize("subject", _sized_world_change_params())
+def test_skipping_example_resumes_with_the_rest(subject: Subject) -> None:
+    full, report, rest, _ = resume_once(subject, SKIPPING, 2, 2)
+    # invariant: the uninterrupted epoch reports item 1 skipped; the resumed one runs the rest
+    # (a batch may repeat to fill the last step of the two ranks)
+    assert report.skipped == [1]
+    assert set(flat(flat(rest))) == set(flat(full[0][2:]))
 
 
 @pytest.mark.parametrize("subject", _sized_world_change_params())
 @pytest.mark.xfail(strict=True, raises=AssertionError, reason=SKIPPED_AFTER_WORLD_CHANGE)
 def test_resume_on_another_world_size_reports_the_skipped(subject: Subject) -> None:
-    inp = Inputs(sizes=(0, 5, 1, 1, 1, 1), cap=1, shuffle=False, group_size=2)
-    whole = subject.ranks(inp)
-    assert len(run_ranks(subject, whole, 0)[0]) >= 3 and epoch_report(subject, whole).skipped == [1]
-    state = saved_after(subject, inp, 2)
-    fresh = subject.ranks(inp, 2)
-    for obj in fresh:
-        subject.load_state_dict(obj, state)
-    run_ranks(subject, fresh)
+    _, _, _, resumed = resume_once(subject, SKIPPING, 2, 2)
     # invariant: a resumed epoch reports the items the epoch skips, whatever the world size
-    assert epoch_report(subject, fresh).skipped == [1]
+    # (the yields are checked by test_skipping_example_resumes_with_the_rest)
+    assert resumed.skipped == [1]
 
 
 def _at_epoch(subject: Subject, ranks: list[Any], epoch: int) -> list[Any]:
