@@ -34,6 +34,9 @@ __all__ = ["BatchCost", "CostMode", "CostSource", "make_cost_source"]
 CostMode = Literal["sum", "padded"]
 Caps = list[int | float]
 
+#: A loader's limit: a batch size (fixed-size batching) or caps (size-aware batching).
+Limit = int | Caps
+
 
 class BatchCost:
     """Caps on a batch's cost and how that cost is counted.

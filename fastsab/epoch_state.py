@@ -14,6 +14,7 @@ from numbers import Integral, Real
 from typing import Any, TypeAlias
 
 from fastsab._checks import check_choice
+from fastsab.costs import Limit
 from fastsab.distributed import EvenBatches
 
 __all__ = ["MAX_WORLD_SIZE", "STATE_FORMAT", "Limit", "Lowered", "Segment", "check_steps", "lowered_at", "parse_state"]
@@ -24,7 +25,6 @@ STATE_FORMAT = "fastsab.epoch-state/2"
 MAX_WORLD_SIZE = 2**24
 
 #: A batch size, or one cap per cost column (or one for all).
-Limit: TypeAlias = int | float | list[int | float]
 
 #: ``(position, limit)`` records: from the ``position``-th batch of a stream on, ``limit`` applied.
 Lowered: TypeAlias = list[tuple[int, Limit]]

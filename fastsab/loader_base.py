@@ -170,13 +170,7 @@ class LoaderBase(EpochCursor, Generic[T], metaclass=TakesDataLoaderKeywords):
             dataset.set_chunk_order(self.order.group_order(epoch))
         self.stats = stats
         self._pending = None
-        self.limit = self.planner.limit
-        for segment in self._history:  # lowered in earlier stretches, then before the resumed position
-            for _, limit in segment.lowered:
-                self.limit = limit
-        for position, limit in stream.lowered:
-            if position <= stream.skip:
-                self.limit = limit
+        self.limit = self.start_limit()
         depth = self.prefetch
         if depth is None:  # in-memory gathers are cheaper than a thread hand-off
             depth = 0 if self.fetcher.kind == "gather" else 2

@@ -15,16 +15,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from fastsab.costs import Limit
 from fastsab.distributed import EvenBatches
 
 __all__ = ["DEFAULT_CHUNK_BYTES", "Limit", "LimitLike", "LoaderOptions"]
 
 #: Default bound on the bytes gathered at once from an in-memory tensor dataset.
 DEFAULT_CHUNK_BYTES = 64 * 2**20
-
-#: A limit as a loader applies it: a batch size (:class:`~fastsab.FastLoader`) or the caps of
-#: the cost columns (:class:`~fastsab.FastSizeAwareLoader`).
-Limit = int | list[float]
 
 #: A limit as it may be given: a batch size, one cap, or a sequence or array of caps.
 LimitLike = int | float | Sequence[int | float] | np.ndarray
