@@ -231,7 +231,6 @@ PICKLE_AFTER_ITERATING = (
 
 
 @pytest.mark.parametrize("subject", applicable("state"))
-@pytest.mark.xfail(strict=True, raises=TypeError, reason=PICKLE_AFTER_ITERATING)
 @FEW
 @given(inp=inputs(), data=st.data())
 def test_pickled_after_iterating_keeps_the_position(subject: Subject, inp: Inputs, data: Any) -> None:
