@@ -523,7 +523,6 @@ WORKER_STATE_BEFORE_FIRST_BATCH = (
 )
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=WORKER_STATE_BEFORE_FIRST_BATCH)
 def test_data_loader_state_before_the_first_batch_with_a_worker_process() -> None:
     from fastsab import FastLoader
 
