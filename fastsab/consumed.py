@@ -19,9 +19,9 @@ __all__ = ["ConsumedCount"]
 class ConsumedCount:
     """The ``(epoch, steps)`` a consumer received of the epoch ``cursor`` hands out.
 
-    Call :meth:`started` when the first batch of an iteration arrives (the cursor has
-    started its epoch by then), :meth:`received` for each batch consumed and :meth:`ended`
-    when the iteration ran to its end.
+    Call :meth:`started` once the cursor has started the epoch the consumer iterates (when
+    it starts it, or at the latest when the first batch arrives), :meth:`received` for each
+    batch consumed and :meth:`ended` when the iteration ran to its end.
 
     Examples:
         >>> import torch

@@ -28,6 +28,7 @@ from fastsab._checks import check_choice, check_nonnegative_int
 from fastsab.distributed import EvenBatches, StepAssignment
 from fastsab.epoch_state import STATE_FORMAT, Limit, Segment, lowered_at, parse_state
 from fastsab.epochs import EpochStats
+from fastsab.plans import PlanChunk
 from fastsab.plans import Planner as _Planner
 from fastsab.shares import EpochShares
 from fastsab.stream import Stream
@@ -75,6 +76,28 @@ class _Run:
     history: list[Segment]
     segment: Segment
     stream: Stream
+
+    def __getstate__(self) -> dict[str, Any]:
+        """The run with its stream's record (skipped batches, lowerings) but not its plan.
+
+        A copy (``pickle``, ``copy.deepcopy``) of a cursor keeps where the epoch stands, not
+        the iteration itself: the plan is a generator, which does not pickle. The copy's next
+        iteration starts an epoch of its own, as the original's does.
+        """
+        state = self.__dict__.copy()
+        stream: Stream = state["stream"]
+        state["stream"] = Stream(_PlanCopied(), skip=stream.skip, lowered=stream.lowered)
+        return state
+
+
+class _PlanCopied:
+    """The plan of a copied run: nothing more to hand out (the original's iteration is not copied)."""
+
+    def __next__(self) -> PlanChunk:
+        raise StopIteration
+
+    def lower(self, pending: np.ndarray, limit: Limit) -> None:
+        """Nothing to plan again: a copied stream has returned no chunk, so ``pending`` is empty."""
 
 
 class EpochCursor:

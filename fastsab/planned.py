@@ -46,13 +46,17 @@ class PlannedBatchSampler(EpochCursor, Sampler[list[int]]):
     ) -> None:
         self._init_cursor(planner, rank, world_size, even_batches, balance, epoch)
         self._ahead = False  # iterated by a DataLoader whose workers fetch ahead
-        self._counted_by: object | None = None  # the PlannedDataLoader that counts received batches
+        self._counted_by: ConsumedCount | None = None  # a PlannedDataLoader's count of the batches received
         self.stats: EpochStats | None = None
 
     def __iter__(self) -> Iterator[list[int]]:
         self._ahead = self._counted_by is None and _called_by_worker_loader(sys._getframe(1))
         stats = EpochStats(self.epoch)
         _, stream = self._start_epoch(stats)
+        if self._counted_by is not None:
+            # NOTE: counted from here, not from the first batch received: worker processes start
+            # the epoch (and take batches ahead) when the loop calls iter(), before any batch arrives
+            self._counted_by.started()
         self.stats = stats
         for chunk in stream:
             for batch in chunk.batches():
@@ -109,17 +113,15 @@ class PlannedDataLoader(DataLoader):  # type: ignore[type-arg]
             )
         options.setdefault("collate_fn", collate_batch)
         super().__init__(dataset, batch_sampler=batch_sampler, **options)
-        batch_sampler._counted_by = self
         self.plan = batch_sampler
         self._received = ConsumedCount(batch_sampler)  # counted in batches this loader returned
+        batch_sampler._counted_by = self._received
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         return self._counted(super().__iter__())
 
     def _counted(self, batches: Iterator[Any]) -> Iterator[Any]:
-        for count, batch in enumerate(batches):
-            if count == 0:  # the sampler has started its epoch by the time a batch arrives
-                self._received.started()
+        for batch in batches:  # (the sampler starts the count when it starts its epoch)
             self._received.received()
             yield batch
         self._received.ended()

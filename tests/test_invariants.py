@@ -231,7 +231,6 @@ PICKLE_AFTER_ITERATING = (
 
 
 @pytest.mark.parametrize("subject", applicable("state"))
-@pytest.mark.xfail(strict=True, raises=TypeError, reason=PICKLE_AFTER_ITERATING)
 @FEW
 @given(inp=inputs(), data=st.data())
 def test_pickled_after_iterating_keeps_the_position(subject: Subject, inp: Inputs, data: Any) -> None:
@@ -524,7 +523,6 @@ WORKER_STATE_BEFORE_FIRST_BATCH = (
 )
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=WORKER_STATE_BEFORE_FIRST_BATCH)
 def test_data_loader_state_before_the_first_batch_with_a_worker_process() -> None:
     from fastsab import FastLoader
 

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import copy
 import dataclasses
 import inspect
 import pickle
@@ -345,6 +346,19 @@ def test_loaders_pickle_and_keep_their_plan():
     for name, loader in loaders(seed=3).items():
         clone = pickle.loads(pickle.dumps(loader))
         assert [batch_ids(b) for b in clone] == [batch_ids(b) for b in loader], name
+
+
+def test_a_copy_taken_mid_epoch_after_a_lowering_resumes_as_the_original():
+    loader = FastLoader(torch.arange(12), 4, shuffle=False)
+    batches = iter(loader)
+    next(batches)
+    loader.lower_limit(2)
+    next(batches)
+    clone = copy.deepcopy(loader)
+    assert clone.state_dict() == loader.state_dict()
+    resumed = FastLoader(torch.arange(12), 4, shuffle=False)
+    resumed.load_state_dict(pickle.loads(pickle.dumps(clone)).state_dict())
+    assert [b.tolist() for b in resumed] == [[6, 7], [8, 9], [10, 11]]
 
 
 def test_first_batch_of_a_huge_epoch_is_fast_and_small():
