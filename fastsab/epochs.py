@@ -49,7 +49,8 @@ class EpochStats:
         num_padded: Steps filled by repeating batches so that every rank runs the same
             number of steps (``even_batches="pad"`` under ``torch.distributed``), over all ranks.
         padded: The indices this rank yields a second time in the epoch: its share of those
-            repeated batches.
+            repeated batches. A resumed epoch reports, like ``skipped`` and ``dropped``, the
+            whole epoch's: all repeats of the ranks it runs on, also those run before the save.
         spread_before, spread_after: Mean per-step cost spread ``(max - min) / max`` across
             ranks with batches dealt in plan order, and with the balanced assignment.
     """

@@ -49,10 +49,12 @@ class EpochShares:
             return Stream(self._plan_after(epoch, history), skip=segment.steps, lowered=segment.lowered), None
         whole, assignment = self.dealt(epoch, history, segment)
         check_steps(segment, assignment.num_steps, epoch)
-        mine = assignment.batches[segment.steps :, self.rank]
-        padding = assignment.padding[segment.steps :, self.rank]
-        chunk = whole.select(mine)
-        padded = whole.select(mine[padding]).ids
+        mine = assignment.batches[:, self.rank]
+        chunk = whole.select(mine[segment.steps :])
+        # NOTE: the repeats of the whole stretch, also those run before the state was saved, as
+        # the epoch run without a break reports them (which of two equal slots is the repeat is
+        # the dealing's choice, so it may lie before the saved position)
+        padded = whole.select(mine[assignment.padding[:, self.rank]]).ids
         dropped = np.concatenate([whole.dropped, whole.select(assignment.dropped).ids])
         share = PlanChunk(chunk.ids, chunk.offsets, whole.skipped, dropped, padded)
         return Stream(ExplicitPlan(share, self.planner)), assignment

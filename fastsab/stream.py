@@ -73,7 +73,9 @@ class Stream:
                 self.plan.lower(chunk.ids[chunk.offsets[cut] :], limit)
                 chunk, end = chunk.head(cut), position
             self.position = end
-            if self.skip >= end:  # ran before the state was saved
+            if self.skip >= end and self.skip > start:  # ran before the state was saved
+                # NOTE: a chunk without batches at the stream's start is returned, not passed
+                # over: what it skipped is reported by those who read the chunks
                 continue
             if self.skip > start:
                 chunk, start = chunk.tail(self.skip - start), self.skip

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from fastsab.cost_sources import make_cost_source
 from fastsab.epochs import EpochOrder, EpochStats
-from fastsab.planners import FixedSizePlanner
+from fastsab.planners import FixedSizePlanner, SizeAwarePlanner
 from fastsab.stream import Stream
 
 
@@ -77,3 +78,11 @@ def test_the_stream_reports_what_the_chunks_it_skips_over_hold():
     stream.stats = EpochStats(0)
     assert stream.count() == 0
     assert stream.stats.dropped == [8, 9]
+
+
+def test_a_chunk_without_batches_at_the_start_is_returned_with_what_it_skipped():
+    # the first group is one oversize item: its chunk has no batch, only the item it skips
+    planner = SizeAwarePlanner(EpochOrder(3, shuffle=False, group_size=1), make_cost_source([5, 1, 1], 3), 1)
+    chunks = list(Stream(planner.chunks(0)))
+    assert chunks[0].skipped.tolist() == [0]
+    assert [batch.tolist() for chunk in chunks for batch in chunk.batches()] == [[1], [2]]
