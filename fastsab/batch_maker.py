@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from typing_extensions import TypeVar
 
+from fastsab._checks import check_nonnegative_int
 from fastsab.fetch import Fetcher
 from fastsab.pytree import tree_map_arrays
 from fastsab.transfer import Transfer
@@ -51,11 +52,9 @@ class BatchMaker(Generic[B]):
     """
 
     def __init__(self, fetcher: Fetcher, transfer: Transfer, chunk_bytes: int) -> None:
-        if isinstance(chunk_bytes, bool) or not isinstance(chunk_bytes, int) or chunk_bytes < 0:
-            raise ValueError(f"chunk_bytes must be a non-negative integer, got {chunk_bytes!r}.")
         self.fetcher = fetcher
         self.transfer = transfer
-        self.chunk_bytes = chunk_bytes
+        self.chunk_bytes = check_nonnegative_int("chunk_bytes", chunk_bytes)
 
     def __call__(self, indices: IndexArray | Sequence[int]) -> B:
         """The batch of ``indices``: fetched, collated and moved.

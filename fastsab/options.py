@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from fastsab._checks import check_nonnegative_int
 from fastsab.costs import Limit
 from fastsab.distributed import EvenBatches
 
@@ -82,9 +83,8 @@ class LoaderOptions:
     balance: bool = True
 
     def __post_init__(self) -> None:
-        prefetch = self.prefetch
-        if prefetch is not None and (isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0):
-            raise ValueError(f"prefetch must be None or a non-negative integer, got {prefetch!r}.")
+        if self.prefetch is not None:
+            check_nonnegative_int("prefetch", self.prefetch)
 
     @classmethod
     def pick(cls, arguments: Mapping[str, object]) -> LoaderOptions:

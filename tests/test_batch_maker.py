@@ -95,5 +95,5 @@ def test_a_chunk_too_large_for_chunk_bytes_is_gathered_batch_by_batch():
 
 
 def test_chunk_bytes_is_checked():
-    with pytest.raises(ValueError, match=r"chunk_bytes must be a non-negative integer, got 1.5\."):
+    with pytest.raises(TypeError, match=r"chunk_bytes must be an integer, got 1\.5 of type float\."):
         BatchMaker(Fetcher(torch.arange(3), None), Transfer(), 1.5)  # type: ignore[arg-type]

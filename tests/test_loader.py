@@ -413,7 +413,7 @@ def test_first_batch_of_a_huge_epoch_is_fast_and_small():
             TypeError,
             r"device must be None, a string or a torch.device",
         ),
-        (lambda: FastLoader(torch.arange(4), 2, prefetch=-1), ValueError, r"prefetch must be None or a non-negative"),
+        (lambda: FastLoader(torch.arange(4), 2, prefetch=-1), ValueError, r"prefetch must be a non-negative integer"),
         (lambda: FastLoader(torch.arange(4), 2, shuffle="yes"), TypeError, r"shuffle must be a bool, got 'yes'"),
         (lambda: FastLoader(torch.arange(4), 2, collate_fn=3), TypeError, r"collate_fn must be callable or None"),
         (lambda: FastLoader(object(), 2), TypeError, r"dataset must define __getitems__ or __getitem__"),

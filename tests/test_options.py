@@ -63,12 +63,19 @@ def test_options_are_frozen_and_keyword_only():
         LoaderOptions(shufle=True)  # type: ignore[call-arg]
 
 
-@pytest.mark.parametrize("prefetch", [-1, 1.5, True, "2"])
-def test_a_bad_prefetch_is_refused_by_the_options_and_the_loaders(prefetch):
-    message = rf"prefetch must be None or a non-negative integer, got {prefetch!r}"
-    with pytest.raises(ValueError, match=message):
+@pytest.mark.parametrize(
+    ("prefetch", "error", "message"),
+    [
+        (-1, ValueError, r"prefetch must be a non-negative integer, got -1\."),
+        (1.5, TypeError, r"prefetch must be an integer, got 1\.5 of type float\."),
+        (True, TypeError, r"prefetch must be an integer, got True of type bool\."),
+        ("2", TypeError, r"prefetch must be an integer, got '2' of type str\."),
+    ],
+)
+def test_a_bad_prefetch_is_refused_by_the_options_and_the_loaders(prefetch, error, message):
+    with pytest.raises(error, match=message):
         LoaderOptions(prefetch=prefetch)
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(error, match=message):
         FastLoader(torch.arange(4), 2, prefetch=prefetch)
 
 
