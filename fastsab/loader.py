@@ -86,8 +86,15 @@ class FastLoader(LoaderBase[T]):
     ) -> None:
         check_positive_int("batch_size", batch_size)
         super().__init__(dataset, LoaderOptions.pick(locals()))
-        self.batch_size = batch_size
+        self._batch_size = batch_size
         self._use_planner(FixedSizePlanner(self.order, batch_size, drop_last))
+
+    # NOTE: read-only, as in DataLoader: the epoch's plan is made from it, so a new value set
+    # afterwards would silently not apply
+    @property
+    def batch_size(self) -> int:
+        """Items per batch, as configured (a lowered limit is ``loader.limit``)."""
+        return self._batch_size
 
 
 class FastSizeAwareLoader(LoaderBase[T]):
@@ -147,7 +154,7 @@ class FastSizeAwareLoader(LoaderBase[T]):
         balance: bool = True,
     ) -> None:
         super().__init__(dataset, LoaderOptions.pick(locals()))
-        self.max_total_size = max_total_size
+        self._max_total_size = max_total_size
         costs = make_cost_source(sizeof, self.order.n, features)
         planner = SizeAwarePlanner(
             self.order,
@@ -159,3 +166,8 @@ class FastSizeAwareLoader(LoaderBase[T]):
             oversize=oversize,
         )
         self._use_planner(planner)
+
+    @property
+    def max_total_size(self) -> LimitLike:
+        """The cap (or caps) of a batch's cost, as given (a lowered limit is ``loader.limit``); read-only."""
+        return self._max_total_size

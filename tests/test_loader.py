@@ -703,3 +703,15 @@ def test_float_features_reach_a_callable_sizeof_of_their_own_dtype():
         torch.arange(2), lambda rows: seen.append(rows.dtype) or rows, 8, features=torch.ones(2).half()
     )
     assert len(half) == 1 and seen == [torch.float16]
+
+
+def test_the_configured_limit_cannot_be_reassigned():
+    # a new value would not reach the epoch's plan, so it is refused rather than ignored
+    loader = FastLoader(torch.arange(10), 4, shuffle=False)
+    with pytest.raises(AttributeError, match="batch_size"):
+        loader.batch_size = 2  # type: ignore[misc]
+    assert loader.batch_size == 4 and [len(b) for b in loader] == [4, 4, 2]
+    sized = FastSizeAwareLoader(torch.arange(4), [3] * 4, 12, shuffle=False)
+    with pytest.raises(AttributeError, match="max_total_size"):
+        sized.max_total_size = 3  # type: ignore[misc]
+    assert sized.max_total_size == 12 and [len(b) for b in sized] == [4]
