@@ -139,11 +139,6 @@ class Fetcher:
         return (self.collate_fn or collate_batch)(result)
 
 
-def _take(node: Any, pick: Callable[[Any], Any]) -> Any:
-    """``node`` with ``pick`` applied to its array leaves (the older name of ``tree_map_arrays``)."""
-    return tree_map_arrays(pick, node)
-
-
 def collate_batch(fetched: Any) -> Any:
     """Collate what a dataset returned for a batch: a list of samples, or a batch already.
 
