@@ -201,6 +201,10 @@ class EpochCursor:
         """``(position, limit)`` of a lowering asked for but not applied yet (none here)."""
         return None
 
+    def _step_open(self) -> bool:
+        """Whether the step last handed out still has parts to run (none here)."""
+        return False
+
     @property
     def position(self) -> tuple[int, int] | None:
         """``(epoch, steps handed out)`` while an epoch is being iterated, else ``None``.
@@ -282,6 +286,9 @@ class EpochCursor:
         run = self._run
         if run is not None and run.epoch == epoch and not self._resuming:
             lowered = list(run.stream.lowered)
+            if self._step_open() and self._progress is not None:
+                # NOTE: the parts of a split step run within it: the state resumes at its start
+                steps = min(steps, self._progress[1] - 1)
             pending = self._pending_lowering()
             if pending is not None:  # applied before the next batch: where a resume replays it
                 # NOTE: a retried batch is not done, whoever counted it

@@ -9,6 +9,7 @@ lowering the limit mid-epoch (the loader side of :func:`fastsab.adaptive.run`).
 from __future__ import annotations
 
 import threading
+import warnings
 from collections.abc import Generator, Iterator, Sequence
 from typing import Any, Generic, Protocol, cast
 
@@ -56,6 +57,8 @@ class LoaderBase(EpochCursor, Generic[T], metaclass=TakesDataLoaderKeywords):
         maker: Makes the batches (:class:`~fastsab.batch_maker.BatchMaker`).
         stats: What the last epoch yielded (:class:`~fastsab.epochs.EpochStats`), ``None`` before.
         limit: The batch size or caps in force in the current epoch.
+        parts_left: While :func:`fastsab.adaptive.run` runs the parts of a split step, how
+            many come after the one running (0 otherwise).
     """
 
     def __init__(self, dataset: object, options: LoaderOptions) -> None:
@@ -84,6 +87,7 @@ class LoaderBase(EpochCursor, Generic[T], metaclass=TakesDataLoaderKeywords):
         self._pending_lock = threading.Lock()
         self._handed_out = 0  # items of the batch last handed out
         self._rewound = False  # whether that batch was taken back to be planned again
+        self.parts_left = 0
 
     @property
     def fetcher(self) -> Fetcher:
@@ -170,6 +174,7 @@ class LoaderBase(EpochCursor, Generic[T], metaclass=TakesDataLoaderKeywords):
             dataset.set_chunk_order(self.order.group_order(epoch))
         self.stats = stats
         self._pending = None
+        self.parts_left = 0
         self.limit = self.start_limit()
         depth = self.prefetch
         if depth is None:  # in-memory gathers are cheaper than a thread hand-off
@@ -234,6 +239,17 @@ class LoaderBase(EpochCursor, Generic[T], metaclass=TakesDataLoaderKeywords):
         if pending is None or self._progress is None:
             return None
         return self._progress[1] - (1 if pending[1] else 0), pending[0]
+
+    def _step_open(self) -> bool:
+        if self.parts_left <= 0:
+            return False
+        warnings.warn(
+            f"state_dict() was called between the parts of a split step ({self.parts_left} part(s) still to run): "
+            "the state resumes at the start of that step, so its parts already run will run again. Save states "
+            "when loader.parts_left is 0.",
+            stacklevel=4,
+        )
+        return True
 
     def _produce(self, stream: Stream) -> Generator[tuple[IndexArray, T], None, None]:
         for chunk in stream:

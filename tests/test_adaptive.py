@@ -6,6 +6,7 @@ import resource
 import subprocess
 import sys
 import textwrap
+import warnings
 import weakref
 
 import numpy as np
@@ -1000,3 +1001,83 @@ def test_the_smaller_limit_is_the_failed_batch_cost_over_the_factor(cost, expect
     iterator = iter(loader)
     next(iterator)
     assert loader.smaller_limit(np.array([0, 1, 2]), 2) == expected
+
+
+@pytest.fixture
+def no_collection(monkeypatch):
+    """Skip the garbage collection after each fake out-of-memory error (0.1 s each, not checked here)."""
+    monkeypatch.setattr(adaptive.loop, "free_memory", lambda error: None)
+
+
+def _accumulating_run(loader, fails, committed):
+    """A training loop over ``adaptive.run`` that updates (commits) only when a step's last part ran."""
+    accumulated = []
+
+    def step(batch):
+        if fails(batch):
+            raise OOM("CUDA out of memory (fake)")
+        accumulated.extend(batch.tolist())
+        if loader.parts_left == 0:
+            committed.extend(accumulated)
+            accumulated.clear()
+
+    return adaptive.run(loader, step)
+
+
+@pytest.mark.parametrize(
+    ("make", "fails"),
+    [
+        (lambda **kw: FastLoader(torch.arange(16), 4, seed=0, **kw), lambda b: len(b) > 2),
+        (lambda **kw: FastLoader(torch.arange(23), 8, seed=3, **kw), lambda b: len(b) > 2),
+        # zero costs: no smaller cap splits a batch, so it is halved by count within its step
+        (lambda **kw: FastSizeAwareLoader(torch.arange(20), np.zeros(20), 5, seed=1, **kw), lambda b: len(b) > 3),
+    ],
+)
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_a_state_saved_between_the_parts_of_a_split_step_resumes_at_its_start(make, fails, world_size, no_collection):
+    # invariant: with a loop that updates the model when loader.parts_left is 0, a state saved
+    # after any result (with what the model committed so far) resumes with every item of the
+    # rank committed exactly once: the parts of an interrupted step run again, as its model
+    # update never happened
+    for rank in range(world_size):
+        ranks = {"rank": rank, "world_size": world_size} if world_size > 1 else {}
+        full: list[int] = []
+        for _ in _accumulating_run(make(**ranks), fails, full):
+            pass
+        assert len(full) == len(set(full))
+        results = len(list(_accumulating_run(make(**ranks), fails, [])))
+        for k in range(1, results):  # (a state after the last result starts the next epoch)
+            committed: list[int] = []
+            loader = make(**ranks)
+            run = _accumulating_run(loader, fails, committed)
+            for _ in range(k):
+                next(run)
+            mid_step = loader.parts_left > 0
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                state = loader.state_dict()
+            assert [str(w.message).startswith("state_dict() was called between the parts") for w in caught] == (
+                [True] if mid_step else []
+            )
+            saved = list(committed)
+            resumed = make(**ranks)
+            resumed.load_state_dict(state)
+            for _ in _accumulating_run(resumed, fails, saved):
+                pass
+            assert sorted(saved) == sorted(full), (rank, k)
+
+
+def test_parts_left_counts_the_parts_of_a_step_still_to_run(no_collection):
+    loader = FastLoader(torch.arange(8), 8, shuffle=False, rank=0, world_size=2)
+    seen = []
+
+    def step(batch):
+        if len(batch) > 1:
+            raise OOM("CUDA out of memory (fake)")
+        seen.append((batch.item(), loader.parts_left))
+
+    list(adaptive.run(loader, step))
+    # rank 0's batch of 8 is halved, its first half halved again, ...: the parts known to be
+    # still to run, 0 only for the step's last
+    assert seen == [(0, 3), (1, 2), (2, 2), (3, 1), (4, 2), (5, 1), (6, 1), (7, 0)]
+    assert loader.parts_left == 0

@@ -57,6 +57,9 @@ class LowersLimit(Protocol[B_co]):
         """Plan the batch last yielded again, with the rest of the epoch, under ``limit``."""
         ...
 
+    parts_left: int
+    """Parts of the loader's current step still to run after the one being run (0: none)."""
+
 
 def run(loader: LowersLimit[B], step: Callable[[B], R], *, factor: float = 2) -> Iterator[R]:
     """Call ``step(batch)`` on every batch of the loader's next epoch, surviving OOM.
@@ -71,9 +74,13 @@ def run(loader: LowersLimit[B], step: Callable[[B], R], *, factor: float = 2) ->
 
     Under data parallelism (``world_size > 1``) the limit is kept, so that every rank still
     runs the same number of loader steps: a failing batch is split and its parts run within
-    the step (accumulate the parts' gradients; save states between steps). So is a batch
-    that costs nothing, which no smaller limit splits: it is halved by count, and a state
-    saved between its parts' results resumes after the whole batch.
+    the step. So is a batch that costs nothing, which no smaller limit splits: it is halved
+    by count. While ``step`` runs a part, ``loader.parts_left`` says how many parts of the
+    step come after it (0 for the last part, and for every batch that is not split): a step
+    accumulates the parts' gradients and updates the model when it is 0 (under
+    ``DistributedDataParallel``, ``backward`` within ``model.no_sync()`` while it is not).
+    A state saved between the parts of a step resumes at the start of that step, as the
+    model saved with it has not been updated by the step's first parts (a warning says so).
 
     Args:
         loader: A :class:`~fastsab.FastLoader` or :class:`~fastsab.FastSizeAwareLoader`
@@ -105,6 +112,7 @@ def run(loader: LowersLimit[B], step: Callable[[B], R], *, factor: float = 2) ->
             ids, fetched = pending.pop()
             batch = loader.fetch(ids) if fetched is None else fetched
             del fetched
+            loader.parts_left = len(pending)
             try:
                 result = step(batch)
             except Exception as error:
