@@ -22,8 +22,8 @@ from typing_extensions import Unpack
 from fastsab._checks import check_positive_int
 from fastsab.batching import CostMode, OversizePolicy
 from fastsab.costs import make_cost_source
-from fastsab.loader_base import LoaderBase, T
-from fastsab.options import DEFAULT_CHUNK_BYTES, LimitLike, LoaderKeywords, LoaderOptions, takes_loader_options
+from fastsab.loader_base import LoaderBase
+from fastsab.options import DEFAULT_CHUNK_BYTES, LimitLike, LoaderKeywords, LoaderOptions, T, takes_loader_options
 from fastsab.planners import FixedSizePlanner, SizeAwarePlanner
 
 __all__ = ["DEFAULT_CHUNK_BYTES", "FastLoader", "FastSizeAwareLoader", "LoaderBase", "LoaderOptions"]
