@@ -30,6 +30,7 @@ from fastsab.transfer import Transfer
 
 __all__ = ["LoaderBase"]
 
+
 class _ChunkedDataset(Protocol):
     """A dataset read in chunks that wants the epoch's chunk order (:class:`~fastsab.OutOfCoreDataset`)."""
 

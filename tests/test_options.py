@@ -53,7 +53,10 @@ def test_type_checkers_see_every_option_through_the_loader_keywords(loader_class
 @pytest.mark.parametrize(
     ("make", "message"),
     [
-        (lambda: FastLoader(torch.arange(4), 2, shufle=True), r"FastLoader\(\) got an unexpected keyword argument 'shufle' \(got shufle=True\)\."),
+        (
+            lambda: FastLoader(torch.arange(4), 2, shufle=True),
+            r"FastLoader\(\) got an unexpected keyword argument 'shufle' \(got shufle=True\)\.",
+        ),
         (
             lambda: FastSizeAwareLoader(torch.arange(4), [1] * 4, 2, sed=3),
             r"FastSizeAwareLoader\(\) got an unexpected keyword argument 'sed' \(got sed=3\)\.",
