@@ -1,8 +1,10 @@
 """What a loader is given besides its dataset and batching rule: :class:`LoaderOptions`.
 
 Both loaders take the same thirteen options, as keywords of their constructors; a loader
-keeps them, as given, in ``loader.options``. The limit types name what a batch size or caps
-(:meth:`~fastsab.FastLoader.lower_limit`) may be.
+keeps them, as given, in ``loader.options``. :class:`LoaderOptions` defines them (names, types,
+defaults); :class:`LoaderKeywords` restates names and types for type checkers, and
+:func:`takes_loader_options` gives the constructors their full signature at run time. The
+limit types name what a batch size or caps (:meth:`~fastsab.FastLoader.lower_limit`) may be.
 """
 
 from __future__ import annotations
@@ -92,6 +94,15 @@ class LoaderOptions:
     def __post_init__(self) -> None:
         if self.prefetch is not None:
             check_nonnegative_int("prefetch", self.prefetch)
+
+    @classmethod
+    def pick(cls, arguments: Mapping[str, object]) -> LoaderOptions:
+        """The options among ``arguments``, e.g. a constructor's ``locals()`` (its other names are left out).
+
+        Raises:
+            ValueError: If ``prefetch`` is not None or a non-negative integer.
+        """
+        return cls(**{field.name: arguments[field.name] for field in dataclasses.fields(cls)})  # type: ignore[arg-type]
 
     @classmethod
     def given_to(cls, owner: str, keywords: Mapping[str, object]) -> LoaderOptions:
