@@ -10,7 +10,6 @@ rows fit in ``chunk_bytes``): the same batches as gathering batch by batch, at n
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from itertools import pairwise
 from typing import Any, Generic
 
 import numpy as np
@@ -19,6 +18,7 @@ from typing_extensions import TypeVar
 
 from fastsab._checks import check_nonnegative_int
 from fastsab.fetch import Fetcher
+from fastsab.plans import PlanChunk
 from fastsab.pytree import tree_map_arrays
 from fastsab.transfer import Transfer
 
@@ -68,10 +68,11 @@ class BatchMaker(Generic[B]):
 
     def batches(self, ids: IndexArray, offsets: IndexArray | Sequence[int]) -> Iterator[tuple[IndexArray, B]]:
         """The batches ``ids[offsets[b]:offsets[b + 1]]`` of a plan chunk, with their indices, in order."""
-        bounds: list[int] = np.asarray(offsets).tolist()
+        chunk = PlanChunk(ids, np.asarray(offsets, dtype=np.int64))
+        batch_ids = chunk.batches()
         if not self._gathers_chunk(len(ids)):
-            for lo, hi in pairwise(bounds):
-                yield ids[lo:hi], self(ids[lo:hi])
+            for part_ids in batch_ids:
+                yield part_ids, self(part_ids)
             return
         fetcher = self.fetcher
         rows = fetcher.take(ids)
@@ -79,20 +80,28 @@ class BatchMaker(Generic[B]):
             # NOTE: without a collate_fn a batch is its rows, and moving commutes with
             # slicing: the whole chunk is moved in one copy and the batches are views of it
             rows = self.transfer(rows)
-        for (lo, hi), part in zip(pairwise(bounds), _slices(rows, bounds)):
+        for part_ids, part in zip(batch_ids, _slices(rows, chunk)):
             batch: B = part if fetcher.collate_fn is None else self.transfer(fetcher.collate(part))
-            yield ids[lo:hi], batch
+            yield part_ids, batch
 
     def _gathers_chunk(self, size: int) -> bool:
         return self.fetcher.kind == "gather" and self.fetcher.row_bytes * size <= self.chunk_bytes
 
 
-def _slices(rows: Any, bounds: list[int]) -> Iterable[Any]:
-    """The rows ``[bounds[b], bounds[b + 1])`` of every array leaf of ``rows``, batch by batch."""
-    if isinstance(rows, torch.Tensor):  # views made in one call, cheaper than slicing
-        return torch.split(rows, np.diff(bounds).tolist())
-    return (tree_map_arrays(_rows(lo, hi), rows) for lo, hi in pairwise(bounds))
+def _slices(rows: Any, chunk: PlanChunk) -> Iterable[Any]:
+    """The gathered ``rows`` of ``chunk`` (every array leaf one row per id) cut into its batches."""
+    if isinstance(rows, torch.Tensor):
+        # NOTE: torch.split makes every view in one call, about 3x faster than the slices of
+        # chunk.batches_of (0.5 ms against 1.7 ms for the 219 batches of 300 in a shuffle group)
+        return torch.split(rows, np.diff(chunk.offsets).tolist())
+    cut: dict[int, list[Any]] = {}  # each leaf cut into its batches once, by id while rows holds it
 
+    def part(b: int) -> Callable[[Any], Any]:
+        def rows_of_batch(leaf: Any) -> Any:
+            if id(leaf) not in cut:
+                cut[id(leaf)] = chunk.batches_of(leaf)
+            return cut[id(leaf)][b]
 
-def _rows(lo: int, hi: int) -> Callable[[Any], Any]:
-    return lambda leaf: leaf[lo:hi]
+        return rows_of_batch
+
+    return (tree_map_arrays(part(b), rows) for b in range(chunk.num_batches))

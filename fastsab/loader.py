@@ -17,13 +17,13 @@ from typing import Any
 
 import numpy as np
 import torch
+from typing_extensions import Unpack
 
 from fastsab._checks import check_positive_int
 from fastsab.batching import CostMode, OversizePolicy
 from fastsab.costs import make_cost_source
-from fastsab.distributed import EvenBatches
-from fastsab.loader_base import LoaderBase, T
-from fastsab.options import DEFAULT_CHUNK_BYTES, LimitLike, LoaderOptions
+from fastsab.loader_base import LoaderBase
+from fastsab.options import DEFAULT_CHUNK_BYTES, LimitLike, LoaderKeywords, LoaderOptions, T, takes_loader_options
 from fastsab.planners import FixedSizePlanner, SizeAwarePlanner
 
 __all__ = ["DEFAULT_CHUNK_BYTES", "FastLoader", "FastSizeAwareLoader", "LoaderBase", "LoaderOptions"]
@@ -64,28 +64,17 @@ class FastLoader(LoaderBase[T]):
         (3, 10, 0)
     """
 
+    @takes_loader_options
     def __init__(
         self,
         dataset: object,
         batch_size: int,
         *,
-        shuffle: bool = True,
-        seed: int = 0,
         drop_last: bool = False,
-        group_size: int | None = None,
-        collate_fn: Callable[[Any], T] | None = None,
-        device: str | torch.device | None = None,
-        pin_memory: bool = False,
-        non_blocking: bool = True,
-        prefetch: int | None = None,
-        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-        rank: int | None = None,
-        world_size: int | None = None,
-        even_batches: EvenBatches = "pad",
-        balance: bool = True,
+        **options: Unpack[LoaderKeywords[T]],
     ) -> None:
         check_positive_int("batch_size", batch_size)
-        super().__init__(dataset, LoaderOptions.pick(locals()))
+        super().__init__(dataset, LoaderOptions.given_to(type(self).__name__, options))
         self._batch_size = batch_size
         self._use_planner(FixedSizePlanner(self.order, batch_size, drop_last))
 
@@ -128,6 +117,7 @@ class FastSizeAwareLoader(LoaderBase[T]):
         (5, [[0, 10], [20], [30], [40, 50], [60]])
     """
 
+    @takes_loader_options
     def __init__(
         self,
         dataset: object,
@@ -139,21 +129,9 @@ class FastSizeAwareLoader(LoaderBase[T]):
         max_batch_size: int | None = None,
         batch_size_multiple: int = 1,
         oversize: OversizePolicy = "skip",
-        shuffle: bool = True,
-        seed: int = 0,
-        group_size: int | None = None,
-        collate_fn: Callable[[Any], T] | None = None,
-        device: str | torch.device | None = None,
-        pin_memory: bool = False,
-        non_blocking: bool = True,
-        prefetch: int | None = None,
-        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-        rank: int | None = None,
-        world_size: int | None = None,
-        even_batches: EvenBatches = "pad",
-        balance: bool = True,
+        **options: Unpack[LoaderKeywords[T]],
     ) -> None:
-        super().__init__(dataset, LoaderOptions.pick(locals()))
+        super().__init__(dataset, LoaderOptions.given_to(type(self).__name__, options))
         self._max_total_size = max_total_size
         costs = make_cost_source(sizeof, self.order.n, features)
         planner = SizeAwarePlanner(

@@ -15,7 +15,6 @@ from typing import Any, Generic, Protocol, cast
 
 import numpy as np
 import torch
-from typing_extensions import TypeVar
 
 from fastsab.batch_maker import BatchMaker, IndexArray
 from fastsab.cursor import EpochCursor, Stream
@@ -23,7 +22,7 @@ from fastsab.dataloader_keywords import TakesDataLoaderKeywords
 from fastsab.distributed import resolve_rank
 from fastsab.epochs import EpochOrder, EpochStats
 from fastsab.fetch import Fetcher
-from fastsab.options import Limit, LimitLike, LoaderOptions
+from fastsab.options import Limit, LimitLike, LoaderOptions, T
 from fastsab.planned import PlannedBatchSampler, PlannedDataLoader
 from fastsab.planners import FixedSizePlanner, SizeAwarePlanner
 from fastsab.prefetch import prefetched
@@ -31,9 +30,6 @@ from fastsab.shuffle import DEFAULT_GROUP_SIZE
 from fastsab.transfer import Transfer
 
 __all__ = ["LoaderBase"]
-
-#: The batch type of a loader: what its ``collate_fn`` returns, ``Any`` where it cannot be known.
-T = TypeVar("T", default=Any)
 
 
 class _ChunkedDataset(Protocol):

@@ -1,31 +1,40 @@
 """What a loader is given besides its dataset and batching rule: :class:`LoaderOptions`.
 
 Both loaders take the same thirteen options, as keywords of their constructors; a loader
-keeps them, as given, in ``loader.options``. The limit types name what a batch size or caps
-(:meth:`~fastsab.FastLoader.lower_limit`) may be.
+keeps them, as given, in ``loader.options``. :class:`LoaderOptions` defines them (names, types,
+defaults); :class:`LoaderKeywords` restates names and types for type checkers, and
+:func:`takes_loader_options` gives the constructors their full signature at run time. The
+limit types name what a batch size or caps (:meth:`~fastsab.FastLoader.lower_limit`) may be.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic
 
 import numpy as np
 import torch
+from typing_extensions import TypedDict, TypeVar
 
 from fastsab._checks import check_nonnegative_int
 from fastsab.costs import Limit
 from fastsab.distributed import EvenBatches
 
-__all__ = ["DEFAULT_CHUNK_BYTES", "Limit", "LimitLike", "LoaderOptions"]
+__all__ = ["DEFAULT_CHUNK_BYTES", "Limit", "LimitLike", "LoaderKeywords", "LoaderOptions", "takes_loader_options"]
 
 #: Default bound on the bytes gathered at once from an in-memory tensor dataset.
 DEFAULT_CHUNK_BYTES = 64 * 2**20
 
 #: A limit as it may be given: a batch size, one cap, or a sequence or array of caps.
 LimitLike = int | float | Sequence[int | float] | np.ndarray
+
+#: The batch type of a loader: what its ``collate_fn`` returns, ``Any`` where it cannot be known.
+T = TypeVar("T", default=Any)
+#: A constructor that takes the loader options as ``**options``.
+_Init = TypeVar("_Init", bound=Callable[..., None])
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -88,13 +97,83 @@ class LoaderOptions:
 
     @classmethod
     def pick(cls, arguments: Mapping[str, object]) -> LoaderOptions:
-        """The options among a constructor's ``arguments`` (its other arguments are left out).
+        """The options among ``arguments``, e.g. a constructor's ``locals()`` (its other names are left out).
 
         Raises:
             ValueError: If ``prefetch`` is not None or a non-negative integer.
         """
         return cls(**{field.name: arguments[field.name] for field in dataclasses.fields(cls)})  # type: ignore[arg-type]
 
+    @classmethod
+    def given_to(cls, owner: str, keywords: Mapping[str, object]) -> LoaderOptions:
+        """The options given to ``owner``'s constructor as ``keywords``; the others take their defaults.
+
+        Raises:
+            TypeError: If a keyword is not an option (naming ``owner``), or ``prefetch`` is of a wrong type.
+            ValueError: If ``prefetch`` is not None or a non-negative integer.
+        """
+        names = {field.name for field in dataclasses.fields(cls)}
+        for name, value in keywords.items():
+            if name not in names:
+                raise TypeError(f"{owner}() got an unexpected keyword argument {name!r} (got {name}={value!r}).")
+        return cls(**keywords)  # type: ignore[arg-type]
+
     def keywords(self) -> dict[str, Any]:
         """The options as keyword arguments of a loader (the values themselves, not copies)."""
         return {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
+
+
+class LoaderKeywords(TypedDict, Generic[T], total=False):
+    """The options as a loader constructor's ``**options`` (PEP 692), for type checkers.
+
+    The same names and types as :class:`LoaderOptions`, whose defaults apply; ``collate_fn``
+    returns the loader's batch type. ``tests/test_options.py`` keeps the two equal.
+    """
+
+    shuffle: bool
+    seed: int
+    group_size: int | None
+    collate_fn: Callable[[Any], T] | None
+    device: str | torch.device | None
+    pin_memory: bool
+    non_blocking: bool
+    prefetch: int | None
+    chunk_bytes: int
+    rank: int | None
+    world_size: int | None
+    even_batches: EvenBatches
+    balance: bool
+
+
+def _option_parameters() -> list[inspect.Parameter]:
+    """Every option as a keyword-only parameter: its default from :class:`LoaderOptions`, its type from
+    :class:`LoaderKeywords` (as written)."""
+    annotations = LoaderKeywords.__annotations__
+    return [
+        inspect.Parameter(
+            field.name,
+            inspect.Parameter.KEYWORD_ONLY,
+            default=field.default,
+            annotation=getattr(annotations[field.name], "__forward_arg__", annotations[field.name]),
+        )
+        for field in dataclasses.fields(LoaderOptions)
+    ]
+
+
+def takes_loader_options(init: _Init) -> _Init:
+    """Give a constructor that takes ``**options: Unpack[LoaderKeywords]`` the signature naming every option.
+
+    ``inspect.signature`` and ``help()`` then show each option as an explicit keyword with its
+    default, in place of ``**options`` (type checkers read the ``Unpack`` annotation itself).
+
+    Examples:
+        >>> def init(self, dataset: object, **options: object) -> None: ...
+        >>> list(inspect.signature(takes_loader_options(init)).parameters)[:4]
+        ['self', 'dataset', 'shuffle', 'seed']
+    """
+    signature = inspect.signature(init)
+    own = [p for p in signature.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    # NOTE: set on the function, so that the metaclass's __signature__ (and DataLoader keyword
+    # checks) read it from cls.__init__ as for any explicit signature
+    init.__signature__ = signature.replace(parameters=[*own, *_option_parameters()])  # type: ignore[attr-defined]
+    return init

@@ -95,11 +95,13 @@ def _size_aware_batches(
     for data in dataset:
         n_samples += 1
         size = item_size(sizeof, data, _describe_data)
-        if not fits(size, 1):
-            if warn_logger is not None:
-                warn_logger(oversize_message(data, size, rule.caps[0]))
-            continue
-        if batch and not fits(size + total, len(batch) + 1):
+        # NOTE: one test per item that joins the open batch: sizes are >= 0, so an item that
+        # fits with the batch (or alone, into an empty one) is not oversize either
+        if not fits(total + size, len(batch) + 1):
+            if not (batch and fits(size, 1)):
+                if warn_logger is not None:
+                    warn_logger(oversize_message(data, size, rule.caps[0]))
+                continue
             n_batches += 1
             yield batch if collate_fn is None else collate_fn(batch)
             batch, total = [], 0

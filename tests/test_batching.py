@@ -349,12 +349,16 @@ def test_size_aware_batching_seed_example():
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.sampled_from([*ADVERSARIAL_FLOATS, 2, 5, 7]), max_size=40), st.sampled_from([0.3, 1.0, 5, 7.5]))
-def test_generator_equals_kernel(sizes, cap):
-    # invariant: the streaming generator and the vectorized kernel make the same batches
-    generated = list(size_aware_batching(range(len(sizes)), sizes.__getitem__, cap))
+@given(
+    st.lists(st.sampled_from([*ADVERSARIAL_FLOATS, 2, 5, 7]), max_size=40),
+    st.sampled_from([0.3, 1.0, 5, 7.5]),
+    st.one_of(st.none(), st.integers(1, 4)),
+)
+def test_generator_equals_kernel(sizes, cap, max_batch_size):
+    # invariant: the streaming generator (BatchCost.fits per item) and the vectorized kernel make the same batches
+    generated = list(size_aware_batching(range(len(sizes)), sizes.__getitem__, cap, max_batch_size=max_batch_size))
     costs = np.array(sizes, dtype=np.float64)
-    assert generated == as_lists(split_batches(costs, cap))
+    assert generated == as_lists(split_batches(costs, cap, max_batch_size=max_batch_size))
 
 
 def test_generator_logs_skips_and_summary():

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from fastsab import FastLoader, FastSizeAwareLoader
-from fastsab.options import DEFAULT_CHUNK_BYTES, LoaderOptions
+from fastsab.options import DEFAULT_CHUNK_BYTES, LoaderKeywords, LoaderOptions
 
 OWN_PARAMETERS = {
     FastLoader: ["dataset", "batch_size", "drop_last"],
@@ -41,6 +41,31 @@ def test_each_loader_takes_every_option_with_its_default_as_an_explicit_keyword(
             assert parameters[name].annotation == field.type, name
     positional = [name for name, p in parameters.items() if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD]
     assert positional == OWN_PARAMETERS[loader_class][: len(positional)] and len(positional) >= 2
+
+
+@pytest.mark.parametrize("loader_class", [FastLoader, FastSizeAwareLoader])
+def test_type_checkers_see_every_option_through_the_loader_keywords(loader_class):
+    assert list(LoaderKeywords.__annotations__) == [field.name for field in dataclasses.fields(LoaderOptions)]
+    assert LoaderKeywords.__optional_keys__ == frozenset(LoaderKeywords.__annotations__)
+    assert loader_class.__init__.__annotations__["options"] == "Unpack[LoaderKeywords[T]]"
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (
+            lambda: FastLoader(torch.arange(4), 2, shufle=True),
+            r"FastLoader\(\) got an unexpected keyword argument 'shufle' \(got shufle=True\)\.",
+        ),
+        (
+            lambda: FastSizeAwareLoader(torch.arange(4), [1] * 4, 2, sed=3),
+            r"FastSizeAwareLoader\(\) got an unexpected keyword argument 'sed' \(got sed=3\)\.",
+        ),
+    ],
+)
+def test_a_loader_names_itself_and_the_value_of_an_unknown_keyword(make, message):
+    with pytest.raises(TypeError, match=message):
+        make()
 
 
 def test_a_loader_keeps_its_options_as_given():

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
 # NOTE: GlobalCache is used by the examples of the docstrings (their namespace is this module's)
 from fastsab.adaptive.caches import GlobalCache, call_site, code_context  # noqa: F401
-from fastsab.adaptive.retry import _Batch, _Chunked, _decorate, _Range
+from fastsab.adaptive.retry import _Adaptive, _Batch, _Chunked, _decorate, _Range
 
 
 def batch(
@@ -109,6 +109,18 @@ def chunked(
     return _decorate(make, func)
 
 
+_Form = TypeVar("_Form", bound=_Adaptive)
+
+
+def _explicit(kind: type[_Form], name: str, func: Callable[..., Any], initial: int, cache: Any, context: Any) -> _Form:
+    """The retrying run of ``func`` for the call form ``explicit.<name>``: the size halves down to 1, and is
+    remembered per ``context``, by default per code of ``func`` (:func:`code_context`).
+    """
+    # NOTE: only made here: the form itself calls it, so that a call-site cache sees the form's caller
+    context = code_context(func) if context is None else context
+    return kind(func, initial, 1, 2, cache, form=f"adaptive.explicit.{name}", context=context)
+
+
 class explicit:
     """Call forms that take the function and the initial size as arguments (``factor`` 2, minimum 1).
 
@@ -140,9 +152,7 @@ class explicit:
         **kwargs: Any,
     ) -> Any:
         """``func(batch_size, *args, **kwargs)`` with adaptive batch size."""
-        context = code_context(func) if adaptive_context is None else adaptive_context
-        form = "adaptive.explicit.batch"
-        return _Batch(func, initial_batch_size, 1, 2, adaptive_cache, form=form, context=context)(*args, **kwargs)
+        return _explicit(_Batch, "batch", func, initial_batch_size, adaptive_cache, adaptive_context)(*args, **kwargs)
 
     @staticmethod
     def range(
@@ -157,9 +167,8 @@ class explicit:
         **kwargs: Any,
     ) -> None:
         """``func(chunk_start, chunk_end, *args, **kwargs)`` over ``start..end``."""
-        context = code_context(func) if adaptive_context is None else adaptive_context
-        form = "adaptive.explicit.range"
-        _Range(func, initial_step, 1, 2, adaptive_cache, form=form, context=context)(start, end, *args, **kwargs)
+        steps = _explicit(_Range, "range", func, initial_step, adaptive_cache, adaptive_context)
+        steps(start, end, *args, **kwargs)
 
     @staticmethod
     def chunked(
@@ -174,10 +183,8 @@ class explicit:
         **kwargs: Any,
     ) -> None:
         """``func(chunk, start, end, *args, **kwargs)`` over ``tensor`` along ``adaptive_dim``."""
-        context = code_context(func) if adaptive_context is None else adaptive_context
-        form = "adaptive.explicit.chunked"
-        chunks = _Chunked(func, initial_step, 1, 2, adaptive_cache, form=form, context=context).along(adaptive_dim)
-        chunks(tensor, *args, **kwargs)
+        chunks = _explicit(_Chunked, "chunked", func, initial_step, adaptive_cache, adaptive_context)
+        chunks.along(adaptive_dim)(tensor, *args, **kwargs)
 
 
 class execute:

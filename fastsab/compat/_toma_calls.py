@@ -66,25 +66,28 @@ def _first(given: _T | None, default: _T) -> _T:
     return default if given is None else given
 
 
+#: The name toma gives the size of each form of :class:`fastsab.adaptive.explicit`.
+_SIZE_NAMES = {"batch": "initial_batchsize", "range": "initial_step", "chunked": "initial_step"}
+
+
 def _forward(
-    form: Callable[..., Any],
+    name: str,
     leading: tuple[Any, ...],
     size: object,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
-    *,
-    size_name: str,
     cache_type: object,
     context: Any,
     dim: int | None = None,
 ) -> Any:
-    """A form of :class:`fastsab.adaptive.explicit` with toma's checks and toma's error.
+    """The form ``name`` of :class:`fastsab.adaptive.explicit` with toma's checks and toma's error.
 
     Calls ``form(*leading, size, *args, adaptive_cache=..., adaptive_context=context, **kwargs)``
     (and ``adaptive_dim=dim`` if given) once ``size`` and ``cache_type`` are checked; when
     even size 1 failed, raises the last out-of-memory error itself, as toma does.
     """
-    initial = _size(size, size_name)
+    form = getattr(adaptive.explicit, name)
+    initial = _size(size, _SIZE_NAMES[name])
     cache = _cache_type("toma_cache_type", cache_type)
     options = {} if dim is None else {"adaptive_dim": dim}
     try:
@@ -106,16 +109,7 @@ class explicit:
         **kwargs: Any,
     ) -> Any:
         """``func(batchsize, *args, **kwargs)``, halving ``batchsize`` on out-of-memory."""
-        return _forward(
-            adaptive.explicit.batch,
-            (func,),
-            initial_batchsize,
-            args,
-            kwargs,
-            size_name="initial_batchsize",
-            cache_type=toma_cache_type,
-            context=toma_context,
-        )
+        return _forward("batch", (func,), initial_batchsize, args, kwargs, toma_cache_type, toma_context)
 
     @staticmethod
     def range(
@@ -129,16 +123,7 @@ class explicit:
         **kwargs: Any,
     ) -> None:
         """``func(chunk_start, chunk_end, *args, **kwargs)`` over ``start..end``, halving the step on out-of-memory."""
-        _forward(
-            adaptive.explicit.range,
-            (func, start, end),
-            initial_step,
-            args,
-            kwargs,
-            size_name="initial_step",
-            cache_type=toma_cache_type,
-            context=toma_context,
-        )
+        _forward("range", (func, start, end), initial_step, args, kwargs, toma_cache_type, toma_context)
 
     @staticmethod
     def chunked(
@@ -179,17 +164,7 @@ def _chunked(
     cache_type: Any,
 ) -> None:
     """``func(chunk, chunk_start, chunk_end, *args, **kwargs)`` over ``tensor`` along ``dim``, as toma chunks."""
-    _forward(
-        adaptive.explicit.chunked,
-        (func, tensor),
-        initial_step,
-        args,
-        kwargs,
-        size_name="initial_step",
-        cache_type=cache_type,
-        context=context,
-        dim=dim,
-    )
+    _forward("chunked", (func, tensor), initial_step, args, kwargs, cache_type, context, dim)
 
 
 class simple:

@@ -50,6 +50,7 @@ import torch
 from fastsab import adaptive
 from fastsab.adaptive import BatchSizeCache
 from fastsab.compat._toma_calls import (
+    _SIZE_NAMES,
     DEFAULT_CACHE_TYPE,
     GlobalBatchsizeCache,
     NoBatchsizeCache,
@@ -77,6 +78,24 @@ __all__ = [
 ]
 
 
+def _decorated(
+    form: str,
+    func: Callable[..., Any] | None,
+    options: dict[str, Any],
+    wrap: Callable[[Callable[..., Any], type[BatchSizeCache]], Callable[..., Any]],
+) -> Any:
+    """``func`` decorated by ``toma.<form>(**options)``: ``wrap(func, cache type)``, named as ``func``.
+
+    Without ``func`` (``@toma.batch(initial_batchsize=64)``), the decorator that takes it. The
+    cache type and then the function are checked when decorating, as toma's forms name them.
+    """
+    if func is None:
+        return functools.partial(getattr(toma, form), **options)
+    cache = _cache_type("cache_type", options["cache_type"])
+    function = _check_function(f"toma.{form}", _SIZE_NAMES[form], func)
+    return functools.wraps(function)(wrap(function, cache))
+
+
 class toma:
     """Decorators (``@toma.batch(initial_batchsize=...)``) and run-at-once blocks (``toma.execute``)."""
 
@@ -92,24 +111,21 @@ class toma:
 
         The call also takes ``toma_initial_batchsize=`` and ``toma_context=``, which override the decorator's.
         """
-        if func is None:
-            return functools.partial(
-                toma.batch, initial_batchsize=initial_batchsize, cache_type=cache_type, context=context
-            )
-        cache = _cache_type("cache_type", cache_type)
-        function = _check_function("toma.batch", "initial_batchsize", func)
 
-        @functools.wraps(function)
-        def wrapped(
-            *args: Any, toma_initial_batchsize: int | None = None, toma_context: Any = None, **kwargs: Any
-        ) -> Any:
-            initial = _size(
-                _first(toma_initial_batchsize, initial_batchsize), "toma_initial_batchsize", "initial_batchsize"
-            )
-            context_ = _first(toma_context, context)
-            return explicit.batch(function, initial, *args, toma_context=context_, toma_cache_type=cache, **kwargs)
+        def wrap(function: Callable[..., Any], cache: type[BatchSizeCache]) -> Callable[..., Any]:
+            def wrapped(
+                *args: Any, toma_initial_batchsize: int | None = None, toma_context: Any = None, **kwargs: Any
+            ) -> Any:
+                initial = _size(
+                    _first(toma_initial_batchsize, initial_batchsize), "toma_initial_batchsize", "initial_batchsize"
+                )
+                context_ = _first(toma_context, context)
+                return explicit.batch(function, initial, *args, toma_context=context_, toma_cache_type=cache, **kwargs)
 
-        return wrapped
+            return wrapped
+
+        options = {"initial_batchsize": initial_batchsize, "cache_type": cache_type, "context": context}
+        return _decorated("batch", func, options, wrap)
 
     @staticmethod
     def range(
@@ -123,25 +139,26 @@ class toma:
 
         The call also takes ``toma_initial_step=`` and ``toma_context=``, which override the decorator's.
         """
-        if func is None:
-            return functools.partial(toma.range, initial_step=initial_step, cache_type=cache_type, context=context)
-        cache = _cache_type("cache_type", cache_type)
-        function = _check_function("toma.range", "initial_step", func)
 
-        @functools.wraps(function)
-        def wrapped(
-            start: int,
-            end: int,
-            *args: Any,
-            toma_initial_step: int | None = None,
-            toma_context: Any = None,
-            **kwargs: Any,
-        ) -> None:
-            initial = _size(_first(toma_initial_step, initial_step), "toma_initial_step", "initial_step")
-            context_ = _first(toma_context, context)
-            explicit.range(function, start, end, initial, *args, toma_context=context_, toma_cache_type=cache, **kwargs)
+        def wrap(function: Callable[..., Any], cache: type[BatchSizeCache]) -> Callable[..., Any]:
+            def wrapped(
+                start: int,
+                end: int,
+                *args: Any,
+                toma_initial_step: int | None = None,
+                toma_context: Any = None,
+                **kwargs: Any,
+            ) -> None:
+                initial = _size(_first(toma_initial_step, initial_step), "toma_initial_step", "initial_step")
+                context_ = _first(toma_context, context)
+                explicit.range(
+                    function, start, end, initial, *args, toma_context=context_, toma_cache_type=cache, **kwargs
+                )
 
-        return wrapped
+            return wrapped
+
+        options = {"initial_step": initial_step, "cache_type": cache_type, "context": context}
+        return _decorated("range", func, options, wrap)
 
     @staticmethod
     def chunked(
@@ -157,37 +174,25 @@ class toma:
         The call also takes ``toma_initial_step=``, ``toma_dimension=`` and ``toma_context=``, which override
         the decorator's.
         """
-        if func is None:
-            return functools.partial(
-                toma.chunked, initial_step=initial_step, dimension=dimension, cache_type=cache_type, context=context
-            )
-        cache = _cache_type("cache_type", cache_type)
-        function = _check_function("toma.chunked", "initial_step", func)
 
-        @functools.wraps(function)
-        def wrapped(
-            tensor: torch.Tensor,
-            *args: Any,
-            toma_initial_step: int | None = None,
-            toma_dimension: int | None = None,
-            toma_context: Any = None,
-            **kwargs: Any,
-        ) -> None:
-            initial = _size(_first(toma_initial_step, initial_step), "toma_initial_step", "initial_step")
-            given = _first(toma_dimension, dimension)
-            dim = _dimension("toma_dimension or dimension", given, tensor)
-            _chunked(
-                function,
-                tensor,
-                initial,
-                args,
-                kwargs,
-                dim=dim,
-                context=_first(toma_context, context),
-                cache_type=cache,
-            )
+        def wrap(function: Callable[..., Any], cache: type[BatchSizeCache]) -> Callable[..., Any]:
+            def wrapped(
+                tensor: torch.Tensor,
+                *args: Any,
+                toma_initial_step: int | None = None,
+                toma_dimension: int | None = None,
+                toma_context: Any = None,
+                **kwargs: Any,
+            ) -> None:
+                initial = _size(_first(toma_initial_step, initial_step), "toma_initial_step", "initial_step")
+                dim = _dimension("toma_dimension or dimension", _first(toma_dimension, dimension), tensor)
+                context_ = _first(toma_context, context)
+                _chunked(function, tensor, initial, args, kwargs, dim=dim, context=context_, cache_type=cache)
 
-        return wrapped
+            return wrapped
+
+        options = {"initial_step": initial_step, "dimension": dimension, "cache_type": cache_type, "context": context}
+        return _decorated("chunked", func, options, wrap)
 
     class execute:
         """Run the decorated block at once; sizes are remembered per call site (or ``context``)."""

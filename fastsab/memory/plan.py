@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -250,35 +250,50 @@ def plan_memory(
     if preferred is not None and batch != preferred:
         notes.append(f"preferred_batch_size={preferred} became {batch} (GPU budget, sample count, one_read_count)")
 
-    held = reads_held = cpu_held = None
-    if cpu_memory_limit is not None:
-        room = cpu_memory_limit - int(cpu_overhead_bytes)
-        per_cpu = max(per_sample, 1)
-        fit = room // per_cpu if room > 0 else 0
-        if total is not None:
-            fit = min(fit, total)
-        if fit < batch:
-            raise ValueError(
-                f"cpu_memory_limit={cpu_memory_limit / 2**20:,.1f} MiB (less {int(cpu_overhead_bytes) / 2**20:,.1f} "
-                f"MiB of overhead) cannot hold one batch of {batch} samples ({batch * per_sample / 2**20:,.1f} MiB)."
-            )
-        held = fit // batch * batch if total is None or fit < total else fit
-        reads_held = held // reads
-        cpu_held = held * per_sample
+    held = (
+        _Held()
+        if cpu_memory_limit is None
+        else _held(cpu_memory_limit, cpu_overhead_bytes, per_sample, batch, total, reads)
+    )
     return MemoryPlan(
         batch_size=batch,
         max_batch_size=max_fit,
-        samples_in_memory=held,
-        reads_in_memory=reads_held,
         gpu_memory_limit=gpu_memory_limit,
         cpu_memory_limit=cpu_memory_limit,
         model_bytes=model_bytes,
         per_sample_gpu_bytes=per_sample_gpu,
         per_sample_cpu_bytes=per_sample,
         gpu_bytes_at_batch=gpu_at_batch,
-        cpu_bytes_held=cpu_held,
         notes=notes,
+        **held._asdict(),
     )
+
+
+class _Held(NamedTuple):
+    """The CPU side of a :class:`MemoryPlan` (``None`` without a CPU budget)."""
+
+    samples_in_memory: int | None = None
+    reads_in_memory: int | None = None
+    cpu_bytes_held: int | None = None
+
+
+def _held(limit: int, overhead: int, per_sample: int, batch: int, total: int | None, reads: int) -> _Held:
+    """The samples ``limit`` bytes hold (less ``overhead``): a multiple of ``batch``, or all ``total`` of them.
+
+    Raises:
+        ValueError: If not even one batch fits.
+    """
+    room = limit - int(overhead)
+    fit = room // max(per_sample, 1) if room > 0 else 0
+    if total is not None:
+        fit = min(fit, total)
+    if fit < batch:
+        raise ValueError(
+            f"cpu_memory_limit={limit / 2**20:,.1f} MiB (less {int(overhead) / 2**20:,.1f} "
+            f"MiB of overhead) cannot hold one batch of {batch} samples ({batch * per_sample / 2**20:,.1f} MiB)."
+        )
+    held = fit // batch * batch if total is None or fit < total else fit
+    return _Held(samples_in_memory=held, reads_in_memory=held // reads, cpu_bytes_held=held * per_sample)
 
 
 def _predict(memory_model: Any, batch: int) -> int:
