@@ -86,7 +86,7 @@ class Collator:
         for key, (kind, values) in columns.items():
             if kind == "token":
                 tokens[key] = _concatenate(name, key, values)
-                lengths = np.array([len(v) for v in values], dtype=np.int64)
+                lengths = np.array([_length(v) for v in values], dtype=np.int64)
             else:
                 scalars[key] = _stack(name, key, values)
         _check_sample_lengths(name, columns)
@@ -174,12 +174,18 @@ class PadCollator(Collator):
                     f"pad_value names {unknown!r}, which are not per-token keys of the batch "
                     f"(those are {sorted(tokens)!r}): a misspelt key would be padded with 0."
                 )
-        mask = np.arange(self.width(lengths)) < lengths[:, None]
-        made: dict[str, Any] = {key: _pad(key, flat, mask, self._pad_for(key)) for key, flat in tokens.items()}
+        _, position_ids = pack_positions(lengths) if positions is None else positions
+        shape = (len(lengths), self.width(lengths))
+        # NOTE: the cell of every token in the flat (B, L) batch: its row's start plus its
+        # position; one scatter of the T tokens, where a boolean mask would scan all B * L cells
+        cells = np.repeat(np.arange(shape[0], dtype=np.int64) * shape[1], lengths) + position_ids
+        made: dict[str, Any] = {key: _pad(key, flat, cells, shape, self._pad_for(key)) for key, flat in tokens.items()}
         made.update(scalars)
         batch = {key: made[key] for key in (order or made)}
         if "attention_mask" not in batch:
-            batch["attention_mask"] = torch.from_numpy(mask.astype(np.int64))
+            mask = np.zeros(shape, dtype=np.int64)
+            mask.reshape(-1)[cells] = 1
+            batch["attention_mask"] = torch.from_numpy(mask)
         return batch
 
     def _pad_for(self, key: str) -> int | float:
@@ -239,17 +245,18 @@ class PackCollator(Collator):
 # -- padding ------------------------------------------------------------------------------
 
 
-def _pad(key: str, flat: Flat, mask: np.ndarray, pad: int | float) -> torch.Tensor:
-    """A ``mask.shape`` tensor: ``flat`` in the cells where ``mask`` is true (row-major), ``pad`` elsewhere."""
+def _pad(key: str, flat: Flat, cells: np.ndarray, shape: tuple[int, int], pad: int | float) -> torch.Tensor:
+    """A ``shape`` tensor: ``flat`` in the row-major ``cells``, ``pad`` elsewhere."""
     # NOTE: numpy does the scatter where it holds the dtype: torch has no index_put for uint16,
     # the dtype of memmapped token files
     flat = _as_numpy_if_possible(flat)
     if isinstance(flat, np.ndarray):
-        out = np.full(mask.shape, _fitting_pad(key, pad, flat.dtype), dtype=flat.dtype)
-        out[mask] = flat
+        fill = _fitting_pad(key, pad, flat.dtype)
+        out = np.zeros(shape, dtype=flat.dtype) if fill == 0 else np.full(shape, fill, dtype=flat.dtype)
+        out.reshape(-1)[cells] = flat
         return torch.from_numpy(out)
-    tensor_out = torch.full(mask.shape, _fitting_pad(key, pad, flat.dtype), dtype=flat.dtype, device=flat.device)
-    tensor_out[torch.from_numpy(mask).to(flat.device)] = flat
+    tensor_out = torch.full(shape, _fitting_pad(key, pad, flat.dtype), dtype=flat.dtype, device=flat.device)
+    tensor_out.view(-1)[torch.from_numpy(cells).to(flat.device)] = flat
     return tensor_out
 
 
@@ -301,38 +308,37 @@ def _columns(name: str, samples: Sequence[Any], reserved: tuple[str, ...]) -> di
     clash = [key for key in keys if key in reserved]
     if clash:
         raise ValueError(f"{name} makes the keys {list(reserved)!r}, so samples may not hold them; got {clash!r}.")
-    columns: dict[str, tuple[str, list[Any]]] = {}
-    for key in keys:
-        columns[key] = (_kind(name, key, 0, first[key]), [])
+    kinds = {key: _kind(name, key, 0, _value(name, key, 0, first[key]), first[key]) for key in keys}
+    columns: dict[str, tuple[str, list[Any]]] = {key: (kind, []) for key, kind in kinds.items()}
+    first_keys = first.keys()
     for position, sample in enumerate(samples):
-        if not isinstance(sample, Mapping) or set(sample) != set(keys):
+        if not (type(sample) is dict or isinstance(sample, Mapping)) or sample.keys() != first_keys:
             got = list(sample) if isinstance(sample, Mapping) else type(sample).__name__
             raise ValueError(
                 f"{name} takes samples with the same keys: sample 0 has {keys!r}, sample {position} {got!r}."
             )
-        for key in keys:
-            kind, values = columns[key]
-            value = _value(name, key, position, sample[key])
-            if _kind(name, key, position, value) != kind:
+        for key, (kind, values) in columns.items():
+            raw = sample[key]
+            value = raw if type(raw) is torch.Tensor else _value(name, key, position, raw)
+            if _kind(name, key, position, value, raw) != kind:
                 raise ValueError(
                     f"{name}: {key!r} is a {kind} in sample 0 but not in sample {position}, "
-                    f"whose value is {short_repr(sample[key])}."
+                    f"whose value is {short_repr(raw)}."
                 )
             values.append(value)
     return columns
 
 
-def _kind(name: str, key: str, position: int, value: Any) -> str:
+def _kind(name: str, key: str, position: int, value: torch.Tensor | np.ndarray | list[Any], raw: Any) -> str:
     """``"token"`` for a 1-D value (or an empty list), ``"scalar"`` for a 0-d one."""
-    converted = _value(name, key, position, value)
-    if isinstance(converted, list):
+    if isinstance(value, list) or value.ndim == 1:
         return "token"
-    if converted.ndim not in (0, 1):
-        raise ValueError(
-            f"{name} takes 1-D per-token values and scalars, got {key!r} of shape "
-            f"{tuple(converted.shape)} in sample {position}: {short_repr(value)}."
-        )
-    return "token" if converted.ndim == 1 else "scalar"
+    if value.ndim == 0:
+        return "scalar"
+    raise ValueError(
+        f"{name} takes 1-D per-token values and scalars, got {key!r} of shape "
+        f"{tuple(value.shape)} in sample {position}: {short_repr(raw)}."
+    )
 
 
 def _value(name: str, key: str, position: int, value: Any) -> torch.Tensor | np.ndarray | list[Any]:
@@ -351,11 +357,16 @@ def _value(name: str, key: str, position: int, value: Any) -> torch.Tensor | np.
     )
 
 
+def _length(value: torch.Tensor | np.ndarray | list[Any]) -> int:
+    # NOTE: shape[0], not len(): a tensor's __len__ is a Python function
+    return len(value) if isinstance(value, list) else int(value.shape[0])
+
+
 def _check_sample_lengths(name: str, columns: dict[str, tuple[str, list[Any]]]) -> None:
     tokens = {key: values for key, (kind, values) in columns.items() if kind == "token"}
     if len(tokens) < 2:
         return
-    lengths = np.array([[len(v) for v in values] for values in tokens.values()])
+    lengths = np.array([[_length(v) for v in values] for values in tokens.values()])
     bad = np.flatnonzero((lengths != lengths[0]).any(axis=0))
     if len(bad):
         found = ", ".join(f"{key} {int(row[bad[0]])}" for key, row in zip(tokens, lengths))
