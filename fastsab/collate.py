@@ -20,6 +20,7 @@ gathering straight from flat values: both paths end in :meth:`Collator.from_flat
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeAlias, Union
 
@@ -269,7 +270,9 @@ def _fitting_pad(key: str, pad: int | float, dtype: np.dtype[Any] | torch.dtype)
             held = np.array(pad).astype(dtype).item()  # NOTE: astype wraps around instead of raising
     except (OverflowError, RuntimeError, TypeError):
         held = None
-    if held != pad:
+    if held != pad and not (
+        isinstance(pad, float) and math.isnan(pad) and isinstance(held, float) and math.isnan(held)
+    ):
         raise ValueError(f"pad_value {pad!r} of key {key!r} does not fit its dtype {dtype}: choose a value it holds.")
     return pad
 

@@ -103,6 +103,9 @@ class RaggedDataset:
         for name in self.values.keys() | self.per_sequence.keys():
             if name in self.collator.reserved:
                 raise ValueError(f"{type(self.collator).__name__} makes the key {name!r}; rename that column.")
+        # NOTE: a batch of no sequence checks the collator against the keys and dtypes (a pad
+        # value for a key the dataset lacks, or one its dtype cannot hold) before any epoch runs
+        self.__getitems__(np.zeros(0, dtype=np.int64))
 
     # -- sources ---------------------------------------------------------------------------
 

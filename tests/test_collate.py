@@ -199,3 +199,8 @@ def test_a_pad_value_for_a_key_the_batch_lacks_is_refused():
 def test_pack_collator_refuses_the_keys_it_makes():
     with pytest.raises(ValueError, match=r"PackCollator makes the keys .*position_ids.*; got \['position_ids'\]"):
         PackCollator()([{"input_ids": [1], "position_ids": [0]}])
+
+
+def test_nan_pads_float_values():
+    padded = PadCollator(float("nan"))([{"x": np.array([1.0, 2.0])}, {"x": np.array([3.0])}])["x"]
+    assert padded[0].tolist() == [1.0, 2.0] and padded[1, 0] == 3.0 and torch.isnan(padded[1, 1])

@@ -261,3 +261,10 @@ def test_hugging_face_columns():
     with_gap = datasets.Dataset.from_dict({"input_ids": [[1], None]})
     with pytest.raises(ValueError, match=r"column 'input_ids' has 1 missing rows"):
         RaggedDataset.from_hf(with_gap)
+
+
+def test_the_collator_is_checked_against_the_keys_and_dtypes_when_the_dataset_is_made():
+    with pytest.raises(ValueError, match=r"pad_value names \['label'\], which are not per-token keys"):
+        RaggedDataset(np.arange(3), [0, 3], collator=PadCollator({"label": -100}))
+    with pytest.raises(ValueError, match=r"pad_value -100 of key 'labels' does not fit its dtype uint16"):
+        RaggedDataset({"labels": np.arange(3, dtype=np.uint16)}, [0, 3], collator=PadCollator({"labels": -100}))
