@@ -10,6 +10,7 @@ floor: ``FastLoader`` over fixed-shape rows of the same total tokens.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -29,6 +30,7 @@ __all__ = ["BatchedSequenceList", "SequenceList", "ragged_rows"]
 SUITE = "ragged"
 FLOOR = "FastLoader, fixed-shape rows (floor)"
 LIST = "list of tensors, DataLoader + "
+HF = "Hugging Face Dataset (torch format), DataLoader + "
 
 
 class SequenceList(Dataset[dict[str, torch.Tensor]]):
@@ -67,7 +69,9 @@ def ragged_rows(
     of tensors runs as most code does today: a ``DataLoader`` over the same batches (``batch_sampler``)
     calling ``__getitem__`` per sequence, then the collator; and with ``__getitems__`` through
     ``FastSizeAwareLoader``. ``x baseline`` is time / floor time; ``speed-up`` is the
-    ``DataLoader`` time with the same collator / this time.
+    ``DataLoader`` time with the same collator / this time. Where ``datasets`` is installed, the
+    same sequences as a Hugging Face ``Dataset`` in torch format run through the same
+    ``DataLoader`` too, and the note of a ``RaggedDataset`` row says how much faster it is.
 
     Examples:
         >>> rows = ragged_rows(samples=300, budget=4000, epochs=1)
@@ -104,6 +108,12 @@ def ragged_rows(
             lambda: sized(BatchedSequenceList(sequences), PadCollator()),
         ),
     ]
+    hugging_face = _hugging_face_dataset(offsets, tokens)
+    if hugging_face is not None:
+        sampler = sized(BatchedSequenceList(sequences)).batch_sampler()
+        for collator in (PadCollator(), PackCollator()):
+            name = f"{HF}{type(collator).__name__}"
+            cases.append((name, partial(DataLoader, hugging_face, batch_sampler=sampler, collate_fn=collator)))
     measured = _epoch_times(cases, epochs, progress)
     floor = measured[FLOOR][0]
     note = f"{samples:,} sequences, {total:,} tokens, budget {budget:,}"
@@ -113,5 +123,18 @@ def ragged_rows(
         layout = "PadCollator" if name.endswith("padded") else "PackCollator" if name.endswith("packed") else None
         if layout is not None:
             row.speedup = measured[f"{LIST}{layout}"][0] / seconds
+            if f"{HF}{layout}" in measured:
+                row.note += f"; {measured[f'{HF}{layout}'][0] / seconds:.1f}x faster than the Hugging Face Dataset"
         result.append(row)
     return result
+
+
+def _hugging_face_dataset(offsets: np.ndarray, tokens: torch.Tensor) -> Any:
+    """The sequences as a Hugging Face ``datasets.Dataset`` in torch format, or ``None`` without ``datasets``."""
+    try:
+        import datasets
+        import pyarrow as pa
+    except ImportError:
+        return None
+    column = pa.LargeListArray.from_arrays(pa.array(offsets.astype(np.int64)), pa.array(tokens.numpy()))
+    return datasets.Dataset.from_dict({"input_ids": column}).with_format("torch")
