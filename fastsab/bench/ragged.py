@@ -110,8 +110,8 @@ def ragged_rows(
     ]
     hugging_face = _hugging_face_dataset(offsets, tokens)
     if hugging_face is not None:
-        sampler = sized(BatchedSequenceList(sequences)).batch_sampler()
         for collator in (PadCollator(), PackCollator()):
+            sampler = sized(BatchedSequenceList(sequences)).batch_sampler()  # NOTE: one per case: epochs advance
             name = f"{HF}{type(collator).__name__}"
             cases.append((name, partial(DataLoader, hugging_face, batch_sampler=sampler, collate_fn=collator)))
     measured = _epoch_times(cases, epochs, progress)
