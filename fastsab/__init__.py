@@ -2,11 +2,13 @@
 
 from fastsab.batching import BatchSplit, Carry, split_batches
 from fastsab.buckets import BucketBatchSampler, Buckets, create_buckets
+from fastsab.collate import PackCollator, PadCollator
 from fastsab.epochs import EpochStats
 from fastsab.fetch import collate_batch
 from fastsab.loader import FastLoader, FastSizeAwareLoader
 from fastsab.out_of_core import OutOfCoreDataset
 from fastsab.planned import PlannedBatchSampler, PlannedDataLoader
+from fastsab.ragged import RaggedDataset
 from fastsab.samplers import SizeAwareBatchSampler
 from fastsab.shuffle import GroupedPermutation, grouped_permutation
 from fastsab.streaming import size_aware_batching
@@ -21,8 +23,11 @@ __all__ = [
     "FastSizeAwareLoader",
     "GroupedPermutation",
     "OutOfCoreDataset",
+    "PackCollator",
+    "PadCollator",
     "PlannedBatchSampler",
     "PlannedDataLoader",
+    "RaggedDataset",
     "SizeAwareBatchSampler",
     "collate_batch",
     "create_buckets",

@@ -6,7 +6,9 @@
    If it returns a ``list`` it is a list of samples and must have one per index; it is
    collated with ``collate_fn`` (default ``torch.utils.data.default_collate``). Any other
    return value is an already batched pytree, whose array leaves must have one row per
-   index; ``collate_fn``, if given, is applied to it.
+   index, or a packed batch of sequences (a dict with a 1-D ``cu_seqlens``, as
+   :class:`~fastsab.collate.PackCollator` makes), whose ``cu_seqlens`` must have one entry
+   per index and one more; ``collate_fn``, if given, is applied to it.
 2. Data whose rows are what indexing it gives, gathered by fancy indexing: a tensor, a
    numpy array, a ``TensorDataset`` whose class changes neither ``__getitem__`` nor
    ``__len__``, or a pytree of tensors/arrays with a common first dimension. The pytree
@@ -130,6 +132,13 @@ class Fetcher:
         if isinstance(result, list):
             if len(result) != len(indices):
                 raise ValueError(f"{name}.__getitems__ returned {len(result)} samples for {len(indices)} indices.")
+        elif _is_packed(result):
+            sequences = len(result["cu_seqlens"]) - 1
+            if sequences != len(indices):
+                raise ValueError(
+                    f"{name}.__getitems__ returned a packed batch of {sequences} sequences (len(cu_seqlens) - 1) "
+                    f"for {len(indices)} indices."
+                )
         else:
             leaves = tree_arrays(result)
             if leaves and _common_rows(f"{name}.__getitems__ result", leaves) != len(indices):
@@ -137,6 +146,12 @@ class Fetcher:
                     f"{name}.__getitems__ returned a batch of {leaves[0].shape[0]} rows for {len(indices)} indices."
                 )
         return (self.collate_fn or collate_batch)(result)
+
+
+def _is_packed(result: Any) -> bool:
+    """Whether ``result`` is a packed batch: a dict with a 1-D ``cu_seqlens`` (see :mod:`fastsab.collate`)."""
+    cu_seqlens = result.get("cu_seqlens") if isinstance(result, dict) else None
+    return isinstance(cu_seqlens, (torch.Tensor, np.ndarray)) and cu_seqlens.ndim == 1 and len(cu_seqlens) >= 1
 
 
 def collate_batch(fetched: Any) -> Any:

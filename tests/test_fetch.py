@@ -283,3 +283,30 @@ def test_fetchers_pickle_with_their_dataset():
         clone = pickle.loads(pickle.dumps(fetch))
         assert clone.kind == fetch.kind
         assert_same(clone(np.array([4, 2])), fetch(np.array([4, 2])))
+
+
+class PackedSequences(Dataset[Any]):
+    """Sequences ``arange(length)`` whose ``__getitems__`` packs a batch into one row."""
+
+    def __init__(self, lengths: list[int], extra: int = 0) -> None:
+        self.lengths = lengths
+        self.extra = extra  # sequences added to each batch, to test the count check
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def __getitems__(self, indices: list[int]) -> dict[str, Any]:
+        from fastsab.collate import PackCollator
+
+        samples = [{"input_ids": torch.arange(self.lengths[i])} for i in indices + [0] * self.extra]
+        return PackCollator()(samples)
+
+
+def test_a_packed_batch_counts_its_sequences_by_cu_seqlens():
+    fetch = Fetcher(PackedSequences([3, 1, 2]), None)
+    batch = fetch(np.array([2, 0]))
+    assert batch["input_ids"].tolist() == [0, 1, 0, 1, 2] and batch["cu_seqlens"].tolist() == [0, 2, 5]
+    with pytest.raises(
+        ValueError, match=r"returned a packed batch of 3 sequences \(len\(cu_seqlens\) - 1\) for 2 indices"
+    ):
+        Fetcher(PackedSequences([3, 1, 2], extra=1), None)(np.array([2, 0]))

@@ -1,0 +1,140 @@
+"""Variable-length batches per epoch: :class:`~fastsab.RaggedDataset` against fixed-shape rows and a list of tensors.
+
+:func:`ragged_rows` measures an epoch of token sequences (log-normal lengths) batched under a
+token budget (``cost="sum"``), padded and packed, three ways: a ``RaggedDataset`` gathered in
+one pass per batch, a list of per-sequence tensors fetched as a list and collated by
+:class:`~fastsab.collate.PadCollator` or :class:`~fastsab.collate.PackCollator`, and the
+floor: ``FastLoader`` over fixed-shape rows of the same total tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from functools import partial
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from fastsab.bench.loaders import _epoch_times
+from fastsab.bench.report import Row
+from fastsab.bench.workloads import lognormal_lengths
+from fastsab.collate import Collator, PackCollator, PadCollator
+from fastsab.loader import FastLoader, FastSizeAwareLoader
+from fastsab.ragged import RaggedDataset
+
+__all__ = ["BatchedSequenceList", "SequenceList", "ragged_rows"]
+
+#: The table of :func:`ragged_rows`.
+SUITE = "ragged"
+FLOOR = "FastLoader, fixed-shape rows (floor)"
+LIST = "list of tensors, DataLoader + "
+HF = "Hugging Face Dataset (torch format), DataLoader + "
+
+
+class SequenceList(Dataset[dict[str, torch.Tensor]]):
+    """A list of per-sequence tensors, as a map-style dataset: one ``__getitem__`` per sequence."""
+
+    def __init__(self, sequences: list[torch.Tensor]) -> None:
+        self.sequences = sequences
+
+    def __len__(self) -> int:
+        return len(self.sequences)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        return {"input_ids": self.sequences[index]}
+
+
+class BatchedSequenceList(SequenceList):
+    """The same list with ``__getitems__``: one call per batch returns the list of samples a collator takes."""
+
+    def __getitems__(self, indices: list[int]) -> list[dict[str, torch.Tensor]]:
+        sequences = self.sequences
+        return [{"input_ids": sequences[i]} for i in indices]
+
+
+def ragged_rows(
+    samples: int = 50_000,
+    budget: int = 16_384,
+    epochs: int = 3,
+    progress: Callable[[str], None] | None = None,
+) -> list[Row]:
+    """Epoch times of padded and packed token batches from a ``RaggedDataset`` and from a list of tensors.
+
+    Lengths are :func:`~fastsab.bench.workloads.lognormal_lengths` (mean ~150, 8 to 4000), the
+    batches those of ``FastSizeAwareLoader(..., budget, cost="sum")`` with the same seed for
+    every case. The floor is ``FastLoader`` over a ``(rows, width)`` tensor of about the same
+    total tokens (``width`` the mean length) in batches of ``budget // width`` rows. The list
+    of tensors runs as most code does today: a ``DataLoader`` over the same batches (``batch_sampler``)
+    calling ``__getitem__`` per sequence, then the collator; and with ``__getitems__`` through
+    ``FastSizeAwareLoader``. ``x baseline`` is time / floor time; ``speed-up`` is the
+    ``DataLoader`` time with the same collator / this time. Where ``datasets`` is installed, the
+    same sequences as a Hugging Face ``Dataset`` in torch format run through the same
+    ``DataLoader`` too, and the note of a ``RaggedDataset`` row says how much faster it is.
+
+    Examples:
+        >>> rows = ragged_rows(samples=300, budget=4000, epochs=1)
+        >>> [row.method for row in rows][:2]
+        ['FastLoader, fixed-shape rows (floor)', 'RaggedDataset, padded']
+        >>> all(row.seconds > 0 for row in rows)
+        True
+    """
+    lengths = lognormal_lengths(samples)
+    total = int(lengths.sum())
+    tokens = torch.randint(0, 32_000, (total,), generator=torch.Generator().manual_seed(0))
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    width = max(1, round(total / samples))
+    rows = tokens[: total // width * width].reshape(-1, width)
+    sequences = list(torch.split(tokens, lengths.tolist()))
+
+    def sized(dataset: Any, collate_fn: Collator | None = None) -> FastSizeAwareLoader:
+        return FastSizeAwareLoader(
+            dataset, lengths, budget, cost="sum", oversize="own_batch", seed=0, collate_fn=collate_fn
+        )
+
+    def data_loader(collate_fn: Collator) -> Callable[[], Iterable[Any]]:
+        sampler = sized(BatchedSequenceList(sequences)).batch_sampler()
+        return lambda: DataLoader(SequenceList(sequences), batch_sampler=sampler, collate_fn=collate_fn)
+
+    cases: list[tuple[str, Callable[[], Iterable[Any]]]] = [
+        (FLOOR, lambda: FastLoader(rows, max(1, budget // width), seed=0)),
+        ("RaggedDataset, padded", lambda: sized(RaggedDataset(tokens, offsets, collator=PadCollator()))),
+        ("RaggedDataset, packed", lambda: sized(RaggedDataset(tokens, offsets, collator=PackCollator()))),
+        (f"{LIST}PadCollator", data_loader(PadCollator())),
+        (f"{LIST}PackCollator", data_loader(PackCollator())),
+        (
+            "list of tensors + __getitems__, FastSizeAwareLoader + PadCollator",
+            lambda: sized(BatchedSequenceList(sequences), PadCollator()),
+        ),
+    ]
+    hugging_face = _hugging_face_dataset(offsets, tokens)
+    if hugging_face is not None:
+        for collator in (PadCollator(), PackCollator()):
+            sampler = sized(BatchedSequenceList(sequences)).batch_sampler()  # NOTE: one per case: epochs advance
+            name = f"{HF}{type(collator).__name__}"
+            cases.append((name, partial(DataLoader, hugging_face, batch_sampler=sampler, collate_fn=collator)))
+    measured = _epoch_times(cases, epochs, progress)
+    floor = measured[FLOOR][0]
+    note = f"{samples:,} sequences, {total:,} tokens, budget {budget:,}"
+    result = []
+    for name, (seconds, n_batches) in measured.items():
+        row = Row(SUITE, note, name, seconds, FLOOR, seconds / floor, f"{n_batches:,} batches")
+        layout = "PadCollator" if name.endswith("padded") else "PackCollator" if name.endswith("packed") else None
+        if layout is not None:
+            row.speedup = measured[f"{LIST}{layout}"][0] / seconds
+            if f"{HF}{layout}" in measured:
+                row.note += f"; {measured[f'{HF}{layout}'][0] / seconds:.1f}x faster than the Hugging Face Dataset"
+        result.append(row)
+    return result
+
+
+def _hugging_face_dataset(offsets: np.ndarray, tokens: torch.Tensor) -> Any:
+    """The sequences as a Hugging Face ``datasets.Dataset`` in torch format, or ``None`` without ``datasets``."""
+    try:
+        import datasets
+        import pyarrow as pa
+    except ImportError:
+        return None
+    column = pa.LargeListArray.from_arrays(pa.array(offsets.astype(np.int64)), pa.array(tokens.numpy()))
+    return datasets.Dataset.from_dict({"input_ids": column}).with_format("torch")
