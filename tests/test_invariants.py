@@ -435,6 +435,8 @@ KERNEL_SUMS = {
     "FastSizeAwareLoader[sum]",
     "FastSizeAwareLoader[sum].batch_sampler()",
     "FastSizeAwareLoader[sum].data_loader()",
+    "FastSizeAwareLoader[sum](dict)",
+    "FastSizeAwareLoader[sum](tuple).data_loader()",
     "SizeAwareBatchSampler[array]",
     "SizeAwareBatchSampler[callable]",
     "FastDataModule[sized]",

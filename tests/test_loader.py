@@ -715,3 +715,46 @@ def test_the_configured_limit_cannot_be_reassigned():
     with pytest.raises(AttributeError, match="max_total_size"):
         sized.max_total_size = 3  # type: ignore[misc]
     assert sized.max_total_size == 12 and [len(b) for b in sized] == [4]
+
+
+Pair = namedtuple("Pair", ["x", "y"])
+
+
+def _pytree_dataset(kind: str) -> object:
+    x = torch.arange(10)
+    if kind == "dict":
+        return {"x": x, "y": x * 2, "name": "pairs"}
+    if kind == "tuple":
+        return (x, x * 2)
+    return Pair(x, x * 2)
+
+
+def _first_rows(batch: object) -> dict:
+    """A batch of a pytree dataset as plain lists, whatever its container."""
+    if isinstance(batch, dict):
+        return {key: value.tolist() if isinstance(value, torch.Tensor) else value for key, value in batch.items()}
+    return {str(i): value.tolist() for i, value in enumerate(batch)}
+
+
+def _swap_pairs(rows: object) -> object:
+    """A collate_fn: the gathered columns in reverse order (a module-level function, so workers can pickle it)."""
+    columns = list(rows.values()) if isinstance(rows, dict) else list(rows)
+    return [column for column in reversed(columns) if isinstance(column, torch.Tensor)]
+
+
+@pytest.mark.parametrize("kind", ["dict", "tuple", "namedtuple"])
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("collate_fn", [None, _swap_pairs])
+def test_data_loader_over_a_pytree_dataset_yields_the_loader_batches(kind, num_workers, collate_fn):
+    def loader() -> FastLoader:
+        return FastLoader(_pytree_dataset(kind), 4, seed=5, collate_fn=collate_fn)
+
+    expected = [_first_rows(batch) for batch in loader()]
+    options: dict = {"num_workers": num_workers}
+    if collate_fn is not None:
+        options["collate_fn"] = collate_fn
+    if num_workers:
+        options["multiprocessing_context"] = "fork" if "fork" in torch.multiprocessing.get_all_start_methods() else None
+    data = loader().data_loader(**options)
+    assert [_first_rows(batch) for batch in data] == expected
+    assert len(data) == len(expected) == 3
