@@ -110,9 +110,8 @@ class BatchCost:
         # integer totals `total <= cap` equals `total <= floor(cap)`; for float totals it equals
         # `total <= the largest float64 not above cap`. Converting the cap once this way keeps
         # every later comparison exact in a single numpy dtype. An integer cap past int64 acts
-        # as the largest int64: no int64 cost exceeds it, and sums stay below 2**62 (see
-        # _kernels._sum_counter); padded mode works from the exact caps instead (see
-        # _kernels._padded_limits).
+        # as the largest int64 where no cost exceeds it; sums that pass int64 and padded mode
+        # work from the exact caps (see _kernels._sum_counter, _kernels._padded_limits).
         caps = self.column_caps(k)
         if not float_mode:
             return np.array([min(math.floor(cap), _INT64_MAX) for cap in caps], dtype=np.int64)
@@ -156,7 +155,9 @@ class BatchCost:
         """
         if not len(costs):
             return list(current)
-        spent = self.per_batch(np.asarray(costs), np.array([0, len(costs)]))[0]
+        # NOTE: priced in float64: the result is a float, and an int64 sum or len * max of
+        # costs near int64 would wrap around (to a cost of 0 or less, which lowers nothing)
+        spent = self.per_batch(np.asarray(costs, dtype=np.float64), np.array([0, len(costs)]))[0]
         return [min(cap, float(cost) / factor) if cost > 0 else cap for cap, cost in zip(current, spent.tolist())]
 
     def check_caps(self, limit: object) -> Caps:

@@ -231,3 +231,10 @@ def test_cost_source_fingerprints() -> None:
     sample = np.unique(np.linspace(0, 4999, 4096).astype(np.int64))
     assert computed.fingerprint(5000) == (sample % 7).tobytes()
     assert make_cost_source(lambda x: x, 0, features=np.empty(0)).fingerprint(0) == b""
+
+
+@pytest.mark.parametrize("cost", ["sum", "padded"])
+def test_smaller_caps_below_a_batch_whose_cost_passes_int64(cost):
+    rule = BatchCost(2**70, cost=cost)
+    costs = np.array([2**62, 2**62, 2**62], dtype=np.int64)
+    assert rule.smaller_caps(costs, rule.caps, 2) == [3 * 2**61]

@@ -758,3 +758,10 @@ def test_data_loader_over_a_pytree_dataset_yields_the_loader_batches(kind, num_w
     data = loader().data_loader(**options)
     assert [_first_rows(batch) for batch in data] == expected
     assert len(data) == len(expected) == 3
+
+
+def test_integer_sizes_whose_sums_pass_int64_are_batched_exactly():
+    loader = FastSizeAwareLoader(torch.arange(3), [2**62, 2**62, 1], 2**70, shuffle=False)
+    assert len(loader) == 1 and [b.tolist() for b in loader] == [[0, 1, 2]]
+    loader = FastSizeAwareLoader(torch.arange(5), [2**61] * 5, 3 * 2**61, shuffle=False)
+    assert len(loader) == 2 and [b.tolist() for b in loader] == [[0, 1, 2], [3, 4]]
