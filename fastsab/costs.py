@@ -104,6 +104,19 @@ class BatchCost:
             raise ValueError(f"max_total_size has {len(self.caps)} caps but costs has {k} columns: {self.caps!r}.")
         return list(self.caps)
 
+    def check_columns(self, costs: np.ndarray) -> None:
+        """Raise ``ValueError`` if ``costs`` (``(n,)`` or ``(n, k)``) has other columns than caps.
+
+        One cap applies to every column; caps given one per column must be as many as the columns.
+
+        Examples:
+            >>> BatchCost([4, 5]).check_columns(np.ones((3, 3)))
+            Traceback (most recent call last):
+            ...
+            ValueError: max_total_size has 2 caps but costs has 3 columns: [4, 5].
+        """
+        self.column_caps(costs.shape[1] if costs.ndim == 2 else 1)
+
     def caps_for_dtype(self, k: int, float_mode: bool) -> np.ndarray:
         """The caps of ``k`` columns in the costs' dtype, so that ``cost <= cap`` stays exact."""
         # NOTE: the loop compares a running total with the cap exactly (Python semantics). For
