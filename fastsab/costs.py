@@ -209,7 +209,9 @@ class BatchCost:
         return head | self.options()
 
 
-def refuse_above(new: Sequence[int | float], old: Sequence[int | float], configured: object, limit: object) -> None:
-    """Raise ``ValueError`` if a lowered limit ``new`` has a cap above the configured ``old`` one."""
+def refuse_above(
+    new: Sequence[int | float], old: Sequence[int | float], shown: object, limit: object, which: str = "configured"
+) -> None:
+    """Raise ``ValueError`` if a lowered limit ``new`` has a cap above ``old`` (the ``which`` limit, ``shown``)."""
     if any(a > b for a, b in zip(new, old)):
-        raise ValueError(f"a lowered limit must not exceed the configured {configured!r}, got {limit!r}.")
+        raise ValueError(f"a lowered limit must not exceed the {which} {shown!r}, got {limit!r}.")

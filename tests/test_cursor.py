@@ -637,6 +637,27 @@ def test_a_state_saved_between_the_parts_of_a_failed_batch_resumes_exactly():
     assert done + [i for part in adaptive.run(resumed, fake_oom_above(8)) for i in part] == list(range(64))
 
 
+@pytest.mark.parametrize("kind", ["fixed", "sized"])
+def test_a_lowered_limit_above_the_one_in_force_is_refused(kind):
+    if kind == "fixed":
+        loader = FastLoader(torch.arange(40), 8, shuffle=False)
+        lowered, above, shown = 4, 6, "4"
+    else:
+        loader = FastSizeAwareLoader(torch.arange(40), np.ones(40), 8, shuffle=False)
+        lowered, above, shown = 4, 6, r"\[4\]"
+    batches = iter(loader)
+    next(batches)
+    loader.lower_limit(lowered)
+    assert len(next(batches)) == 4
+    with pytest.raises(ValueError, match=rf"a lowered limit must not exceed the current {shown}, got {above}\."):
+        loader.lower_limit(above)
+    with pytest.raises(ValueError, match=rf"a lowered limit must not exceed the current {shown}, got {above}\."):
+        loader.retry_last_batch(above)
+    loader.lower_limit(lowered)  # the limit in force: nothing changes
+    assert [len(batch) for batch in batches] == [4] * 7
+    assert [change[1:] for change in loader.stats.limit_changes] == [(8, 4) if kind == "fixed" else ([8], [4])]
+
+
 def test_a_lowered_limit_above_the_configured_one_is_refused():
     with pytest.raises(ValueError, match=r"a lowered limit must not exceed the configured \[40\], got 1000"):
         FastSizeAwareLoader(torch.arange(10), np.ones(10), 40).lower_limit(1000)
@@ -865,3 +886,4 @@ def test_the_start_limit_is_the_last_lowered_before_the_resumed_position():
     fresh = make()
     next(iter(fresh))
     assert fresh.start_limit() == 8
+
