@@ -145,10 +145,10 @@ def parse_state(
 
 
 def _check_keys(name: str, raw: dict[Any, Any], keys: tuple[str, ...]) -> None:
-    """Refuse ``raw`` (named ``name``) unless it has exactly the entries ``keys``."""
+    """Refuse ``raw`` (``name`` in the state) unless it has exactly the entries ``keys``."""
     for key in keys:
         if key not in raw:
-            raise ValueError(f"{name} has no {key!r} entry; pass a dict made by state_dict().")
+            raise ValueError(f"state has no {key!r} entry; pass a dict made by state_dict().")
     # NOTE: an entry this version does not know may change where a resume starts: refused, not ignored
     unknown = [key for key in raw if key not in keys]
     if unknown:
