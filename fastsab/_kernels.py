@@ -2,7 +2,8 @@
 
 :func:`_greedy_ends` walks a split's batches, one counter call per batch; a counter says how
 many items from a position fit the cap: :func:`_sum_counter` for ``cost="sum"`` (prefix sums
-and a galloping binary search, exact for integer and float costs) and :func:`_padded_counter`
+and a galloping binary search, exact for integer and float costs; Python integers where int64
+sums would overflow) and :func:`_padded_counter`
 for ``cost="padded"`` (a running-max window, ``len * max`` against the cap). The caps come
 converted by :meth:`~fastsab.costs.BatchCost.caps_for_dtype`.
 """
@@ -11,7 +12,8 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left, bisect_right
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from itertools import accumulate
 from typing import Any
 
 import numpy as np
@@ -75,27 +77,32 @@ def _greedy_ends(
     return ends, i
 
 
-def _sum_counter(c: np.ndarray, caps: np.ndarray, unbounded: bool) -> Callable[[int, int, int], int]:
+def _sum_counter(
+    c: np.ndarray, caps: np.ndarray, exact_caps: list[int | float], unbounded: bool
+) -> Callable[[int, int, int], int]:
     """Counter for ``cost="sum"``: how many items from ``i`` fit, at most ``hi - i``.
 
-    ``unbounded`` says that some items (``own_batch`` ones) may cost more than the cap.
+    ``caps`` are the caps of :meth:`~fastsab.costs.BatchCost.caps_for_dtype`, ``exact_caps``
+    those given; ``unbounded`` says that some items (``own_batch`` ones) may cost more than the cap.
     """
     m, k = c.shape
     counters = []
     for j in range(k):
         column = c[:, j]
         cap = caps[j].item()
-        prefix = np.zeros(m + 1, dtype=c.dtype)
         if c.dtype == np.float64:
+            prefix = np.zeros(m + 1, dtype=c.dtype)
             np.cumsum(column, out=prefix[1:])
             counters.append(_float_column_counter(prefix.data, column, cap))
-        else:
-            # NOTE: in sum mode no batch cost passes the cap, but the prefix sums of a whole
-            # call must stay in int64; the cap bounds every item, so this check is cheap.
-            if (m * (cap + 1) >= 2**63 or unbounded) and float(column.sum(dtype=np.float64)) >= 2**62:
-                raise ValueError("costs sum past 2**62 in one call; split the order into smaller chunks.")
+        elif _int64_prefix_fits(column, cap, unbounded):
+            prefix = np.zeros(m + 1, dtype=c.dtype)
             np.cumsum(column, out=prefix[1:])
             counters.append(_int_column_counter(prefix.data, cap))
+        else:
+            # NOTE: the prefix sums of this call pass int64 (batches may too, under a cap past
+            # int64): exact Python ints, only for costs this large
+            exact = list(accumulate(column.tolist(), initial=0))
+            counters.append(_int_column_counter(exact, math.floor(exact_caps[j])))
     if k == 1:
         return counters[0]
 
@@ -107,7 +114,19 @@ def _sum_counter(c: np.ndarray, caps: np.ndarray, unbounded: bool) -> Callable[[
     return count
 
 
-def _gallop(prefix: memoryview, x: Any, i: int, hi: int, guess: int) -> int:
+def _int64_prefix_fits(column: np.ndarray, cap: int, unbounded: bool) -> bool:
+    """Whether the int64 prefix sums of ``column`` cannot overflow.
+
+    Without items above the cap, every item is at most ``cap``, so the sum is at most
+    ``len(column) * cap``: only when that bound passes int64 is the column summed (in float64,
+    whose error is far below the margin between 2**62 and 2**63).
+    """
+    if len(column) * (cap + 1) < 2**63 and not unbounded:
+        return True
+    return float(column.sum(dtype=np.float64)) < 2**62
+
+
+def _gallop(prefix: Sequence[Any], x: Any, i: int, hi: int, guess: int) -> int:
     """Largest ``t`` in ``[i, hi]`` with ``prefix[t] <= x``, given ``prefix[i] <= x``."""
     # NOTE: bisect over a memoryview reads Python numbers directly (no numpy call per
     # batch); probing first at twice the previous batch length keeps searches short.
@@ -119,7 +138,7 @@ def _gallop(prefix: memoryview, x: Any, i: int, hi: int, guess: int) -> int:
     return bisect_right(prefix, x, i, hi + 1) - 1
 
 
-def _int_column_counter(prefix: memoryview, cap: int) -> Callable[[int, int, int], int]:
+def _int_column_counter(prefix: Sequence[Any], cap: int) -> Callable[[int, int, int], int]:
     def count(i: int, hi: int, guess: int) -> int:
         return _gallop(prefix, prefix[i] + cap, i, hi, guess) - i
 

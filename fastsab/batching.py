@@ -92,9 +92,8 @@ def split_batches(
     Raises:
         TypeError: If an argument has the wrong type.
         ValueError: If a value is out of range (negative or NaN costs, negative or
-            infinite caps, a mismatched ``ids`` length or carry), an item is oversize with
-            ``oversize="error"``, or integer costs that may share a batch sum past 2**62
-            in one call (``cost="sum"``; split the order into chunks).
+            infinite caps, a mismatched ``ids`` length or carry), or an item is oversize with
+            ``oversize="error"``.
 
     Examples:
         >>> split = split_batches([2, 2, 5, 3, 1, 4], 4)
@@ -183,7 +182,7 @@ def split_with(
             over = np.concatenate([np.zeros(len(carry), dtype=bool), over])
 
     if rule.cost == "sum":
-        count = _sum_counter(c, caps, over is not None)
+        count = _sum_counter(c, caps, cap_values, over is not None)
     else:
         count = _padded_counter(c, caps, cap_values)
     ends, open_start = _greedy_ends(len(c), count, rule.max_batch_size, rule.batch_size_multiple, over, final)

@@ -186,12 +186,22 @@ class _IndexCosts(_CostSource):
 
 
 def _is_vectorized(sizeof: Callable[[Any], Any], probe: np.ndarray) -> bool:
+    """Whether ``sizeof`` takes an index array: it returns an array for ``probe``.
+
+    Raises:
+        ValueError: If that array does not hold one size (or row of sizes) per index.
+    """
     try:
         out = sizeof(probe)
     except Exception:  # a per-item callable may fail in any way on an array; it is then called per item
         return False
     shape = getattr(out, "shape", None)
-    return shape is not None and len(shape) in (1, 2) and shape[0] == len(probe)
+    if shape is None or len(shape) not in (1, 2):
+        return False
+    # NOTE: an array of sizes for an array of indices is a vectorized callable's answer; of
+    # the wrong length it is an error, not the sign of a per-item callable
+    _check_costs(out, probe)
+    return True
 
 
 def _check_costs(values: Any, ids: np.ndarray) -> np.ndarray:
@@ -200,9 +210,9 @@ def _check_costs(values: Any, ids: np.ndarray) -> np.ndarray:
         values = values.detach().cpu().numpy()
     raw = np.asarray(values)
     if raw.ndim not in (1, 2) or len(raw) != len(ids):
+        got = f"{len(raw)} sizes (shape {tuple(raw.shape)})" if raw.ndim else f"shape {tuple(raw.shape)}"
         raise ValueError(
-            f"sizeof returned shape {tuple(raw.shape)} for {len(ids)} indices; "
-            "expected one size (or row of sizes) each."
+            f"sizeof returned {got} for {len(ids)} indices; expected one size (or row of sizes) per index."
         )
     try:
         return as_numeric_array("sizeof values", raw, ndim=(1, 2))

@@ -104,15 +104,27 @@ class BatchCost:
             raise ValueError(f"max_total_size has {len(self.caps)} caps but costs has {k} columns: {self.caps!r}.")
         return list(self.caps)
 
+    def check_columns(self, costs: np.ndarray) -> None:
+        """Raise ``ValueError`` if ``costs`` (``(n,)`` or ``(n, k)``) has other columns than caps.
+
+        One cap applies to every column; caps given one per column must be as many as the columns.
+
+        Examples:
+            >>> BatchCost([4, 5]).check_columns(np.ones((3, 3)))
+            Traceback (most recent call last):
+            ...
+            ValueError: max_total_size has 2 caps but costs has 3 columns: [4, 5].
+        """
+        self.column_caps(costs.shape[1] if costs.ndim == 2 else 1)
+
     def caps_for_dtype(self, k: int, float_mode: bool) -> np.ndarray:
         """The caps of ``k`` columns in the costs' dtype, so that ``cost <= cap`` stays exact."""
         # NOTE: the loop compares a running total with the cap exactly (Python semantics). For
         # integer totals `total <= cap` equals `total <= floor(cap)`; for float totals it equals
         # `total <= the largest float64 not above cap`. Converting the cap once this way keeps
         # every later comparison exact in a single numpy dtype. An integer cap past int64 acts
-        # as the largest int64: no int64 cost exceeds it, and sums stay below 2**62 (see
-        # _kernels._sum_counter); padded mode works from the exact caps instead (see
-        # _kernels._padded_limits).
+        # as the largest int64 where no cost exceeds it; sums that pass int64 and padded mode
+        # work from the exact caps (see _kernels._sum_counter, _kernels._padded_limits).
         caps = self.column_caps(k)
         if not float_mode:
             return np.array([min(math.floor(cap), _INT64_MAX) for cap in caps], dtype=np.int64)
@@ -156,7 +168,9 @@ class BatchCost:
         """
         if not len(costs):
             return list(current)
-        spent = self.per_batch(np.asarray(costs), np.array([0, len(costs)]))[0]
+        # NOTE: priced in float64: the result is a float, and an int64 sum or len * max of
+        # costs near int64 would wrap around (to a cost of 0 or less, which lowers nothing)
+        spent = self.per_batch(np.asarray(costs, dtype=np.float64), np.array([0, len(costs)]))[0]
         return [min(cap, float(cost) / factor) if cost > 0 else cap for cap, cost in zip(current, spent.tolist())]
 
     def check_caps(self, limit: object) -> Caps:
@@ -195,7 +209,9 @@ class BatchCost:
         return head | self.options()
 
 
-def refuse_above(new: Sequence[int | float], old: Sequence[int | float], configured: object, limit: object) -> None:
-    """Raise ``ValueError`` if a lowered limit ``new`` has a cap above the configured ``old`` one."""
+def refuse_above(
+    new: Sequence[int | float], old: Sequence[int | float], shown: object, limit: object, which: str = "configured"
+) -> None:
+    """Raise ``ValueError`` if a lowered limit ``new`` has a cap above ``old`` (the ``which`` limit, ``shown``)."""
     if any(a > b for a, b in zip(new, old)):
-        raise ValueError(f"a lowered limit must not exceed the configured {configured!r}, got {limit!r}.")
+        raise ValueError(f"a lowered limit must not exceed the {which} {shown!r}, got {limit!r}.")

@@ -50,7 +50,14 @@ def resolve_rank(rank: int | None, world_size: int | None, *, trainer: HasRanks 
         rank, world_size: The values to use, or ``None`` to look them up.
         trainer: A Lightning trainer (anything with ``global_rank`` and ``world_size``) whose
             ranks fill the values not given, or ``None``. Without a trainer, the values not
-            given come from the initialized process group, or are ``0`` and ``1``.
+            given come from the initialized process group, or are ``0`` and ``1`` (a rank
+            is not guessed for a world size above 1).
+
+    Raises:
+        TypeError: If ``rank`` or ``world_size`` is not an integer.
+        ValueError: If ``world_size`` is not positive, ``rank`` is not in ``[0, world_size)``,
+            or ``rank`` is not given, not known from a trainer or a process group, and
+            ``world_size`` is above 1.
 
     Examples:
         >>> resolve_rank(None, None)  # no process group here
@@ -67,16 +74,26 @@ def resolve_rank(rank: int | None, world_size: int | None, *, trainer: HasRanks 
     initialized = torch.distributed.is_available() and torch.distributed.is_initialized()
     if world_size is None:
         world_size = torch.distributed.get_world_size() if initialized else 1
-    if rank is None:
-        rank = torch.distributed.get_rank() if initialized else 0
-    for name, value in (("rank", rank), ("world_size", world_size)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-            raise TypeError(f"{name} must be an integer, got {value!r}.")
+    _check_integer("world_size", world_size)
     if world_size < 1:
         raise ValueError(f"world_size must be a positive integer, got {world_size!r}.")
+    if rank is None:
+        if not initialized and world_size != 1:
+            # NOTE: rank 0 would be a guess: every process would load rank 0's share
+            raise ValueError(
+                f"rank=None with world_size={world_size!r}: give rank=, or initialize torch.distributed "
+                "(or run under a Lightning trainer) so that this process's rank is known."
+            )
+        rank = torch.distributed.get_rank() if initialized else 0
+    _check_integer("rank", rank)
     if not 0 <= rank < world_size:
         raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank!r}.")
     return int(rank), int(world_size)
+
+
+def _check_integer(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an integer, got {value!r}.")
 
 
 @dataclass(frozen=True)

@@ -17,14 +17,29 @@ from fastsab._checks import check_choice
 from fastsab.costs import Limit
 from fastsab.distributed import EvenBatches
 
-__all__ = ["MAX_WORLD_SIZE", "STATE_FORMAT", "Limit", "Lowered", "Segment", "check_steps", "lowered_at", "parse_state"]
+__all__ = [
+    "MAX_WORLD_SIZE",
+    "SEGMENT_KEYS",
+    "STATE_FORMAT",
+    "STATE_KEYS",
+    "Limit",
+    "Lowered",
+    "Segment",
+    "check_steps",
+    "lowered_at",
+    "parse_state",
+]
 
 STATE_FORMAT = "fastsab.epoch-state/2"
 
 #: The largest world size a state may name.
 MAX_WORLD_SIZE = 2**24
 
-#: A batch size, or one cap per cost column (or one for all).
+#: The entries of a stretch (a :class:`Segment`), at the top level of a state and in its history.
+SEGMENT_KEYS = ("world_size", "steps", "even_batches", "balance", "lowered")
+#: The entries of a state besides those of its current stretch.
+STATE_KEYS = ("format", "seed", "epoch", "history", "fingerprint")
+
 
 #: ``(position, limit)`` records: from the ``position``-th batch of a stream on, ``limit`` applied.
 Lowered: TypeAlias = list[tuple[int, Limit]]
@@ -109,9 +124,7 @@ def parse_state(
             f"state is not a fastsab epoch state of this version (format {state.get('format')!r}, "
             f"expected {STATE_FORMAT!r})."
         )
-    for key in ("seed", "epoch", "history", "fingerprint"):
-        if key not in state:
-            raise ValueError(f"state has no {key!r} entry; pass a dict made by state_dict().")
+    _check_keys("state", state, STATE_KEYS + SEGMENT_KEYS)
     if _state_int("seed", state["seed"]) != seed:
         raise ValueError(f"state was saved with seed {state['seed']!r}, but this object has seed {seed!r}.")
     if state["fingerprint"] != fingerprint:
@@ -124,15 +137,28 @@ def parse_state(
         raise ValueError(f"state['epoch'] must be below 2**63, got {epoch!r}.")
     if not isinstance(state["history"], list):
         raise TypeError(f"state['history'] must be a list, got {state['history']!r}.")
+    for raw in state["history"]:
+        if not isinstance(raw, dict):
+            raise TypeError(f"each of state['history'] must be a dict, got {raw!r}.")
+        _check_keys("state['history']", raw, SEGMENT_KEYS)
     return epoch, [_parse_segment(raw, check_limit) for raw in [*state["history"], state]]
 
 
-def _parse_segment(raw: object, check_limit: Callable[[Any], Limit]) -> Segment:
-    if not isinstance(raw, dict):
-        raise TypeError(f"each of state['history'] must be a dict, got {raw!r}.")
-    for key in ("world_size", "steps", "even_batches", "balance", "lowered"):
+def _check_keys(name: str, raw: dict[Any, Any], keys: tuple[str, ...]) -> None:
+    """Refuse ``raw`` (``name`` in the state) unless it has exactly the entries ``keys``."""
+    for key in keys:
         if key not in raw:
             raise ValueError(f"state has no {key!r} entry; pass a dict made by state_dict().")
+    # NOTE: an entry this version does not know may change where a resume starts: refused, not ignored
+    unknown = [key for key in raw if key not in keys]
+    if unknown:
+        raise ValueError(
+            f"{name} has an unknown entry {unknown[0]!r} (entries are {', '.join(keys)}); "
+            "pass a dict made by state_dict()."
+        )
+
+
+def _parse_segment(raw: dict[str, Any], check_limit: Callable[[Any], Limit]) -> Segment:
     world = _state_int("world_size", raw["world_size"])
     if not 1 <= world <= MAX_WORLD_SIZE:
         raise ValueError(f"state has world_size={world!r}; it must be from 1 to {MAX_WORLD_SIZE}.")

@@ -41,7 +41,7 @@ from fastsab.pytree import is_namedtuple as _is_namedtuple  # noqa: F401  # an o
 from fastsab.pytree import tree_arrays, tree_map_arrays
 from fastsab.pytree import walk as _walk
 
-__all__ = ["Fetcher", "collate_batch"]
+__all__ = ["Fetcher", "GatheredRows", "collate_batch", "indexable"]
 
 
 class Fetcher:
@@ -152,6 +152,44 @@ def _is_packed(result: Any) -> bool:
     """Whether ``result`` is a packed batch: a dict with a 1-D ``cu_seqlens`` (see :mod:`fastsab.collate`)."""
     cu_seqlens = result.get("cu_seqlens") if isinstance(result, dict) else None
     return isinstance(cu_seqlens, (torch.Tensor, np.ndarray)) and cu_seqlens.ndim == 1 and len(cu_seqlens) >= 1
+
+
+class GatheredRows:
+    """A pytree dataset as a map-style dataset whose ``__getitems__`` gathers rows with a :class:`Fetcher`.
+
+    A ``DataLoader`` indexes its dataset with ``__getitems__`` (or ``dataset[i]``); a dict or a
+    tuple of tensors would answer with its keys or fields. Through this view it reads the
+    rows a loader reads, uncollated (the ``DataLoader``'s ``collate_fn`` collates them).
+
+    Args:
+        dataset: A pytree of tensors/arrays with a common first dimension.
+
+    Examples:
+        >>> rows = GatheredRows({"x": torch.arange(5) * 10})
+        >>> len(rows), rows.__getitems__([4, 0])
+        (5, {'x': tensor([40,  0])})
+    """
+
+    def __init__(self, dataset: Any) -> None:
+        self.dataset = dataset
+        self._fetcher = Fetcher(dataset, None)
+
+    def __len__(self) -> int:
+        return self._fetcher.length
+
+    def __getitems__(self, indices: Any) -> Any:
+        """The rows ``indices`` of every array leaf, as :meth:`Fetcher.take` gathers them."""
+        return self._fetcher.take(indices)
+
+
+def indexable(dataset: Any) -> Any:
+    """``dataset`` as a ``DataLoader`` reads it: a gathered pytree container as :class:`GatheredRows`.
+
+    Tensors, arrays, ``TensorDataset`` and datasets of their own are returned unchanged.
+    """
+    if _children(dataset) is None or _gather_source(dataset)[0] is None:
+        return dataset
+    return GatheredRows(dataset)
 
 
 def collate_batch(fetched: Any) -> Any:

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from fastsab.batch_maker import BatchMaker, IndexArray
+from fastsab.costs import refuse_above
 from fastsab.cursor import EpochCursor, Stream
 from fastsab.dataloader_keywords import TakesDataLoaderKeywords
 from fastsab.distributed import resolve_rank
@@ -265,12 +266,13 @@ class LoaderBase(EpochCursor, Generic[T], metaclass=TakesDataLoaderKeywords):
         repeated; items above the new limit get batches of their own. It may be called from
         another thread (a memory monitor) or from the dataset: a batch being fetched is
         handed out whole, and the lowering applies after it. A limit equal to the
-        one in force changes nothing. Recorded in ``stats.limit_changes`` and in the state;
-        the next epoch starts from the configured limit again.
+        one in force changes nothing; one above it is refused (a lowering only lowers).
+        Recorded in ``stats.limit_changes`` and in the state; the next epoch starts from the
+        configured limit again.
 
         Raises:
             ValueError: If ``limit`` is not a valid batch size or caps, exceeds the
-                configured limit, or this is one of several ranks.
+                configured limit or the one in force, or this is one of several ranks.
             RuntimeError: If no batch of an epoch is being iterated.
         """
         self._ask_lowering(self._checked_lowering(limit), retry=False)
@@ -304,6 +306,9 @@ class LoaderBase(EpochCursor, Generic[T], metaclass=TakesDataLoaderKeywords):
             )
         if self.position is None:
             raise RuntimeError("lowering the limit needs an epoch being iterated (after its first batch).")
+        # NOTE: a lowering only lowers: the limit in force may already be below the configured one
+        current = self.limit
+        refuse_above(_as_caps(checked), _as_caps(current), current, limit, which="current")
         return checked
 
     def split_indices(self, indices: IndexArray | Sequence[int], limit: LimitLike) -> list[IndexArray]:
@@ -317,6 +322,11 @@ class LoaderBase(EpochCursor, Generic[T], metaclass=TakesDataLoaderKeywords):
         planner: Any = self.planner  # NOTE: self.limit is of the planner's kind
         limit: Limit = planner.smaller_limit(np.asarray(indices, dtype=np.int64), self.limit, factor)
         return limit
+
+
+def _as_caps(limit: Limit | None) -> list[int | float]:
+    """A batch size or caps as a list of caps."""
+    return [] if limit is None else list(limit) if isinstance(limit, list) else [limit]
 
 
 def _same_limit(a: Limit | None, b: Limit | None) -> bool:

@@ -62,7 +62,8 @@ class LoaderOptions:
         chunk_bytes: Largest in-memory gather of one shuffle group; bigger groups are
             gathered batch by batch.
         rank, world_size: This process's share of the epoch; default from
-            ``torch.distributed`` when it is initialized, else one process. Every rank
+            ``torch.distributed`` when it is initialized, else one process (a
+            ``world_size`` above 1 without a process group needs ``rank``). Every rank
             plans the same global batches and runs the same number of steps.
         even_batches: ``"pad"`` (fill the last step with repeats of the first batches) or
             ``"drop"`` (leave the surplus batches out); counted in ``stats``.

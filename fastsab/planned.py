@@ -18,7 +18,7 @@ from fastsab.consumed import ConsumedCount
 from fastsab.cursor import EpochCursor, Planner
 from fastsab.distributed import EvenBatches
 from fastsab.epochs import EpochStats
-from fastsab.fetch import collate_batch
+from fastsab.fetch import collate_batch, indexable
 
 __all__ = ["PlannedBatchSampler", "PlannedDataLoader"]
 
@@ -91,7 +91,9 @@ class PlannedDataLoader(DataLoader):  # type: ignore[type-arg]
     :meth:`load_state_dict` act on the sampler. Made by ``loader.data_loader(...)``.
 
     Args:
-        dataset: The dataset to fetch from.
+        dataset: The dataset to fetch from. A pytree of tensors (a dict, tuple, namedtuple or
+            dataclass of them) is gathered row by row as the loaders gather it
+            (:class:`~fastsab.fetch.GatheredRows`).
         batch_sampler: The plan, from ``loader.batch_sampler()``.
         **options: Further ``DataLoader`` options (``num_workers``, ``collate_fn``,
             ``pin_memory``, ``prefetch_factor``, ``persistent_workers``, ...). The default
@@ -112,7 +114,9 @@ class PlannedDataLoader(DataLoader):  # type: ignore[type-arg]
                 f"exactly; got in_order={options['in_order']!r}."
             )
         options.setdefault("collate_fn", collate_batch)
-        super().__init__(dataset, batch_sampler=batch_sampler, **options)
+        # NOTE: a pytree dataset (a dict or tuple of tensors) is read by the loader's Fetcher:
+        # indexing the container itself would give its keys or fields, not rows
+        super().__init__(indexable(dataset), batch_sampler=batch_sampler, **options)
         self.plan = batch_sampler
         self._received = ConsumedCount(batch_sampler)  # counted in batches this loader returned
         batch_sampler._counted_by = self._received

@@ -140,6 +140,9 @@ class SizeAwarePlanner:
             max_total_size, cost=cost, max_batch_size=max_batch_size, batch_size_multiple=batch_size_multiple
         )
         self.oversize: OversizePolicy = check_choice("oversize", oversize, ("skip", "own_batch", "error"))  # type: ignore[assignment]
+        if order.n:
+            # NOTE: the caps are checked against the first item's cost columns now, not at the first len() or iter()
+            self.rule.check_columns(np.asarray(costs(np.zeros(1, dtype=np.int64))))
         self._cache: tuple[int, list[PlanChunk]] | None = None
 
     def num_batches(self, epoch: int) -> int:

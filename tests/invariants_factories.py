@@ -4,8 +4,8 @@ A :class:`Subject` builds one rank of a loader or sampler from drawn :class:`Inp
 sizes, a cap, the options), iterates it as lists of dataset indices, and reads back what it
 reports left out (skipped, dropped) or repeated (padded). Each subject says which invariants
 apply to it; its ``lacks`` gives the reason where one does not. The data of every
-subject is ``torch.arange(n)`` (or samples that are their own index), so a batch's content is
-its indices.
+subject is ``torch.arange(n)`` (or samples that are their own index, or a dict or tuple holding
+``torch.arange(n)``), so a batch's content is its indices.
 """
 
 from __future__ import annotations
@@ -212,15 +212,36 @@ class LoaderSubject(Subject):
 
     ranked = True
 
-    def __init__(self, kind: str, view: str = "loader", cost: str = "sum") -> None:
-        self.kind, self.view, self.cost = kind, view, cost
+    def __init__(self, kind: str, view: str = "loader", cost: str = "sum", data: str = "tensor") -> None:
+        self.kind, self.view, self.cost, self.data = kind, view, cost, data
         self.lacks = {}  # every invariant applies
         label = "FastLoader" if kind == "fixed" else f"FastSizeAwareLoader[{cost}]"
+        if data != "tensor":
+            label += f"({data})"
         self.name = label if view == "loader" else f"{label}.{view}()"
+
+    def dataset(self, n: int) -> Any:
+        """``torch.arange(n)``, or a dict or tuple holding it (with its doubles, to catch mixed-up rows)."""
+        ids = torch.arange(n)
+        if self.data == "dict":
+            return {"ids": ids, "doubles": ids * 2, "name": "ids"}
+        if self.data == "tuple":
+            return (ids, ids * 2)
+        return ids
+
+    def iterate(self, obj: Any) -> Iterator[list[int]]:
+        for item in obj:
+            if self.data == "tensor":
+                yield ids_of(item)
+                continue
+            ids, doubles = (item["ids"], item["doubles"]) if self.data == "dict" else item
+            assert torch.equal(doubles, ids * 2), f"corrupted batch {item!r}"
+            assert self.data != "dict" or item["name"] == "ids", f"corrupted batch {item!r}"
+            yield ids_of(ids)
 
     def loader(self, inp: Inputs, rank: int, world: int) -> FastLoader | FastSizeAwareLoader:
         common = {"seed": inp.seed, **loader_options(inp, rank, world)}
-        data = torch.arange(inp.n)
+        data = self.dataset(inp.n)
         if self.kind == "fixed":
             return FastLoader(data, inp.batch_size, drop_last=inp.drop_last, **common)
         return FastSizeAwareLoader(
@@ -498,6 +519,9 @@ def subjects() -> list[Subject]:
         LoaderSubject("sized", "batch_sampler", cost="padded"),
         LoaderSubject("fixed", "data_loader"),
         LoaderSubject("sized", "data_loader"),
+        LoaderSubject("fixed", "data_loader", data="dict"),
+        LoaderSubject("sized", "data_loader", data="tuple"),
+        LoaderSubject("sized", data="dict"),
     ]
     sampler = {"epochs": NO_EPOCH_BIONEMO, "state": NO_STATE_BIONEMO, "world_change": NO_WORLD}
     unsized = "no __len__, as in bionemo: the number of batches is known only after a pass"

@@ -523,9 +523,29 @@ def test_caps_past_int64_in_chunks_and_columns():
     assert as_lists(split_batches(rows[2:, 0], 2**64, carry=first.carry)) == [[0, 1, 2]]
 
 
-def test_sums_past_2_62_with_a_cap_past_int64_are_refused():
-    with pytest.raises(ValueError, match=r"costs sum past 2\*\*62 in one call"):
-        split_batches(np.array([2**62, 2**62, 1]), 2**70)
+@pytest.mark.parametrize(
+    ("costs", "cap"),
+    [
+        ([2**62, 2**62, 1], 2**70),  # one batch whose sum passes int64
+        ([2**61] * 5, 3 * 2**61),  # the epoch's sum passes int64, every batch's fits
+        ([INT64_MAX, INT64_MAX, 0, 1], INT64_MAX),
+        ([2**62] * 7 + [0] * 3, 2**64 + 1),
+    ],
+)
+def test_integer_sums_past_int64_are_batched_exactly(costs, cap):
+    expected, _ = greedy_reference(costs, cap)
+    assert as_lists(split_batches(np.array(costs, dtype=np.int64), cap)) == expected
+    halves = split_batches(np.array(costs[:3], dtype=np.int64), cap, final=False)
+    rest = split_batches(np.array(costs[3:], dtype=np.int64), cap, carry=halves.carry)
+    assert as_lists(halves) + as_lists(rest) == expected
+
+
+@settings(max_examples=300, deadline=None)
+@given(int64_extreme_problems())
+def test_sum_int64_extremes_equal_greedy_loop(problem):
+    # invariant: summed integer costs are compared exactly, whatever their sums would be in int64
+    rows, caps, options = problem
+    split_like_the_loop((rows, caps, {**options, "cost": "sum"}))
 
 
 @pytest.mark.parametrize("cap", [float("inf"), -float("inf"), np.float64("inf"), [1, float("inf")]])

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from fastsab import FastSizeAwareLoader
 from fastsab.cost_sources import item_size, make_cost_source, oversize_message, per_item_sizeof, size_array
 from fastsab.costs import BatchCost
 from fastsab.cursor import _plain
@@ -231,3 +232,27 @@ def test_cost_source_fingerprints() -> None:
     sample = np.unique(np.linspace(0, 4999, 4096).astype(np.int64))
     assert computed.fingerprint(5000) == (sample % 7).tobytes()
     assert make_cost_source(lambda x: x, 0, features=np.empty(0)).fingerprint(0) == b""
+
+
+@pytest.mark.parametrize("cost", ["sum", "padded"])
+def test_smaller_caps_below_a_batch_whose_cost_passes_int64(cost):
+    rule = BatchCost(2**70, cost=cost)
+    costs = np.array([2**62, 2**62, 2**62], dtype=np.int64)
+    assert rule.smaller_caps(costs, rule.caps, 2) == [3 * 2**61]
+
+
+@pytest.mark.parametrize(
+    ("sizeof", "returned"),
+    [
+        (lambda ids: np.ones(len(ids) + 1), 3),
+        (lambda ids: torch.ones(5), 5),
+        (lambda ids: np.ones((1, 2)), 1),
+        (lambda ids: np.ones(0), 0),
+    ],
+)
+def test_a_vectorized_sizeof_of_the_wrong_length_is_refused(sizeof: Any, returned: int) -> None:
+    message = rf"sizeof returned {returned} sizes \(shape \(.*\)\) for 2 indices; expected one size"
+    with pytest.raises(ValueError, match=message):
+        make_cost_source(sizeof, 4)
+    with pytest.raises(ValueError, match=message):
+        FastSizeAwareLoader(torch.arange(4), sizeof, 10)

@@ -637,6 +637,27 @@ def test_a_state_saved_between_the_parts_of_a_failed_batch_resumes_exactly():
     assert done + [i for part in adaptive.run(resumed, fake_oom_above(8)) for i in part] == list(range(64))
 
 
+@pytest.mark.parametrize("kind", ["fixed", "sized"])
+def test_a_lowered_limit_above_the_one_in_force_is_refused(kind):
+    if kind == "fixed":
+        loader = FastLoader(torch.arange(40), 8, shuffle=False)
+        lowered, above, shown = 4, 6, "4"
+    else:
+        loader = FastSizeAwareLoader(torch.arange(40), np.ones(40), 8, shuffle=False)
+        lowered, above, shown = 4, 6, r"\[4\]"
+    batches = iter(loader)
+    next(batches)
+    loader.lower_limit(lowered)
+    assert len(next(batches)) == 4
+    with pytest.raises(ValueError, match=rf"a lowered limit must not exceed the current {shown}, got {above}\."):
+        loader.lower_limit(above)
+    with pytest.raises(ValueError, match=rf"a lowered limit must not exceed the current {shown}, got {above}\."):
+        loader.retry_last_batch(above)
+    loader.lower_limit(lowered)  # the limit in force: nothing changes
+    assert [len(batch) for batch in batches] == [4] * 7
+    assert [change[1:] for change in loader.stats.limit_changes] == [(8, 4) if kind == "fixed" else ([8], [4])]
+
+
 def test_a_lowered_limit_above_the_configured_one_is_refused():
     with pytest.raises(ValueError, match=r"a lowered limit must not exceed the configured \[40\], got 1000"):
         FastSizeAwareLoader(torch.arange(10), np.ones(10), 40).lower_limit(1000)
@@ -865,3 +886,44 @@ def test_the_start_limit_is_the_last_lowered_before_the_resumed_position():
     fresh = make()
     next(iter(fresh))
     assert fresh.start_limit() == 8
+
+
+def _stretch(make, world, state, steps):
+    """Run ``steps`` steps of every rank of ``world`` from ``state``; their items and the state after them."""
+    ranks = [make(world, rank) for rank in range(world)]
+    items = []
+    for loader in ranks:
+        if state is not None:
+            loader.load_state_dict(state)
+        batches = iter(loader)
+        items += [i for _ in range(steps) for i in next(batches).tolist()]
+    return items, json.loads(json.dumps(ranks[0].state_dict()))
+
+
+@pytest.mark.parametrize("oversize", ["skip", "own_batch"])
+@pytest.mark.parametrize("even_batches", ["pad", "drop"])
+def test_a_lowering_on_one_rank_between_stretches_of_two_keeps_the_epoch_report(oversize, even_batches):
+    sizes = np.array([(i * 7) % 11 for i in range(60)])
+    oversize_items = sorted(int(i) for i in np.flatnonzero(sizes > 9))
+
+    def make(world, rank):
+        options = {"seed": 3, "group_size": 8, "oversize": oversize, "even_batches": even_batches}
+        return FastSizeAwareLoader(torch.arange(60), sizes, 9, world_size=world, rank=rank, **options)
+
+    seen, state = _stretch(make, 2, None, 2)
+    one = make(1, 0)
+    one.load_state_dict(state)
+    batches = iter(one)
+    seen += next(batches).tolist()
+    one.lower_limit(4)  # the rest of the epoch is planned again on one rank
+    seen += next(batches).tolist()
+    state = json.loads(json.dumps(one.state_dict()))
+    items, state = _stretch(make, 2, state, 1)  # the lowering is replayed inside the history
+    seen += items
+    last = make(1, 0)
+    last.load_state_dict(state)
+    seen += [i for batch in last for i in batch.tolist()]
+    skipped = oversize_items if oversize == "skip" else []
+    # every item once, or reported skipped, whatever was re-planned
+    assert sorted(last.stats.skipped) == skipped and list(last.stats.dropped) == list(last.stats.padded) == []
+    assert sorted(seen) == sorted(set(range(60)) - set(skipped))

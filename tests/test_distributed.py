@@ -106,6 +106,17 @@ def test_resolve_rank_errors(args, error, message):
         resolve_rank(*args)
 
 
+def test_a_world_size_without_rank_or_process_group_is_refused():
+    message = r"rank=None with world_size=2: give rank="
+    with pytest.raises(ValueError, match=message):
+        resolve_rank(None, 2)
+    with pytest.raises(ValueError, match=message):
+        FastLoader(torch.arange(10), 2, world_size=2)
+    with pytest.raises(ValueError, match=message):
+        FastSizeAwareLoader(torch.arange(10), [1] * 10, 2, world_size=2)
+    assert resolve_rank(None, 1) == (0, 1)
+
+
 def test_resolve_rank_takes_the_trainers_ranks_where_none_are_given():
     trainer = SimpleNamespace(global_rank=2, world_size=3)
     assert resolve_rank(None, None, trainer=trainer) == (2, 3)

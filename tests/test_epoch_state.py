@@ -61,6 +61,14 @@ def test_one_rank_ignores_the_dealing_options():
             ValueError,
             r"state\['lowered'\] must be a list \(empty for several ranks\)",
         ),
+        (state(resume_at=4), ValueError, r"state has an unknown entry 'resume_at' \(entries are .*\); pass a dict"),
+        (
+            state(
+                history=[{"world_size": 2, "steps": 1, "even_batches": "pad", "balance": True, "lowered": [], "x": 0}]
+            ),
+            ValueError,
+            r"state\['history'\] has an unknown entry 'x' \(entries are .*\); pass a dict",
+        ),
         (state(lowered=[[1]]), ValueError, r"each of state\['lowered'\] must be \[position, limit\], got \[1\]"),
         (state(lowered=[[-1, 2]]), ValueError, r"state\['lowered position'\] must be a non-negative integer"),
         (state(lowered=[[2, 4], [2, 3]]), ValueError, r"state\['lowered'\] positions must increase"),

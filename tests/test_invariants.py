@@ -423,35 +423,8 @@ def test_batches_respect_the_cap(subject: Subject, inp: Inputs) -> None:
 #: Sizes whose sum over the epoch passes 2**63, under a cap that three of them fit.
 HUGE = replace(MANY, sizes=(2**61,) * 5 + (0, 1, 2), cap=3 * 2**61)
 
-HUGE_SUMS = (
-    "the integer sum kernel refuses a call whose costs sum past 2**62 (ValueError: costs sum past 2**62 in one "
-    "call; split the order into smaller chunks), and the loaders and SizeAwareBatchSampler pass it a whole "
-    "shuffle group (2**16 items) or chunk at once: FastSizeAwareLoader(torch.arange(5), [2**61] * 5, 3 * 2**61) "
-    "raises at len() and iter(), though every batch's sum fits in int64; the message names no argument and "
-    "asks the loader's user to split an order the user does not hold"
-)
-#: The subjects that batch integer sums with the kernel.
-KERNEL_SUMS = {
-    "FastSizeAwareLoader[sum]",
-    "FastSizeAwareLoader[sum].batch_sampler()",
-    "FastSizeAwareLoader[sum].data_loader()",
-    "SizeAwareBatchSampler[array]",
-    "SizeAwareBatchSampler[callable]",
-    "FastDataModule[sized]",
-}
 
-
-def _huge_params() -> list[Any]:
-    params = []
-    for param in applicable("limit"):
-        marks = list(param.marks)
-        if param.id in KERNEL_SUMS:
-            marks.append(pytest.mark.xfail(strict=True, raises=ValueError, reason=HUGE_SUMS))
-        params.append(pytest.param(*param.values, id=param.id, marks=marks))
-    return params
-
-
-@pytest.mark.parametrize("subject", _huge_params())
+@pytest.mark.parametrize("subject", applicable("limit"))
 def test_huge_sizes_are_batched_exactly(subject: Subject) -> None:
     if not subject.accepts(HUGE):
         pytest.skip(f"{subject.name} refuses sizes that all lie outside its buckets")

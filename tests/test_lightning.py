@@ -243,3 +243,10 @@ def test_a_batch_to_retry_is_not_saved_as_consumed():
     rest = [batch.tolist() for batch in resumed.train_dataloader()]
     assert rest[:2] == [[8, 9], [10, 11]]
     assert [i for batch in seen[:2] + rest for i in batch] == list(range(40))
+
+
+def test_caps_of_another_number_than_the_cost_columns_are_refused_at_construction():
+    sizes = {"train": np.ones((3, 2), dtype=np.int64)}
+    with pytest.raises(ValueError, match=r"max_total_size has 3 caps but costs has 2 columns"):
+        FastDataModule(train=torch.arange(3), sizeof=sizes, max_total_size=[4, 4, 4])
+    assert FastDataModule(train=torch.arange(3), sizeof=sizes, max_total_size=4).max_total_size == 4

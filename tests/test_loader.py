@@ -544,7 +544,9 @@ def test_features_reach_a_callable_sizeof_converted_once_in_their_own_kind():
     for features in (lengths, np.array(lengths, dtype=np.int16), torch.tensor(lengths, dtype=torch.int32)):
         loader = FastSizeAwareLoader(torch.arange(4), sizeof, 8, features=features, shuffle=False)
         assert [b.tolist() for b in loader] == [[0, 1], [2], [3]]  # costs 6, 2, 4, 8
-    assert seen == [("ndarray", np.int64), ("ndarray", np.int64), ("Tensor", torch.int64)]
+    # (each loader calls sizeof on its first item at construction, then on the epoch)
+    assert list(dict.fromkeys(seen)) == [("ndarray", np.int64), ("Tensor", torch.int64)]
+    assert len(seen) == 6
 
 
 @pytest.mark.parametrize(
@@ -578,9 +580,9 @@ def test_an_error_of_sizeof_on_features_names_features():
     with pytest.raises(ValueError, match=r"features must be of shape \(n, 2\) for a model with num_features=2"):
         FastSizeAwareLoader(torch.arange(3), two, 1000, features=[1, 2, 3])
     columns = _fitted_model(1, 1, 0)
-    loader = FastSizeAwareLoader(torch.arange(3), lambda rows: columns(rows[:, None]), 1000, features=[1, 2, 3])
-    with pytest.raises(ValueError, match=r"sizeof failed on features\[indices\] \(shape \(3,\), dtype int64\): x must"):
-        list(loader)
+    # (sizeof is called on the first item at construction, where its error shows)
+    with pytest.raises(ValueError, match=r"sizeof failed on features\[indices\] \(shape \(1,\), dtype int64\): x must"):
+        FastSizeAwareLoader(torch.arange(3), lambda rows: columns(rows[:, None]), 1000, features=[1, 2, 3])
 
 
 # a value of each DataLoader keyword a loader takes with DataLoader's meaning
@@ -702,7 +704,7 @@ def test_float_features_reach_a_callable_sizeof_of_their_own_dtype():
     half = FastSizeAwareLoader(
         torch.arange(2), lambda rows: seen.append(rows.dtype) or rows, 8, features=torch.ones(2).half()
     )
-    assert len(half) == 1 and seen == [torch.float16]
+    assert len(half) == 1 and set(seen) == {torch.float16}  # (at construction, on the first item, and per chunk)
 
 
 def test_the_configured_limit_cannot_be_reassigned():
@@ -715,3 +717,74 @@ def test_the_configured_limit_cannot_be_reassigned():
     with pytest.raises(AttributeError, match="max_total_size"):
         sized.max_total_size = 3  # type: ignore[misc]
     assert sized.max_total_size == 12 and [len(b) for b in sized] == [4]
+
+
+Pair = namedtuple("Pair", ["x", "y"])
+
+
+def _pytree_dataset(kind: str) -> object:
+    x = torch.arange(10)
+    if kind == "dict":
+        return {"x": x, "y": x * 2, "name": "pairs"}
+    if kind == "tuple":
+        return (x, x * 2)
+    return Pair(x, x * 2)
+
+
+def _first_rows(batch: object) -> dict:
+    """A batch of a pytree dataset as plain lists, whatever its container."""
+    if isinstance(batch, dict):
+        return {key: value.tolist() if isinstance(value, torch.Tensor) else value for key, value in batch.items()}
+    return {str(i): value.tolist() for i, value in enumerate(batch)}
+
+
+def _swap_pairs(rows: object) -> object:
+    """A collate_fn: the gathered columns in reverse order (a module-level function, so workers can pickle it)."""
+    columns = list(rows.values()) if isinstance(rows, dict) else list(rows)
+    return [column for column in reversed(columns) if isinstance(column, torch.Tensor)]
+
+
+@pytest.mark.parametrize("kind", ["dict", "tuple", "namedtuple"])
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("collate_fn", [None, _swap_pairs])
+def test_data_loader_over_a_pytree_dataset_yields_the_loader_batches(kind, num_workers, collate_fn):
+    def loader() -> FastLoader:
+        return FastLoader(_pytree_dataset(kind), 4, seed=5, collate_fn=collate_fn)
+
+    expected = [_first_rows(batch) for batch in loader()]
+    options: dict = {"num_workers": num_workers}
+    if collate_fn is not None:
+        options["collate_fn"] = collate_fn
+    if num_workers:
+        options["multiprocessing_context"] = "fork" if "fork" in torch.multiprocessing.get_all_start_methods() else None
+    data = loader().data_loader(**options)
+    assert [_first_rows(batch) for batch in data] == expected
+    assert len(data) == len(expected) == 3
+
+
+def test_integer_sizes_whose_sums_pass_int64_are_batched_exactly():
+    loader = FastSizeAwareLoader(torch.arange(3), [2**62, 2**62, 1], 2**70, shuffle=False)
+    assert len(loader) == 1 and [b.tolist() for b in loader] == [[0, 1, 2]]
+    loader = FastSizeAwareLoader(torch.arange(5), [2**61] * 5, 3 * 2**61, shuffle=False)
+    assert len(loader) == 2 and [b.tolist() for b in loader] == [[0, 1, 2], [3, 4]]
+
+
+@pytest.mark.parametrize(
+    ("sizeof", "caps", "counts"),
+    [
+        (np.ones((4, 2), dtype=np.int64), [3, 3, 3], (3, 2)),
+        (np.ones((4, 2), dtype=np.int64), [3], (1, 2)),
+        (np.ones(4, dtype=np.int64), [3, 3], (2, 1)),
+        (lambda ids: np.ones((len(ids), 2), dtype=np.int64), [3, 3, 3], (3, 2)),
+    ],
+)
+def test_caps_of_another_number_than_the_cost_columns_are_refused_at_construction(sizeof, caps, counts):
+    with pytest.raises(ValueError, match=rf"max_total_size has {counts[0]} caps but costs has {counts[1]} columns"):
+        FastSizeAwareLoader(torch.arange(4), sizeof, caps)
+
+
+def test_one_cap_applies_to_every_cost_column():
+    sizes = np.array([[1, 2], [2, 1], [1, 1]])
+    loader = FastSizeAwareLoader(torch.arange(3), sizes, 3, shuffle=False)
+    assert [b.tolist() for b in loader] == [[0, 1], [2]]
+    assert [b.tolist() for b in FastSizeAwareLoader(torch.arange(3), sizes, [3, 2], shuffle=False)] == [[0], [1, 2]]

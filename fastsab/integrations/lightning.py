@@ -19,6 +19,8 @@ from typing import Any
 import lightning.pytorch as pl
 
 from fastsab.consumed import ConsumedCount
+from fastsab.cost_sources import size_array
+from fastsab.costs import BatchCost
 from fastsab.dataloader_keywords import without_dataloader_defaults
 from fastsab.distributed import resolve_rank
 from fastsab.integrations._splits import SPLITS
@@ -114,6 +116,7 @@ class FastDataModule(pl.LightningDataModule):
                 raise ValueError(f"sizeof names unknown splits {unknown!r}; splits are {SPLITS!r}.")
             if max_total_size is None:
                 raise ValueError("max_total_size is needed with sizeof.")
+            _check_caps(max_total_size, sizeof)
         elif batch_size is None:
             raise ValueError("give batch_size, or sizeof and max_total_size.")
         if "device" in loader_options:
@@ -209,3 +212,15 @@ class FastDataModule(pl.LightningDataModule):
         else:
             train.consumed.ended()  # counts from the loaded position when the epoch starts
             train.loader.load_state_dict(state)
+
+
+def _check_caps(max_total_size: Any, sizeof: Mapping[str, Any]) -> None:
+    """Check the caps, and their number against the cost columns of every split's array of sizes.
+
+    A callable ``sizeof`` is checked when its loader is made (it needs the dataset).
+    """
+    rule = BatchCost(max_total_size)
+    for sizes in sizeof.values():
+        array = size_array(sizes, ndim=(1, 2))
+        if array is not None:
+            rule.check_columns(array)
