@@ -7,11 +7,15 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fastsab import FastSizeAwareLoader, adaptive
 from fastsab.batching import split_with
 from fastsab.costs import BatchCost
+from fastsab.cursor import plan_fingerprint
+from fastsab.memory import PolynomialRegression
 from tests.reference import Row, greedy_loop
 
 
@@ -221,3 +225,115 @@ def test_options_name_a_fixed_cost_and_padded_features_only_when_set() -> None:
 def test_bad_fixed_or_feature_cost(kwargs: dict[str, Any], error: type[Exception], match: str) -> None:
     with pytest.raises(error, match=match):
         BatchCost(10, **kwargs)
+
+
+# -- the loader ---------------------------------------------------------------------------
+
+
+def _images(n: int, seed: int = 0) -> np.ndarray:
+    """Heights and widths of ``n`` images (integers)."""
+    return np.random.default_rng(seed).integers(1, 30, size=(n, 2))
+
+
+def _loader_batches(loader: FastSizeAwareLoader[Any]) -> list[list[int]]:
+    return [batch.tolist() for batch in loader]
+
+
+@pytest.mark.parametrize("fixed", [0, 40])
+def test_loader_pads_features_with_a_callable_and_features(fixed: int) -> None:
+    features = _images(200)
+    loader = FastSizeAwareLoader(
+        torch.arange(200), _area, 2000, features=features, cost="padded", fixed_cost=fixed, shuffle=False
+    )
+    rows = [tuple(row) for row in features.tolist()]
+    expected, skipped = greedy_loop(
+        range(200), rows, [2000], cost="padded", fixed=[fixed], feature_cost=_row_cost(_area)
+    )
+    assert _loader_batches(loader) == expected and not skipped
+    for batch in expected:
+        top = features[batch].max(axis=0)
+        assert fixed + len(batch) * (top[0] * top[1] + 3) <= 2000
+
+
+def test_loader_pads_costs_when_given_costs() -> None:
+    # per-item costs with cost="padded": len * max(cost), as always
+    features = _images(100)
+    loader = FastSizeAwareLoader(torch.arange(100), _area(features), 2000, cost="padded", shuffle=False)
+    expected, _ = greedy_loop(range(100), [(c,) for c in _area(features).tolist()], [2000], cost="padded")
+    assert _loader_batches(loader) == expected
+    pads_costs = FastSizeAwareLoader(
+        torch.arange(100), _area, 2000, features=features, cost="padded", padding="costs", shuffle=False
+    )
+    assert _loader_batches(pads_costs) == expected
+
+
+def test_loader_pads_the_features_of_a_memory_model() -> None:
+    model = PolynomialRegression(2, num_features=2)
+    grid = torch.tensor([[h, w] for h in range(1, 30, 4) for w in range(1, 30, 4)], dtype=torch.float64)
+    model.fit(grid, 100 + 4.0 * grid[:, 0] * grid[:, 1])
+    features = torch.as_tensor(_images(150, seed=1))
+    loader = FastSizeAwareLoader(torch.arange(150), model, 30000.0, features=features, cost="padded", fixed_cost=500)
+    seen = []
+    for batch in loader:
+        rows = features[batch]
+        top = rows.max(dim=0).values[None]
+        assert 500 + len(batch) * float(model(top)[0]) <= 30000.0
+        seen += batch.tolist()
+    assert sorted(seen) == list(range(150))
+
+
+def test_loader_charges_the_fixed_cost_once_per_batch() -> None:
+    sizes = np.random.default_rng(2).integers(1, 50, size=300)
+    loader = FastSizeAwareLoader(torch.arange(300), sizes, 400, fixed_cost=100, shuffle=False)
+    expected, skipped = greedy_loop(range(300), [(s,) for s in sizes.tolist()], [400], fixed=[100])
+    assert _loader_batches(loader) == expected and not skipped
+    assert max(100 + sizes[batch].sum() for batch in expected) <= 400
+
+
+def test_adaptive_run_lowers_padded_features_with_a_fixed_cost() -> None:
+    features = _images(120, seed=3)
+    loader = FastSizeAwareLoader(
+        torch.arange(120), _area, 4000, features=features, cost="padded", fixed_cost=300, shuffle=False
+    )
+
+    def step(batch: torch.Tensor) -> list[int]:
+        top = features[batch.numpy()].max(axis=0)
+        if 300 + len(batch) * (top[0] * top[1] + 3) > 1500:  # the device holds less than planned
+            raise torch.OutOfMemoryError("CUDA out of memory (fake)")
+        return batch.tolist()
+
+    done = [index for part in adaptive.run(loader, step) for index in part]
+    assert sorted(done) == list(range(120))
+    assert loader.stats.limit_changes
+    # the lowered caps keep the fixed cost whole: fixed + spent / factor, above the fixed cost
+    assert all(new[0] > 300 for _, _, new in loader.stats.limit_changes)
+
+
+def test_fingerprint_names_a_fixed_cost_and_padded_features() -> None:
+    features = _images(50)
+
+    def fingerprint(**kwargs: Any) -> str:
+        loader = FastSizeAwareLoader(torch.arange(50), _area, 2000, features=features, **kwargs)
+        return plan_fingerprint(loader.planner)
+
+    plain = fingerprint(cost="padded", padding="costs")
+    assert fingerprint(cost="padded") != plain
+    assert fingerprint(cost="padded", padding="costs", fixed_cost=5) != plain
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"padding": "rows", "cost": "padded"}, ValueError, r"padding must be one of .*got 'rows'"),
+        ({"padding": "features"}, ValueError, r"padding='features' .* needs cost='padded', got 'sum'\."),
+        ({"fixed_cost": -2}, ValueError, r"fixed_cost must be a finite number >= 0, got -2\."),
+    ],
+)
+def test_loader_refuses_bad_padding_or_fixed_cost(kwargs: dict[str, Any], error: type[Exception], match: str) -> None:
+    with pytest.raises(error, match=match):
+        FastSizeAwareLoader(torch.arange(5), _area, 100, features=_images(5), **kwargs)
+
+
+def test_padding_features_needs_features() -> None:
+    with pytest.raises(ValueError, match=r"padding='features' pads the features of a callable sizeof"):
+        FastSizeAwareLoader(torch.arange(5), np.ones(5), 100, cost="padded", padding="features")
