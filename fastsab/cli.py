@@ -49,10 +49,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--epochs", type=_positive_int, default=5, help="timed epochs per method (default 5)")
     run.add_argument(
         "--suite",
-        choices=(*SUITES, "all"),
+        choices=(*SUITES, "fidelity", "all"),
         action="append",
         help="what to run (repeatable; default: loaders). 'all' adds the kernel, permutation and "
-        "first-batch suites at 10**6 to 10**8 items and the adaptive overhead, a few minutes in all.",
+        "first-batch suites at 10**6 to 10**8 items and the adaptive overhead, a few minutes in all. "
+        "'fidelity' (not in 'all') measures memory budgets on three small CPU models: per kind, the "
+        "batches run, the batches over budget, and the mean and smallest use of the budget.",
     )
     run.add_argument("--markdown", action="store_true", help="print markdown tables instead of plain text")
     run.add_argument("--json", type=Path, metavar="PATH", help="also write the rows as JSON to PATH")
@@ -148,7 +150,7 @@ def run_fit_memory(args: argparse.Namespace) -> int:
 
 
 def run_bench(args: argparse.Namespace) -> list[bench.Row]:
-    suites = args.suite or ["loaders"]
+    suites = [suite for suite in args.suite or ["loaders"] if suite != "fidelity"]
     if "all" in suites:
         suites = list(SUITES)
     from tqdm import tqdm
@@ -171,6 +173,25 @@ def run_bench(args: argparse.Namespace) -> list[bench.Row]:
                 rows += bench.first_batch_rows(10**8)
             bar.update()
     return rows
+
+
+def run_fidelity(args: argparse.Namespace) -> None:
+    """Print the fidelity suite's table (markdown with ``--markdown``)."""
+    from fastsab.bench.fidelity import fidelity_markdown, fidelity_results
+
+    results = fidelity_results()
+    if args.markdown:
+        print(f"Measured on {bench.machine_info()}.\n")
+        print(fidelity_markdown(results))
+        return
+    print(bench.machine_info())
+    print("\nfidelity  (use = measured peak / budget; budget = 6 x the largest item's peak)")
+    for r in results:
+        print(
+            f"  {r.kind:<48} batches {r.batches:>3}  over budget {r.over_budget:>2}  "
+            f"mean use {r.mean_use:.2f}  min {r.min_use:.2f}  max {r.max_use:.2f}  margin {r.margin:.1%}  "
+            f"{r.seconds:.0f} s"
+        )
 
 
 def plot_rows(rows: list[bench.Row], path: Path) -> None:
@@ -219,6 +240,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "fit-memory":
         return run_fit_memory(args)
+    if args.suite and "fidelity" in args.suite:
+        run_fidelity(args)
+        if set(args.suite) == {"fidelity"}:
+            return 0
     rows = run_bench(args)
     if args.markdown:
         print(f"Measured on {bench.machine_info()}.\n")
