@@ -207,7 +207,9 @@ class BatchCost:
         """Each batch's cost relative to the caps (a cap of 0 divides by 1), the largest column counting."""
         if len(offsets) < 2:
             return np.empty(0, dtype=np.float64)
-        per_batch = self.per_batch(np.asarray(costs, dtype=np.float64), offsets)
+        # NOTE: padded features reach feature_cost in their own dtype (a callable may need integers)
+        rows = np.asarray(costs) if self.feature_cost is not None else np.asarray(costs, dtype=np.float64)
+        per_batch = self.per_batch(rows, offsets).astype(np.float64)
         caps = np.asarray(self.caps, dtype=np.float64)
         # NOTE: a column capped at 0 holds only items of cost 0 (and own-batch oversize items):
         # its costs count as they are, not divided by 0.

@@ -337,3 +337,26 @@ def test_loader_refuses_bad_padding_or_fixed_cost(kwargs: dict[str, Any], error:
 def test_padding_features_needs_features() -> None:
     with pytest.raises(ValueError, match=r"padding='features' pads the features of a callable sizeof"):
         FastSizeAwareLoader(torch.arange(5), np.ones(5), 100, cost="padded", padding="features")
+
+
+@pytest.mark.parametrize("balance", [True, False])
+def test_ranks_share_padded_features_with_a_fixed_cost(balance: bool) -> None:
+    features = _images(90, seed=4)
+    dealt = []
+    for rank in (0, 1):
+        loader = FastSizeAwareLoader(
+            torch.arange(90),
+            _area,
+            3000,
+            features=features,
+            cost="padded",
+            fixed_cost=100,
+            rank=rank,
+            world_size=2,
+            balance=balance,
+        )
+        for batch in loader:
+            top = features[batch.numpy()].max(axis=0)
+            assert 100 + len(batch) * (top[0] * top[1] + 3) <= 3000
+            dealt += batch.tolist()
+    assert set(dealt) == set(range(90))
