@@ -18,6 +18,8 @@ a :class:`~fastsab.FastSizeAwareLoader`'s budget. Any collector measures the pea
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -89,6 +91,38 @@ class BatchMemoryModel:
             top = torch.from_numpy(_model_input(rows.max(axis=0, keepdims=True), self.per_item.num_features))
             return self.fixed + len(rows) * float(self.per_item(top)[0])
         return self.fixed + float(self.per_item(torch.from_numpy(_model_input(rows, self.per_item.num_features))).sum())
+
+    def to_json(self) -> str:
+        """The model as JSON: fixed cost, cost mode, margin, reports and the per-item model."""
+        payload = {
+            "fixed": self.fixed,
+            "cost": self.cost,
+            "margin": self.margin,
+            "fit": dataclasses.asdict(self.fit),
+            "report": None if self.report is None else dataclasses.asdict(self.report),
+            "per_item": json.loads(self.per_item.to_json()),
+        }
+        return json.dumps(payload)
+
+    @classmethod
+    def from_json(cls, text: str) -> BatchMemoryModel:
+        """A model from :meth:`to_json`.
+
+        Examples:
+            >>> model = fit_batch_memory([[1], [2], [1, 1], [2, 2]], [12, 14, 14, 18], degree=1, held_out=0)
+            >>> BatchMemoryModel.from_json(model.to_json()).predict([[3, 3]]).round().tolist()
+            [22.0]
+        """
+        payload = json.loads(text)
+        report = payload["report"]
+        return cls(
+            fixed=float(payload["fixed"]),
+            per_item=PolynomialRegression.from_json(json.dumps(payload["per_item"])),
+            cost=payload["cost"],
+            margin=float(payload["margin"]),
+            fit=BatchFitReport(**payload["fit"]),
+            report=None if report is None else BatchFitReport(**report),
+        )
 
     def loader_options(self, budget: float) -> dict[str, Any]:
         """Keywords of :class:`~fastsab.FastSizeAwareLoader` for batches within ``budget``.
