@@ -3,9 +3,10 @@
 :func:`_greedy_ends` walks a split's batches, one counter call per batch; a counter says how
 many items from a position fit the cap: :func:`_sum_counter` for ``cost="sum"`` (prefix sums
 and a galloping binary search, exact for integer and float costs; Python integers where int64
-sums would overflow) and :func:`_padded_counter`
-for ``cost="padded"`` (a running-max window, ``len * max`` against the cap). The caps come
-converted by :meth:`~fastsab.costs.BatchCost.caps_for_dtype`.
+sums would overflow) and :func:`_padded_counter` for ``cost="padded"`` (a running-max window,
+``len * max`` against the cap), or :func:`_padded_feature_counter` when features are padded
+(``len * f(running max row)``). The caps come converted by
+:meth:`~fastsab.costs.BatchCost.kernel_caps` (less any fixed cost).
 """
 
 from __future__ import annotations
@@ -270,3 +271,47 @@ def _padded_limits(caps: list[int], tops: list[int], size: int) -> np.ndarray:
             # Python ints, only for costs so large that a few of them pass int64.
             out[free:, j] = [cap // length for length in range(free + 1, size + 1)]
     return out
+
+
+def _padded_feature_counter(
+    x: np.ndarray,
+    item_costs: Callable[[np.ndarray], np.ndarray],
+    caps: np.ndarray,
+    exact_caps: list[int | float],
+    float_mode: bool,
+) -> Callable[[int, int, int], int]:
+    """Counter for ``cost="padded"`` over features: a batch of ``L`` items costs ``L * f(max row)``.
+
+    ``x`` holds the items' features ``(m, d)``; ``item_costs`` is ``f``, mapping rows to their
+    ``(rows, k)`` costs. The counter stops at the first length that does not fit, as the loop
+    does: ``f`` need not grow with the features. ``caps`` and ``exact_caps`` are those of
+    :meth:`~fastsab.costs.BatchCost.kernel_caps`.
+    """
+    # NOTE: products are compared as the loop's Python numbers are: float64 products (rounded
+    # alike), or integer costs as `cost <= cap // L`, exact whatever the sizes of L * cost.
+    int_caps = [math.floor(cap) for cap in exact_caps]
+
+    def fits(running: np.ndarray) -> np.ndarray:
+        costs = item_costs(running)
+        lengths = np.arange(1, len(running) + 1)
+        if float_mode:
+            return np.asarray((costs.astype(np.float64) * lengths[:, None].astype(np.float64) <= caps).all(axis=1))
+        limits = np.empty(costs.shape, dtype=np.int64)
+        for j, cap in enumerate(int_caps):
+            if cap <= _INT64_MAX:
+                limits[:, j] = cap // lengths
+            else:  # a cap past int64: Python ints, clipped (no int64 cost exceeds the clip)
+                limits[:, j] = [min(cap // length, _INT64_MAX) for length in lengths.tolist()]
+        return np.asarray((costs <= limits).all(axis=1))
+
+    def count(i: int, hi: int, guess: int) -> int:
+        width = max(2 * guess, 16)
+        while True:
+            stop = min(i + width, hi)
+            ok = fits(np.maximum.accumulate(x[i:stop], axis=0))
+            n_fit = int(np.argmin(ok)) if not ok.all() else len(ok)  # the first length that does not fit
+            if n_fit < stop - i or stop == hi:
+                return n_fit
+            width *= 2
+
+    return count

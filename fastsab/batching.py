@@ -21,12 +21,13 @@ are in :mod:`fastsab._kernels`.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from functools import partial
+from typing import Any, Literal, cast
 
 import numpy as np
 
 from fastsab._checks import as_numeric_array, check_choice
-from fastsab._kernels import _greedy_ends, _padded_counter, _sum_counter
+from fastsab._kernels import _greedy_ends, _padded_counter, _padded_feature_counter, _sum_counter
 from fastsab.costs import BatchCost
 from fastsab.costs import CostMode as CostMode
 from fastsab.plans import Carry, PlanChunk
@@ -134,24 +135,36 @@ def split_with(
     c = as_numeric_array("costs", costs, ndim=(1, 2))
     if c.ndim == 1:
         c = c[:, None]
+    # NOTE: when the rule pads features, the rows given are features: the carry keeps them,
+    # and `c` becomes the items' own costs (for the oversize policy and the caps' dtype)
+    features = c if rule.feature_cost is not None else None
+    if features is not None:
+        c = _feature_item_costs(rule, features)
     n, k = c.shape
-    cap_values = rule.column_caps(k)
     start = 0 if carry is None else carry.next_position
     item_ids = None  # None: the ids are the positions start, start + 1, ... (made lazily)
     if ids is not None:
         item_ids = np.asarray(ids)
         if item_ids.ndim != 1 or len(item_ids) != n:
             raise ValueError(f"ids must be 1-D with one id per item ({n}), got shape {tuple(item_ids.shape)}.")
-    if carry is not None:
-        if carry.costs.shape[1] != k:
+    carry_costs = None if carry is None else carry.costs
+    if carry is not None and features is not None:
+        if features.shape[1] != carry.costs.shape[1]:
             raise ValueError(
-                f"carry has {carry.costs.shape[1]} cost columns but costs has {k}; "
+                f"carry has {carry.costs.shape[1]} feature columns but costs has {features.shape[1]}; "
+                "use the carry of a split over the same kind of features."
+            )
+        carry_costs = _feature_item_costs(rule, carry.costs) if len(carry) else np.empty((0, k), dtype=c.dtype)
+    if carry_costs is not None:
+        if carry_costs.shape[1] != k:
+            raise ValueError(
+                f"carry has {carry_costs.shape[1]} cost columns but costs has {k}; "
                 "use the carry of a split over the same kind of costs."
             )
-        if carry.costs.dtype != c.dtype:
+        if carry_costs.dtype != c.dtype:
             c = c.astype(np.float64)
-    float_mode = c.dtype == np.float64 or (carry is not None and carry.costs.dtype == np.float64)
-    caps = rule.caps_for_dtype(k, float_mode)
+    float_mode = c.dtype == np.float64 or (carry_costs is not None and carry_costs.dtype == np.float64)
+    caps, cap_values = rule.kernel_caps(k, float_mode)
     if float_mode:
         c = c.astype(np.float64, copy=False)
 
@@ -170,19 +183,25 @@ def split_with(
                 item_ids = np.arange(start, start + n, dtype=np.int64)
             skipped = item_ids[over]
             c = c[~over]
+            if features is not None:
+                features = features[~over]
             item_ids = item_ids[~over]
             over = None
 
     if carry is not None and len(carry):
         if item_ids is None:
             item_ids = np.arange(start, start + n, dtype=np.int64)
-        c = np.concatenate([carry.costs.astype(c.dtype, copy=False), c])
+        c = np.concatenate([cast(np.ndarray, carry_costs).astype(c.dtype, copy=False), c])
+        if features is not None:
+            features = np.concatenate([carry.costs.astype(features.dtype, copy=False), features])
         item_ids = np.concatenate([carry.ids, item_ids])
         if over is not None:
             over = np.concatenate([np.zeros(len(carry), dtype=bool), over])
 
     if rule.cost == "sum":
         count = _sum_counter(c, caps, cap_values, over is not None)
+    elif features is not None:
+        count = _padded_feature_counter(features, partial(_feature_item_costs, rule), caps, cap_values, float_mode)
     else:
         count = _padded_counter(c, caps, cap_values)
     ends, open_start = _greedy_ends(len(c), count, rule.max_batch_size, rule.batch_size_multiple, over, final)
@@ -191,10 +210,23 @@ def split_with(
     next_carry = None
     if not final:
         rest = np.arange(start + open_start, start + n) if item_ids is None else item_ids[open_start:]
-        next_carry = Carry(rest, c[open_start:], start + n)
+        kept = c if features is None else features
+        next_carry = Carry(rest, kept[open_start:], start + n)
     batched = range(start, start + open_start) if item_ids is None else item_ids[:open_start]
     return PlanChunk(batched, offsets, skipped, carry=next_carry)  # type: ignore[arg-type]
 
 
 def _row(c: np.ndarray, pos: int) -> Any:
     return c[pos, 0].item() if c.shape[1] == 1 else c[pos].tolist()
+
+
+def _feature_item_costs(rule: BatchCost, rows: np.ndarray) -> np.ndarray:
+    """The costs ``rule.feature_cost`` gives feature rows, checked, as ``(len(rows), k)``."""
+    if not len(rows):
+        return np.empty((0, rule.num_columns), dtype=np.float64)
+    values = as_numeric_array("feature_cost values", cast(Any, rule.feature_cost)(rows), ndim=(1, 2))
+    if len(values) != len(rows):
+        raise ValueError(
+            f"feature_cost returned {len(values)} costs for {len(rows)} rows of features; expected one each."
+        )
+    return values.reshape(len(rows), -1)

@@ -49,10 +49,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--epochs", type=_positive_int, default=5, help="timed epochs per method (default 5)")
     run.add_argument(
         "--suite",
-        choices=(*SUITES, "all"),
+        choices=(*SUITES, "fidelity", "all"),
         action="append",
         help="what to run (repeatable; default: loaders). 'all' adds the kernel, permutation and "
-        "first-batch suites at 10**6 to 10**8 items and the adaptive overhead, a few minutes in all.",
+        "first-batch suites at 10**6 to 10**8 items and the adaptive overhead, a few minutes in all. "
+        "'fidelity' (not in 'all') measures memory budgets on three small CPU models: per kind, the "
+        "batches run, the batches over budget, and the mean and smallest use of the budget.",
     )
     run.add_argument("--markdown", action="store_true", help="print markdown tables instead of plain text")
     run.add_argument("--json", type=Path, metavar="PATH", help="also write the rows as JSON to PATH")
@@ -81,7 +83,26 @@ def build_parser() -> argparse.ArgumentParser:
     fit.add_argument("--safety-margin", type=float, default=0.0, help="relative headroom, e.g. 0.05")
     fit.add_argument("--out", type=Path, default=Path("memory_model.json"), help="*.json, or a torch.save file")
     fit.add_argument("--plot", type=Path, help="also plot measured vs predicted peaks (PNG) to this path")
+    fit.add_argument(
+        "--kind",
+        choices=("sizes", *BATCH_KINDS),
+        default="sizes",
+        help="'sizes' (default): one input per size, a per-item model. The others measure whole batches and "
+        "fit a batch model (a fixed part once per batch + a per-item part): 'images' (H and W drawn from "
+        "--sizes, padded to the batch's max H and max W: --input-dim channels), 'graphs' (nodes drawn from "
+        "--sizes, 2 to 8 edges per node, joined into one graph: MODEL(x, edges)), 'sequences' (padded to the "
+        "batch's longest) and 'packed' (joined into one sequence)",
+    )
+    fit.add_argument("--batches", type=_positive_int, default=24, help="batches measured for a batch model")
+    fit.add_argument(
+        "--batch-lengths", type=_sizes, default=[2, 3, 4, 6, 8], help="items per measured batch (default 2,3,4,6,8)"
+    )
+    fit.add_argument("--seed", type=int, default=0, help="seeds the measured batches' shapes")
     return parser
+
+
+#: The kinds of ``fastsab fit-memory --kind`` that fit a batch model: (features per item, batch cost).
+BATCH_KINDS = {"images": (2, "padded"), "graphs": (2, "sum"), "sequences": (1, "padded"), "packed": (1, "sum")}
 
 
 def _sizes(text: str) -> list[int]:
@@ -116,6 +137,8 @@ def run_fit_memory(args: argparse.Namespace) -> int:
         raise SystemExit(f"{args.model} returned {type(module).__name__}, not a torch.nn.Module")
     device = torch.device(args.device)
     module = module.to(device)
+    if args.kind != "sizes":
+        return run_fit_batch_memory(args, module, device)
     if args.make_input:
         make_input = _import(args.make_input)
     else:
@@ -147,8 +170,70 @@ def run_fit_memory(args: argparse.Namespace) -> int:
     return 0
 
 
+def _batch_features(kind: str, sizes: list[int], count: int, rng: Any) -> Any:
+    """``count`` items' features for ``kind``: sizes drawn from ``sizes`` (graphs: 2 to 8 edges per node)."""
+    import numpy as np
+
+    values = np.array(sizes)
+    if kind == "images":
+        return rng.choice(values, size=(count, 2))
+    if kind == "graphs":
+        nodes = rng.choice(values, size=count)
+        return np.stack([nodes, nodes * rng.integers(2, 9, size=count)], axis=1)
+    return rng.choice(values, size=(count, 1))
+
+
+def _batch_input(kind: str, rows: Any, input_dim: int, device: torch.device) -> Any:
+    """The input of one batch of items with features ``rows`` (see ``--kind``)."""
+    if kind == "images":
+        height, width = (int(v) for v in rows.max(axis=0))
+        return torch.randn(len(rows), input_dim, height, width, device=device)
+    if kind == "graphs":
+        nodes, edges = int(rows[:, 0].sum()), int(rows[:, 1].sum())
+        return torch.randn(nodes, input_dim, device=device), torch.randint(0, nodes, (2, edges), device=device)
+    if kind == "sequences":
+        return torch.randn(len(rows), int(rows[:, 0].max()), input_dim, device=device)
+    return torch.randn(1, int(rows[:, 0].sum()), input_dim, device=device)
+
+
+def run_fit_batch_memory(args: argparse.Namespace, module: torch.nn.Module, device: torch.device) -> int:
+    """``fastsab fit-memory --kind images|graphs|sequences|packed``: measure batches, fit a batch model, save it."""
+    import numpy as np
+
+    from fastsab.memory.batch import fit_batch_memory, measure_batches
+    from fastsab.memory.fit import module_work
+
+    rng = np.random.default_rng(args.seed)
+    _, cost = BATCH_KINDS[args.kind]
+    batches = [
+        _batch_features(args.kind, args.sizes, int(rng.choice(args.batch_lengths)), rng) for _ in range(args.batches)
+    ]
+    work, cleanup = module_work(
+        module, lambda rows: _batch_input(args.kind, rows, args.input_dim, device), train=not args.eval
+    )
+    for _ in range(args.warmup):
+        work(batches[0])
+        cleanup()
+    peaks = measure_batches(work, batches, device, cleanup)
+    model = fit_batch_memory(batches, peaks, cost=cost, degree=args.degree, seed=args.seed)  # type: ignore[arg-type]
+    args.out.write_text(model.to_json())
+    print(f"measured {len(batches)} batches of {args.kind} ({cost}): fixed {model.fixed / 2**20:.4f} MiB per batch")
+    print(
+        f"relative margin {model.margin:.2%}; "
+        f"fitted batches: mean use of the prediction {model.fit.mean_utilization:.3f}"
+    )
+    if model.report is not None:
+        report = model.report
+        print(
+            f"held-back batches ({report.num_batches}): expected use {report.mean_utilization:.3f} "
+            f"(min {report.min_utilization:.3f}), worst under-prediction {report.worst_under_prediction:+.2%}"
+        )
+    print(f"saved the model to {args.out} (fastsab.memory.BatchMemoryModel.from_json)")
+    return 0
+
+
 def run_bench(args: argparse.Namespace) -> list[bench.Row]:
-    suites = args.suite or ["loaders"]
+    suites = [suite for suite in args.suite or ["loaders"] if suite != "fidelity"]
     if "all" in suites:
         suites = list(SUITES)
     from tqdm import tqdm
@@ -171,6 +256,25 @@ def run_bench(args: argparse.Namespace) -> list[bench.Row]:
                 rows += bench.first_batch_rows(10**8)
             bar.update()
     return rows
+
+
+def run_fidelity(args: argparse.Namespace) -> None:
+    """Print the fidelity suite's table (markdown with ``--markdown``)."""
+    from fastsab.bench.fidelity import fidelity_markdown, fidelity_results
+
+    results = fidelity_results()
+    if args.markdown:
+        print(f"Measured on {bench.machine_info()}.\n")
+        print(fidelity_markdown(results))
+        return
+    print(bench.machine_info())
+    print("\nfidelity  (use = measured peak / budget; budget = 6 x the largest item's peak)")
+    for r in results:
+        print(
+            f"  {r.kind:<48} batches {r.batches:>3}  over budget {r.over_budget:>2}  "
+            f"mean use {r.mean_use:.2f}  min {r.min_use:.2f}  max {r.max_use:.2f}  margin {r.margin:.1%}  "
+            f"{r.seconds:.0f} s"
+        )
 
 
 def plot_rows(rows: list[bench.Row], path: Path) -> None:
@@ -219,6 +323,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "fit-memory":
         return run_fit_memory(args)
+    if args.suite and "fidelity" in args.suite:
+        run_fidelity(args)
+        if set(args.suite) == {"fidelity"}:
+            return 0
     rows = run_bench(args)
     if args.markdown:
         print(f"Measured on {bench.machine_info()}.\n")

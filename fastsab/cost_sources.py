@@ -19,7 +19,16 @@ import torch
 
 from fastsab._checks import as_numeric_array, as_python_number, as_real_array, as_size
 
-__all__ = ["CostSource", "item_size", "make_cost_source", "oversize_message", "per_item_sizeof", "size_array"]
+__all__ = [
+    "CostSource",
+    "FeatureRows",
+    "feature_rows",
+    "item_size",
+    "make_cost_source",
+    "oversize_message",
+    "per_item_sizeof",
+    "size_array",
+]
 
 #: How many evenly spread items a computed cost source's fingerprint samples.
 FINGERPRINT_SAMPLE = 4096
@@ -170,6 +179,55 @@ class _FeatureCosts(_CostSource):
                     f"sizeof failed on features[indices] (shape {tuple(rows.shape)}, dtype {rows.dtype}): {err}"
                 ) from err
         return _check_costs(costs, ids)
+
+
+class FeatureRows(_CostSource):
+    """The per-item features of a ``sizeof`` with ``features``, as rows, and the costs of any rows.
+
+    Calling it gives ``features[ids]`` as an ``(len(ids), d)`` numpy array (the "costs" a
+    rule that pads features splits); :meth:`item_costs` gives the checked costs of rows (e.g.
+    of a batch's per-feature maxima), calling ``sizeof`` on them as on the features.
+    """
+
+    def __init__(self, costs: _FeatureCosts) -> None:
+        self.costs = costs
+        features = costs.features
+        values = features.detach().cpu().numpy() if isinstance(features, torch.Tensor) else np.asarray(features)
+        self.one_dimensional = values.ndim == 1
+        self.rows = values.reshape(len(values), -1)
+
+    def __call__(self, ids: np.ndarray) -> np.ndarray:
+        rows: np.ndarray = self.rows[ids]
+        return rows
+
+    def item_costs(self, rows: np.ndarray) -> np.ndarray:
+        """The checked costs ``sizeof`` gives ``rows`` of features (shaped as the features were)."""
+        values: Any = rows[:, 0] if self.one_dimensional else rows
+        features = self.costs.features
+        if isinstance(features, torch.Tensor):
+            values = torch.from_numpy(np.ascontiguousarray(values)).to(features.device)
+        with torch.no_grad():
+            costs = self.costs.fn(values)
+        return _check_costs(costs, np.arange(len(rows)))
+
+    def fingerprint(self, n: int) -> bytes:
+        # NOTE: the batches depend on sizeof beyond the items' own costs (at per-feature maxima):
+        # the features are part of what identifies them
+        return self.costs.fingerprint(n) + np.ascontiguousarray(self.rows).tobytes()
+
+
+def feature_rows(source: CostSource) -> FeatureRows:
+    """``source`` (from a callable ``sizeof`` with ``features``) as its :class:`FeatureRows`.
+
+    Raises:
+        ValueError: If ``source`` was not made from a callable and ``features``.
+    """
+    if not isinstance(source, _FeatureCosts):
+        raise ValueError(
+            "padding='features' pads the features of a callable sizeof (e.g. a memory model), "
+            "so it needs sizeof to be a callable and features= to be given."
+        )
+    return FeatureRows(source)
 
 
 class _IndexCosts(_CostSource):

@@ -1,8 +1,9 @@
 """The batch cost: what a batch may hold, and what it costs.
 
 :class:`BatchCost` owns the caps (one number, or one per cost column), how a batch's cost is
-counted (``"sum"`` of its items, or ``"padded"``: its length times its largest item), the
-optional cap on items and the batch size multiple; it checks and lowers the caps and prices
+counted (``"sum"`` of its items, or ``"padded"``: its length times its largest item, or times
+the item cost of its per-feature maxima), the cost paid once per batch, the optional cap on
+items and the batch size multiple; it checks and lowers the caps and prices
 batches. The kernel (:func:`~fastsab.batching.split_batches`), the planners, the bionemo
 samplers and the streaming generator all take their rule from it. Any accepted ``sizeof``
 is turned into costs by :mod:`fastsab.cost_sources` (:func:`make_cost_source`, re-exported).
@@ -13,7 +14,8 @@ from __future__ import annotations
 import copy
 import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from fractions import Fraction
 from numbers import Integral
 from typing import Any, Literal
 
@@ -48,10 +50,22 @@ class BatchCost:
             times its largest item, per column).
         max_batch_size: Optional cap on the number of items of a batch.
         batch_size_multiple: Full batches are cut down to a multiple of this.
+        fixed_cost: The cost every batch pays once, whatever its items (e.g. a step's
+            gradient buffers and workspace): one number, or one per column; finite and >= 0.
+            A batch costs ``fixed_cost + sum`` or ``fixed_cost + len * max``, and only that
+            total is compared with the caps (an item is oversize if ``fixed_cost`` plus its
+            own cost exceeds a cap).
+        feature_cost: With ``cost="padded"``, pad features instead of costs: the rows given
+            as "costs" are then per-item features ``(n, d)``, every feature column is padded
+            to the batch's maximum, and a batch costs ``fixed_cost + len * feature_cost(max
+            row)``; ``feature_cost`` maps an ``(m, d)`` array of rows to their ``m`` checked
+            costs (1-D, or ``(m, k)`` for ``k`` caps). ``None`` (default): a batch costs
+            ``len * max(cost)`` per column.
 
     Attributes:
         caps: The caps as Python numbers (integers stay integers, so comparisons are exact).
         per_column: Whether the caps were given one per column (else one cap for all).
+        fixed: The fixed costs as Python numbers (one, or one per column).
 
     Examples:
         >>> rule = BatchCost([10, 4], cost="padded")
@@ -61,7 +75,7 @@ class BatchCost:
         [2.5, 0.5]
     """
 
-    __slots__ = ("batch_size_multiple", "caps", "cost", "max_batch_size", "per_column")
+    __slots__ = ("batch_size_multiple", "caps", "cost", "feature_cost", "fixed", "max_batch_size", "per_column")
 
     def __init__(
         self,
@@ -70,17 +84,22 @@ class BatchCost:
         cost: CostMode = "sum",
         max_batch_size: int | None = None,
         batch_size_multiple: int = 1,
+        fixed_cost: Any = 0,
+        feature_cost: Callable[[np.ndarray], np.ndarray] | None = None,
     ) -> None:
         self.cost: CostMode = check_choice("cost", cost, ("sum", "padded"))  # type: ignore[assignment]
         self.max_batch_size = check_optional_positive_int("max_batch_size", max_batch_size)
         self.batch_size_multiple = check_positive_int("batch_size_multiple", batch_size_multiple)
-        self.per_column = isinstance(max_total_size, (Sequence, np.ndarray)) and not isinstance(max_total_size, str)
-        if isinstance(max_total_size, np.ndarray) and max_total_size.ndim == 0:
-            self.per_column = False  # one cap, as a number
-        if self.per_column:
-            self.caps: Caps = [check_nonnegative_real("max_total_size", v) for v in max_total_size]
-        else:
-            self.caps = [check_nonnegative_real("max_total_size", max_total_size)]
+        self.per_column = _several(max_total_size)
+        self.caps: Caps = _numbers("max_total_size", max_total_size, self.per_column)
+        self.fixed: Caps = _numbers("fixed_cost", fixed_cost, _several(fixed_cost))
+        if len(self.fixed) > 1 and (not self.per_column or len(self.fixed) != len(self.caps)):
+            raise ValueError(f"fixed_cost must be one number or one per cap ({len(self.caps)}), got {fixed_cost!r}.")
+        if feature_cost is not None and not callable(feature_cost):
+            raise TypeError(f"feature_cost must be a callable or None, got {feature_cost!r}.")
+        if feature_cost is not None and self.cost != "padded":
+            raise ValueError(f"feature_cost pads features, so it needs cost='padded', got cost={cost!r}.")
+        self.feature_cost = feature_cost
 
     @property
     def limit(self) -> Caps:
@@ -117,15 +136,41 @@ class BatchCost:
         """
         self.column_caps(costs.shape[1] if costs.ndim == 2 else 1)
 
+    @property
+    def has_fixed(self) -> bool:
+        """Whether batches pay a fixed cost (a nonzero ``fixed_cost``)."""
+        return any(self.fixed)
+
+    def column_fixed(self, k: int) -> Caps:
+        """The fixed cost of each of ``k`` cost columns."""
+        return self.fixed * k if len(self.fixed) == 1 else list(self.fixed)
+
+    def kernel_caps(self, k: int, float_mode: bool) -> tuple[np.ndarray, Caps]:
+        """The caps the counters compare a batch's variable cost with: in the costs' dtype, and exact.
+
+        Without a fixed cost these are the caps. With one, the cap of column ``j`` becomes the
+        largest variable cost ``v`` (an integer, or a float64 for float costs) for which
+        ``fixed_cost + v <= cap`` holds as the greedy loop computes it; that test is monotone in
+        ``v``, so ``v <= threshold`` is the same test (a threshold below 0 makes every item oversize).
+        """
+        caps = self.column_caps(k)
+        if self.has_fixed:
+            caps = [_threshold(cap, fixed, float_mode) for cap, fixed in zip(caps, self.column_fixed(k))]
+        return self._dtype_caps(caps, float_mode), caps
+
     def caps_for_dtype(self, k: int, float_mode: bool) -> np.ndarray:
         """The caps of ``k`` columns in the costs' dtype, so that ``cost <= cap`` stays exact."""
+        return self._dtype_caps(self.column_caps(k), float_mode)
+
+    @staticmethod
+    def _dtype_caps(caps: Caps, float_mode: bool) -> np.ndarray:
+        """``caps`` in the costs' dtype, so that ``cost <= cap`` stays exact."""
         # NOTE: the loop compares a running total with the cap exactly (Python semantics). For
         # integer totals `total <= cap` equals `total <= floor(cap)`; for float totals it equals
         # `total <= the largest float64 not above cap`. Converting the cap once this way keeps
         # every later comparison exact in a single numpy dtype. An integer cap past int64 acts
         # as the largest int64 where no cost exceeds it; sums that pass int64 and padded mode
         # work from the exact caps (see _kernels._sum_counter, _kernels._padded_limits).
-        caps = self.column_caps(k)
         if not float_mode:
             return np.array([min(math.floor(cap), _INT64_MAX) for cap in caps], dtype=np.int64)
         out = []
@@ -141,21 +186,42 @@ class BatchCost:
 
     def fits(self, total: int | float, count: int) -> bool:
         """Whether a batch of ``count`` items of one summed cost column totalling ``total`` is allowed."""
+        if self.has_fixed:
+            total = self.fixed[0] + total
         return total <= self.caps[0] and (self.max_batch_size is None or count <= self.max_batch_size)
 
     def per_batch(self, costs: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-        """The cost of each batch ``costs[offsets[b]:offsets[b + 1]]``, per column: shape ``(b, k)``."""
+        """The cost of each batch ``costs[offsets[b]:offsets[b + 1]]``, per column: shape ``(b, k)``.
+
+        ``costs`` are per-item features when the rule pads features (``feature_cost``).
+        """
+        variable = self.variable_per_batch(costs, offsets)
+        if not self.has_fixed:
+            return variable
+        total: np.ndarray = variable + np.asarray(self.column_fixed(variable.shape[1]))
+        return total
+
+    def variable_per_batch(self, costs: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+        """:meth:`per_batch` without the fixed cost."""
         costs = costs.reshape(len(costs), -1)
         starts = offsets[:-1]
         if self.cost == "sum":
             return np.add.reduceat(costs, starts, axis=0)
-        return np.maximum.reduceat(costs, starts, axis=0) * np.diff(offsets)[:, None]
+        lengths = np.diff(offsets)[:, None]
+        if self.feature_cost is None:
+            return np.maximum.reduceat(costs, starts, axis=0) * lengths
+        if not len(starts):
+            return np.empty((0, 1))
+        padded = np.asarray(self.feature_cost(np.maximum.reduceat(costs, starts, axis=0)))
+        return padded.reshape(len(starts), -1) * lengths
 
     def balance_costs(self, costs: np.ndarray, offsets: np.ndarray) -> np.ndarray:
         """Each batch's cost relative to the caps (a cap of 0 divides by 1), the largest column counting."""
         if len(offsets) < 2:
             return np.empty(0, dtype=np.float64)
-        per_batch = self.per_batch(np.asarray(costs, dtype=np.float64), offsets)
+        # NOTE: padded features reach feature_cost in their own dtype (a callable may need integers)
+        rows = np.asarray(costs) if self.feature_cost is not None else np.asarray(costs, dtype=np.float64)
+        per_batch = self.per_batch(rows, offsets).astype(np.float64)
         caps = np.asarray(self.caps, dtype=np.float64)
         # NOTE: a column capped at 0 holds only items of cost 0 (and own-batch oversize items):
         # its costs count as they are, not divided by 0.
@@ -165,13 +231,21 @@ class BatchCost:
         """Caps ``factor`` times below the cost of the batch of ``costs`` (never above ``current``).
 
         A column the batch spent nothing of keeps its cap: it cannot have caused the error.
+        With a fixed cost, the part of the batch's cost above it is divided: a batch pays
+        ``fixed_cost`` whatever its size, so the caps become ``fixed_cost + spent / factor``.
         """
         if not len(costs):
             return list(current)
         # NOTE: priced in float64: the result is a float, and an int64 sum or len * max of
         # costs near int64 would wrap around (to a cost of 0 or less, which lowers nothing)
-        spent = self.per_batch(np.asarray(costs, dtype=np.float64), np.array([0, len(costs)]))[0]
-        return [min(cap, float(cost) / factor) if cost > 0 else cap for cap, cost in zip(current, spent.tolist())]
+        values = np.asarray(costs) if self.feature_cost is not None else np.asarray(costs, dtype=np.float64)
+        spent = self.variable_per_batch(values, np.array([0, len(costs)]))[0].tolist()
+        fixed = self.column_fixed(len(spent))
+        # NOTE: dividing the fixed cost too would soon leave caps below it, under which every
+        # item is oversize and gets a batch of its own: shrinking must leave batches to shrink
+        return [
+            min(cap, base + float(cost) / factor) if cost > 0 else cap for cap, base, cost in zip(current, fixed, spent)
+        ]
 
     def check_caps(self, limit: object) -> Caps:
         """``limit`` as caps for these columns: as many as configured, each positive and finite."""
@@ -194,12 +268,18 @@ class BatchCost:
         return rule
 
     def options(self) -> dict[str, Any]:
-        """How batches are counted and cut, besides the caps."""
-        return {
+        """How batches are counted and cut, besides the caps (a fixed cost and padded features only when set)."""
+        options: dict[str, Any] = {
             "cost": self.cost,
             "max_batch_size": self.max_batch_size,
             "batch_size_multiple": self.batch_size_multiple,
         }
+        # NOTE: absent when unset, so that the fingerprints of plans made without them stay the same
+        if self.has_fixed:
+            options["fixed_cost"] = self.fixed[0] if len(self.fixed) == 1 else list(self.fixed)
+        if self.feature_cost is not None:
+            options["padding"] = "features"
+        return options
 
     def fingerprint_options(self, oversize: str | None = None) -> dict[str, Any]:
         """What of this rule decides batches: the caps (as a list), ``oversize`` if given, the options."""
@@ -215,3 +295,71 @@ def refuse_above(
     """Raise ``ValueError`` if a lowered limit ``new`` has a cap above ``old`` (the ``which`` limit, ``shown``)."""
     if any(a > b for a, b in zip(new, old)):
         raise ValueError(f"a lowered limit must not exceed the {which} {shown!r}, got {limit!r}.")
+
+
+def _several(value: object) -> bool:
+    """Whether ``value`` gives one number per column (a sequence or an array with dimensions)."""
+    if isinstance(value, np.ndarray):
+        return value.ndim > 0
+    return isinstance(value, Sequence) and not isinstance(value, str)
+
+
+def _numbers(name: str, value: Any, several: bool) -> Caps:
+    """``value`` (one number, or one per column) as a list of checked numbers >= 0."""
+    if several:
+        return [check_nonnegative_real(name, v) for v in value]
+    return [check_nonnegative_real(name, value)]
+
+
+def _threshold(cap: int | float, fixed: int | float, float_mode: bool) -> int | float:
+    """The largest variable cost ``v`` with ``fixed + v <= cap`` as the greedy loop computes it.
+
+    ``v`` is an integer for integer costs and a float64 for float costs. The test is monotone
+    in ``v``, so a galloping search from the exact difference finds it: over integers, or over
+    the floats in their order (many floats may give the same rounded sum).
+    """
+    if float_mode:
+        if isinstance(cap, Integral) and cap > sys.float_info.max:
+            return sys.float_info.max
+        start = _float_key(float(Fraction(cap) - Fraction(fixed)))
+        return _key_float(_largest(lambda key: fixed + _key_float(key) <= cap, start))
+    return _largest(lambda v: fixed + v <= cap, math.floor(Fraction(cap) - Fraction(fixed)))
+
+
+def _largest(holds: Callable[[int], bool], start: int) -> int:
+    """The largest integer for which ``holds`` (true up to some integer, false above it) is true."""
+    step = 1
+    if holds(start):
+        low = start
+        while holds(low + step):
+            low, step = low + step, 2 * step
+        high = low + step
+    else:
+        high = start
+        while not holds(high - step):
+            high, step = high - step, 2 * step
+        low = high - step
+    while high - low > 1:  # holds(low), not holds(high)
+        middle = (low + high) // 2
+        if holds(middle):
+            low = middle
+        else:
+            high = middle
+    return low
+
+
+def _float_key(value: float) -> int:
+    """An integer that orders float64 values as they compare (``-0.0`` and ``0.0`` alike)."""
+    bits = int(np.float64(value).view(np.int64))
+    return bits if bits >= 0 else -(bits & _INT64_MAX)
+
+
+def _key_float(key: int) -> float:
+    """The float64 of :func:`_float_key` (keys past the finite floats give +-inf)."""
+    limit = _float_key(math.inf)
+    if key >= limit:
+        return math.inf
+    if key <= -limit:
+        return -math.inf
+    bits = key if key >= 0 else (-key) | (1 << 63)
+    return float(np.array(bits, dtype=np.uint64).view(np.float64))

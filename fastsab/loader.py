@@ -13,15 +13,16 @@ the given ``collate_fn``, which a type checker infers.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
 from typing_extensions import Unpack
 
-from fastsab._checks import check_positive_int
+from fastsab._checks import check_choice, check_positive_int
 from fastsab.batching import CostMode, OversizePolicy
-from fastsab.costs import make_cost_source
+from fastsab.cost_sources import feature_rows
+from fastsab.costs import CostSource, make_cost_source
 from fastsab.loader_base import LoaderBase
 from fastsab.options import DEFAULT_CHUNK_BYTES, LimitLike, LoaderKeywords, LoaderOptions, T, takes_loader_options
 from fastsab.planners import FixedSizePlanner, SizeAwarePlanner
@@ -35,6 +36,22 @@ _Loader = LoaderBase  # the older name of the base
 SizeOf = torch.Tensor | np.ndarray | Sequence[float] | Sequence[Sequence[float]] | Callable[[Any], Any]
 #: Per-item features for a callable ``sizeof``.
 Features = torch.Tensor | np.ndarray | Sequence[Any]
+#: What ``cost="padded"`` pads: the features (``len * sizeof(maxima)``) or the costs (``len * max``).
+Padding = Literal["features", "costs"]
+
+
+def resolve_padding(padding: object, cost: object, features: object) -> Padding:
+    """What a padded batch pads: ``padding`` as given, or ``"features"`` where ``features`` are given.
+
+    Raises:
+        ValueError: If ``padding`` is unknown, or ``"features"`` without ``cost="padded"``.
+    """
+    if padding is None:
+        return "features" if cost == "padded" and features is not None else "costs"
+    checked: Padding = check_choice("padding", padding, ("features", "costs"))  # type: ignore[assignment]
+    if checked == "features" and cost != "padded":
+        raise ValueError(f"padding='features' pads a padded batch's features, so it needs cost='padded', got {cost!r}.")
+    return checked
 
 
 class FastLoader(LoaderBase[T]):
@@ -101,7 +118,19 @@ class FastSizeAwareLoader(LoaderBase[T]):
             or a per-item callable (accepted, warned about as slow).
         max_total_size: The inclusive cap (or ``k`` caps) of a batch's cost.
         features: Per-item features for a callable ``sizeof``, e.g. sequence lengths.
-        cost: ``"sum"`` or ``"padded"`` (``len(batch) * max(size)``).
+        cost: ``"sum"`` or ``"padded"`` (``len(batch) * max(size)``, or with padded features
+            ``len(batch) * sizeof(per-feature maxima)``: see ``padding``).
+        padding: What ``cost="padded"`` pads. ``"features"``: every feature column is padded to
+            the batch's maximum (an image batch padded to its largest height and its largest
+            width), and a batch costs ``len(batch) * sizeof(row of maxima)``; it needs a callable
+            ``sizeof`` with ``features``. ``"costs"``: a batch costs ``len(batch) * max(cost)``,
+            the costs' maximum per column. ``None`` (default): ``"features"`` where ``features``
+            is given with ``cost="padded"``, else ``"costs"``. Features are never summed: with
+            ``cost="sum"`` each item costs ``sizeof`` of its own features.
+        fixed_cost: The cost a batch pays once whatever its items (e.g. a training step's
+            gradient buffers and workspace), one number or one per cap: a batch costs
+            ``fixed_cost`` plus its sum or padded cost, and that total stays within
+            ``max_total_size``. A fitted :class:`~fastsab.memory.BatchMemoryModel` gives it.
         max_batch_size: Optional cap on items per batch.
         batch_size_multiple: Cut full batches down to a multiple of this.
         oversize: ``"skip"`` (counted in ``stats`` and warned once per epoch),
@@ -129,11 +158,17 @@ class FastSizeAwareLoader(LoaderBase[T]):
         max_batch_size: int | None = None,
         batch_size_multiple: int = 1,
         oversize: OversizePolicy = "skip",
+        padding: Padding | None = None,
+        fixed_cost: float | Sequence[float] = 0,
         **options: Unpack[LoaderKeywords[T]],
     ) -> None:
         super().__init__(dataset, LoaderOptions.given_to(type(self).__name__, options))
         self._max_total_size = max_total_size
-        costs = make_cost_source(sizeof, self.order.n, features)
+        costs: CostSource = make_cost_source(sizeof, self.order.n, features)
+        feature_cost = None
+        if resolve_padding(padding, cost, features) == "features":
+            rows = feature_rows(costs)
+            costs, feature_cost = rows, rows.item_costs
         planner = SizeAwarePlanner(
             self.order,
             costs,
@@ -142,6 +177,8 @@ class FastSizeAwareLoader(LoaderBase[T]):
             max_batch_size=max_batch_size,
             batch_size_multiple=batch_size_multiple,
             oversize=oversize,
+            fixed_cost=fixed_cost,
+            feature_cost=feature_cost,
         )
         self._use_planner(planner)
 

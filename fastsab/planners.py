@@ -9,7 +9,7 @@ plan to a ``torch.utils.data.DataLoader``.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -121,7 +121,11 @@ class FixedSizeEpoch:
 
 
 class SizeAwarePlanner:
-    """Greedy size-aware batches over the epoch order, split chunk by chunk with a carry."""
+    """Greedy size-aware batches over the epoch order, split chunk by chunk with a carry.
+
+    ``fixed_cost`` and ``feature_cost`` are those of :class:`~fastsab.costs.BatchCost`; with a
+    ``feature_cost``, ``costs`` gives the items' features (:class:`~fastsab.cost_sources.FeatureRows`).
+    """
 
     def __init__(
         self,
@@ -133,11 +137,18 @@ class SizeAwarePlanner:
         max_batch_size: int | None = None,
         batch_size_multiple: int = 1,
         oversize: OversizePolicy = "skip",
+        fixed_cost: Any = 0,
+        feature_cost: Callable[[np.ndarray], np.ndarray] | None = None,
     ) -> None:
         self.order = order
         self.costs = costs
         self.rule = BatchCost(
-            max_total_size, cost=cost, max_batch_size=max_batch_size, batch_size_multiple=batch_size_multiple
+            max_total_size,
+            cost=cost,
+            max_batch_size=max_batch_size,
+            batch_size_multiple=batch_size_multiple,
+            fixed_cost=fixed_cost,
+            feature_cost=feature_cost,
         )
         self.oversize: OversizePolicy = check_choice("oversize", oversize, ("skip", "own_batch", "error"))  # type: ignore[assignment]
         if order.n:

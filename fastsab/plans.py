@@ -36,7 +36,8 @@ class Carry:
 
     Attributes:
         ids: Ids of the items of the open batch, in order.
-        costs: Their costs, shape ``(len(ids), k)``.
+        costs: Their costs, shape ``(len(ids), k)`` (their features ``(len(ids), d)`` when the
+            split pads features: :attr:`~fastsab.costs.BatchCost.feature_cost`).
         next_position: Global position of the next chunk's first item (used for default ids).
     """
 

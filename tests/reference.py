@@ -7,7 +7,8 @@ order from the batch start) so that they can be read as the specification.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -28,26 +29,51 @@ def as_rows(sizes: Any) -> list[Row]:
     return rows
 
 
-def above(row: Row, caps: Sequence[Any]) -> bool:
-    """Whether one item alone exceeds any of ``caps``."""
-    return any(value > cap for value, cap in zip(row, caps))
+#: A function of one item's features (a row) giving its row of costs.
+FeatureCost = Callable[[Row], Row]
 
 
-def batch_cost(rows: Sequence[Row], column: int, cost: str) -> Any:
-    """The cost of a batch in one column: the sum in item order, or ``len * max`` (padded)."""
+def above(
+    row: Row, caps: Sequence[Any], fixed: Sequence[Any] | None = None, feature_cost: FeatureCost | None = None
+) -> bool:
+    """Whether one item alone (a batch of one, with the fixed cost) exceeds any of ``caps``."""
+    return not fits([row], caps, "sum", None, fixed, feature_cost)
+
+
+def batch_cost(
+    rows: Sequence[Row], column: int, cost: str, fixed: Any = 0, feature_cost: FeatureCost | None = None
+) -> Any:
+    """The cost of a batch in one column: the fixed cost plus the sum in item order, or ``len * max`` (padded).
+
+    With ``feature_cost`` the rows are features: each item costs ``feature_cost(row)``, and a padded
+    batch costs ``len * feature_cost(the row of per-feature maxima)``.
+    """
+    if feature_cost is not None and cost == "padded":
+        top = tuple(max(row[j] for row in rows) for j in range(len(rows[0])))
+        return fixed + len(rows) * feature_cost(top)[column]
+    if feature_cost is not None:
+        rows = [feature_cost(row) for row in rows]
     if cost == "sum":
         total: Any = 0
         for row in rows:
             total += row[column]
-        return total
-    return len(rows) * max(row[column] for row in rows)
+        return fixed + total
+    return fixed + len(rows) * max(row[column] for row in rows)
 
 
-def fits(rows: Sequence[Row], caps: Sequence[Any], cost: str, max_batch_size: int | None) -> bool:
+def fits(
+    rows: Sequence[Row],
+    caps: Sequence[Any],
+    cost: str,
+    max_batch_size: int | None,
+    fixed: Sequence[Any] | None = None,
+    feature_cost: FeatureCost | None = None,
+) -> bool:
     """Whether a batch of ``rows`` stays within every cap (inclusive) and the item cap."""
     if max_batch_size is not None and len(rows) > max_batch_size:
         return False
-    return all(batch_cost(rows, j, cost) <= cap for j, cap in enumerate(caps))
+    fixed = fixed if fixed is not None else [0] * len(caps)
+    return all(batch_cost(rows, j, cost, fixed[j], feature_cost) <= cap for j, cap in enumerate(caps))
 
 
 def greedy_loop(
@@ -60,6 +86,8 @@ def greedy_loop(
     multiple: int = 1,
     oversize: str = "skip",
     policy_caps: Sequence[Any] | None = None,
+    fixed: Sequence[Any] | None = None,
+    feature_cost: FeatureCost | None = None,
 ) -> tuple[list[list[int]], list[int]]:
     """The greedy size-aware loop over ``order`` (dataset indices), one item at a time.
 
@@ -76,6 +104,9 @@ def greedy_loop(
         policy_caps: The caps that decide the oversize policy (default ``caps``). An item
             within them but above ``caps`` gets a batch of its own: this is what a limit
             lowered mid-epoch does to the items between the lowered and the original cap.
+        fixed: The cost each batch pays once, per cap (default 0).
+        feature_cost: If given, ``sizes`` are per-item features and this gives a row's costs;
+            padded batches pad every feature to the batch's maximum (see :func:`batch_cost`).
 
     Returns:
         The batches (lists of dataset indices) and the skipped dataset indices.
@@ -84,28 +115,34 @@ def greedy_loop(
     batches: list[list[int]] = []
     skipped: list[int] = []
     batch: list[int] = []
-    for index in order:
+    pending = deque(order)
+    while pending:
+        index = pending.popleft()
         row = sizes[index]
-        alone = above(row, policy)
+        alone = above(row, policy, fixed, feature_cost)
         if alone and oversize == "skip":
             skipped.append(index)
             continue
         if alone and oversize == "error":
             raise ValueError(f"index {index} is oversize")
-        if alone or above(row, caps):  # a batch of its own; the open batch is closed whole
+        if alone or above(row, caps, fixed, feature_cost):  # a batch of its own; the open batch is closed whole
             if batch:
                 batches.append(batch)
                 batch = []
             batches.append([index])
             continue
-        while batch and not fits([sizes[i] for i in [*batch, index]], caps, cost, max_batch_size):
+        if batch and not fits([sizes[i] for i in [*batch, index]], caps, cost, max_batch_size, fixed, feature_cost):
             if multiple > 1 and len(batch) > multiple:
+                # the remainder opens the next batch: its items join it again one by one (with
+                # costs that do not grow with the features, a part of a batch may cost more)
                 cut = len(batch) // multiple * multiple
                 batches.append(batch[:cut])
-                batch = batch[cut:]
+                pending.extendleft(reversed([*batch[cut:], index]))
             else:
                 batches.append(batch)
-                batch = []
+                pending.appendleft(index)
+            batch = []
+            continue
         batch.append(index)
     if batch:
         batches.append(batch)

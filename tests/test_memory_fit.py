@@ -97,3 +97,52 @@ def test_fit_memory_cli_bad_sizes(capsys):
     with pytest.raises(SystemExit):
         main(["fit-memory", "x:y", "--sizes", "0:8:2"])
     assert "expected positive sizes" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("kind", "factory", "sizes"),
+    [
+        ("images", "cnn", "8:32:8"),
+        ("graphs", "gnn", "10:60:10"),
+        ("sequences", "encoder", "8:40:8"),
+        ("packed", "encoder", "8:40:8"),
+    ],
+)
+def test_fit_memory_cli_fits_a_batch_model_per_kind(tmp_path, monkeypatch, capsys, kind, factory, sizes):
+    from fastsab.memory import BatchMemoryModel
+
+    (tmp_path / "kind_models.py").write_text(
+        textwrap.dedent(
+            """
+            import torch
+
+            def cnn():
+                return torch.nn.Sequential(torch.nn.Conv2d(4, 4, 3, padding=1), torch.nn.ReLU())
+
+            class Gnn(torch.nn.Module):
+                def __init__(self):
+                    super().__init__()
+                    self.linear = torch.nn.Linear(4, 4)
+
+                def forward(self, x, edges):
+                    h = self.linear(x)
+                    return torch.zeros_like(h).index_add(0, edges[1], h[edges[0]])
+
+            def gnn():
+                return Gnn()
+
+            def encoder():
+                return torch.nn.TransformerEncoderLayer(4, 1, 8, dropout=0.0, batch_first=True)
+            """
+        )
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    out = tmp_path / "model.json"
+    args = ["fit-memory", f"kind_models:{factory}", "--kind", kind, "--sizes", sizes, "--input-dim", "4"]
+    assert main([*args, "--batches", "12", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert f"measured 12 batches of {kind}" in printed and "held-back batches (3)" in printed
+    model = BatchMemoryModel.from_json(out.read_text())
+    assert model.cost == ("sum" if kind in ("graphs", "packed") else "padded")
+    assert model.fit.worst_under_prediction <= 0
+    assert model.per_item.num_features == (2 if kind in ("images", "graphs") else 1)

@@ -200,3 +200,14 @@ def test_as_loader_sizeof_with_features():
 def test_bad_input(make, error, message):
     with pytest.raises(error, match=message):
         make()
+
+
+def test_several_features_predict_each_point_as_alone() -> None:
+    # a point's prediction does not depend on the other points evaluated with it (bit for bit)
+    model = PolynomialRegression(3, num_features=3)
+    generator = torch.Generator().manual_seed(0)
+    x = torch.rand(500, 3, generator=generator, dtype=torch.float64) * 100
+    model.fit(x, (x**2).sum(dim=1) + x.prod(dim=1) + torch.rand(500, generator=generator, dtype=torch.float64))
+    together = model(x)
+    alone = torch.cat([model(x[i : i + 1]) for i in range(len(x))])
+    assert torch.equal(together, alone)

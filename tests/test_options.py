@@ -21,6 +21,8 @@ OWN_PARAMETERS = {
         "max_batch_size",
         "batch_size_multiple",
         "oversize",
+        "padding",
+        "fixed_cost",
     ],
 }
 

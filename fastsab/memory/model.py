@@ -130,7 +130,10 @@ class PolynomialRegression(torch.nn.Module):
     def _design(self, scaled: torch.Tensor) -> torch.Tensor:
         """The monomials of the scaled features, shape ``(n, num_terms)``."""
         powers = scaled[:, None, :] ** self.exponents[None, :, :].to(scaled.dtype)
-        return powers.prod(dim=2)
+        design = powers[:, :, 0]
+        for column in range(1, self.num_features):  # elementwise products, in one order for every point
+            design = design * powers[:, :, column]
+        return design
 
     def _polynomial(self, scaled: torch.Tensor) -> torch.Tensor:
         if self.num_features == 1:
@@ -139,7 +142,14 @@ class PolynomialRegression(torch.nn.Module):
             for coefficient in self.coefficients.flip(0)[1:]:
                 result = result * t + coefficient  # Horner's rule
             return result * self.y_scale
-        return (self._design(scaled) @ self.coefficients) * self.y_scale
+        # NOTE: term by term, elementwise: each point's value does not depend on the other points
+        # (a matrix product may sum in another order for another number of rows), so a batch's
+        # padded cost at its per-feature maxima is the same however many rows are evaluated at once
+        design = self._design(scaled)
+        result = torch.zeros(len(scaled), dtype=scaled.dtype, device=scaled.device)
+        for term, coefficient in enumerate(self.coefficients.tolist()):
+            result = result + coefficient * design[:, term]
+        return result * self.y_scale
 
     def forward(self, x: Any) -> torch.Tensor:
         """Predict for every point of ``x`` (1-D, or ``(n, num_features)``), vectorized.

@@ -1,0 +1,240 @@
+"""How well memory budgets hold on real models: the ``fastsab bench --suite fidelity`` workloads.
+
+For each kind of model (a CNN on images padded in 2-D, a GNN on graphs joined into one, a
+transformer encoder on padded sequences), the whole workflow runs on the CPU: measure the
+peak of a few batches of several shapes (:func:`~fastsab.memory.measure_batches`), fit a
+:class:`~fastsab.memory.BatchMemoryModel`, batch a dataset under a budget of
+``budget_factor`` times the largest item's measured peak, and measure every planned batch's
+real peak. :func:`fidelity_results` reports, per kind, the batches run, how many went over
+the budget, and the mean and smallest share of the budget they used.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from fastsab.loader import FastSizeAwareLoader
+from fastsab.memory.batch import BatchMemoryModel, fit_batch_memory, measure_batches
+
+__all__ = ["FidelityResult", "Kind", "fidelity_markdown", "fidelity_results", "kinds"]
+
+
+@dataclass(frozen=True)
+class Kind:
+    """A kind of model and its items.
+
+    Attributes:
+        name: What it is.
+        batching: How its batches are formed and counted.
+        cost: ``"sum"`` or ``"padded"``.
+        degree: Degree of the fitted per-item model.
+        features: ``features(n, rng)``: the ``(n, d)`` features of ``n`` items.
+        step: ``step(rows)``: a training step on one batch of items with these features.
+    """
+
+    name: str
+    batching: str
+    cost: str
+    degree: int
+    features: Callable[[int, np.random.Generator], np.ndarray]
+    step: Callable[[np.ndarray], None]
+
+
+@dataclass(frozen=True)
+class FidelityResult:
+    """One kind's workflow, measured.
+
+    Attributes:
+        kind: The kind's name.
+        batching: How its batches are formed and counted.
+        batches: Planned batches run and measured.
+        over_budget: Batches whose measured peak exceeded the budget.
+        mean_use: Mean measured peak / budget.
+        min_use: Smallest measured peak / budget.
+        max_use: Largest measured peak / budget.
+        margin: The fitted model's relative safety margin.
+        seconds: Time of the whole measure -> fit -> batch -> measure loop.
+    """
+
+    kind: str
+    batching: str
+    batches: int
+    over_budget: int
+    mean_use: float
+    min_use: float
+    max_use: float
+    margin: float
+    seconds: float
+
+
+class _Cnn(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = torch.nn.Sequential(
+            torch.nn.Conv2d(3, 8, 3, padding=1),
+            torch.nn.ReLU(),
+            torch.nn.Conv2d(8, 8, 3, padding=1),
+            torch.nn.ReLU(),
+            torch.nn.AdaptiveAvgPool2d(1),
+            torch.nn.Flatten(),
+            torch.nn.Linear(8, 10),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x)  # type: ignore[no-any-return]
+
+
+class _Gnn(torch.nn.Module):
+    def __init__(self, width: int = 32) -> None:
+        super().__init__()
+        self.embed = torch.nn.Linear(8, width)
+        self.layers = torch.nn.ModuleList([torch.nn.Linear(2 * width, width) for _ in range(2)])
+
+    def forward(self, x: torch.Tensor, edges: torch.Tensor) -> torch.Tensor:
+        h = self.embed(x)
+        for layer in self.layers:
+            messages = torch.zeros_like(h).index_add(0, edges[1], h[edges[0]])
+            h = torch.relu(layer(torch.cat([h, messages], dim=1)))
+        total: torch.Tensor = h.sum()
+        return total
+
+
+def _image_features(n: int, rng: np.random.Generator) -> np.ndarray:
+    return rng.integers(32, 257, size=(n, 2))
+
+
+def _graph_features(n: int, rng: np.random.Generator) -> np.ndarray:
+    nodes = rng.integers(10, 2001, size=n)
+    return np.stack([nodes, nodes * rng.integers(2, 9, size=n)], axis=1)
+
+
+def _sequence_features(n: int, rng: np.random.Generator) -> np.ndarray:
+    return rng.integers(16, 513, size=(n, 1))
+
+
+def kinds(seed: int = 0) -> list[Kind]:
+    """The three kinds of the fidelity suite, with their models (seeded)."""
+    torch.manual_seed(seed)
+    cnn, gnn = _Cnn(), _Gnn()
+    encoder = torch.nn.TransformerEncoderLayer(32, 2, 64, dropout=0.0, batch_first=True)
+
+    def cnn_step(rows: np.ndarray) -> None:
+        height, width = (int(v) for v in rows.max(axis=0))
+        cnn(torch.randn(len(rows), 3, height, width)).sum().backward()
+        cnn.zero_grad(set_to_none=True)
+
+    def gnn_step(rows: np.ndarray) -> None:
+        nodes, edges = int(rows[:, 0].sum()), int(rows[:, 1].sum())
+        gnn(torch.randn(nodes, 8), torch.randint(0, nodes, (2, edges))).backward()
+        gnn.zero_grad(set_to_none=True)
+
+    def encoder_step(rows: np.ndarray) -> None:
+        length = int(rows[:, 0].max())  # sequences padded to the batch's longest
+        encoder(torch.randn(len(rows), length, 32)).sum().backward()
+        encoder.zero_grad(set_to_none=True)
+
+    return [
+        Kind(
+            "CNN, images 32..256 x 32..256",
+            "padded to the batch's max H and max W",
+            "padded",
+            2,
+            _image_features,
+            cnn_step,
+        ),
+        Kind(
+            "GNN, graphs of 10..2000 nodes joined into one",
+            "summed nodes and edges",
+            "sum",
+            1,
+            _graph_features,
+            gnn_step,
+        ),
+        Kind(
+            "transformer encoder, sequences 16..512",
+            "padded to the batch's longest sequence",
+            "padded",
+            2,
+            _sequence_features,
+            encoder_step,
+        ),
+    ]
+
+
+def _calibration_batches(
+    features: np.ndarray, count: int, rng: np.random.Generator
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """``count`` batches of 2 to 8 random items (the first two with the largest items), and the largest alone."""
+    # NOTE: batches of several items, as the budget plans them: a batch of one item can use more
+    # per item (a workspace that several items share), which a fixed + per-item model would
+    # then pay for every item of every batch
+    largest = np.argsort(features.prod(axis=1))[-2:]
+    batches = []
+    for number in range(count):
+        chosen = rng.choice(len(features), size=int(rng.integers(2, 9)), replace=False)
+        if number < len(largest):
+            chosen[0] = largest[number]
+        batches.append(features[chosen])
+    return batches, [features[[i]] for i in largest]
+
+
+def run_kind(
+    kind: Kind,
+    *,
+    items: int = 800,
+    calibration: int = 24,
+    batches: int = 40,
+    budget_factor: float = 6.0,
+    seed: int = 0,
+) -> tuple[FidelityResult, BatchMemoryModel]:
+    """Measure, fit, batch and measure again one kind (see the module docstring)."""
+    start = time.perf_counter()
+    rng = np.random.default_rng(seed)
+    features = kind.features(items, rng)
+    for _ in range(2):  # warm up: lazily allocated buffers do not count in the first peaks
+        kind.step(features[:2])
+    calibrate, alone = _calibration_batches(features, calibration, rng)
+    peaks = measure_batches(kind.step, calibrate)
+    model = fit_batch_memory(calibrate, peaks, cost=kind.cost, degree=kind.degree)  # type: ignore[arg-type]
+    budget = budget_factor * max(measure_batches(kind.step, alone))  # the largest items, each alone
+    per_item = features[:, 0] if features.shape[1] == 1 else features  # a one-feature model takes 1-D features
+    loader = FastSizeAwareLoader(np.arange(items), features=per_item, seed=seed, **model.loader_options(budget))
+    planned = [features[np.asarray(batch)] for batch, _ in zip(loader, range(batches))]
+    use = np.array(measure_batches(kind.step, planned), dtype=np.float64) / budget
+    result = FidelityResult(
+        kind=kind.name,
+        batching=kind.batching,
+        batches=len(planned),
+        over_budget=int((use > 1).sum()),
+        mean_use=float(use.mean()),
+        min_use=float(use.min()),
+        max_use=float(use.max()),
+        margin=model.margin,
+        seconds=time.perf_counter() - start,
+    )
+    return result, model
+
+
+def fidelity_results(seed: int = 0, **options: Any) -> list[FidelityResult]:
+    """Every kind's :func:`run_kind` result."""
+    return [run_kind(kind, seed=seed, **options)[0] for kind in kinds(seed)]
+
+
+def fidelity_markdown(results: list[FidelityResult]) -> str:
+    """The results as a markdown table."""
+    lines = [
+        "| model | batching | batches | over budget | mean use of budget | min use | max use | margin | seconds |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in results:
+        lines.append(
+            f"| {r.kind} | {r.batching} | {r.batches} | {r.over_budget} | {r.mean_use:.2f} | "
+            f"{r.min_use:.2f} | {r.max_use:.2f} | {r.margin:.1%} | {r.seconds:.0f} |"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,369 @@
+"""Batch memory models: a cost paid once per batch plus a cost per item, fitted on whole batches.
+
+A training step's peak has a part paid once per batch (gradient buffers, workspace, the step's
+fixed temporaries) and a part that grows with the items. :func:`fit_batch_memory` fits
+
+* ``peak(batch) = fixed + sum_i per_item(x_i)`` (``cost="sum"``: items joined or packed), or
+* ``peak(batch) = fixed + len(batch) * per_item(max_i x_i)`` (``cost="padded"``: every feature
+  padded to the batch's maximum, e.g. images to the largest height and the largest width),
+
+from the measured peaks of batches of several shapes (single items are batches of one), with
+non-negative coefficients over features scaled to ``[0, 1]``: ``per_item`` never decreases
+when a feature grows and is never negative. The safety margin is relative to the prediction,
+the smallest that covers every fitted batch, and :func:`fit_report` says how the model does on
+batches held back from the fit. :meth:`BatchMemoryModel.loader_options` turns the model into
+a :class:`~fastsab.FastSizeAwareLoader`'s budget. Any collector measures the peaks
+(:func:`measure_batches`: the CPU's or CUDA's, by ``device``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+import torch
+
+from fastsab._checks import as_real_array, check_choice
+from fastsab.memory.measure import collect_peak_alloc
+from fastsab.memory.model import PolynomialRegression
+
+__all__ = ["BatchFitReport", "BatchMemoryModel", "fit_batch_memory", "fit_report", "measure_batches"]
+
+BatchCostMode = Literal["sum", "padded"]
+
+
+@dataclass(frozen=True)
+class BatchFitReport:
+    """How a batch memory model predicts measured peaks (bytes if peaks are bytes).
+
+    Attributes:
+        num_batches: Batches compared.
+        margin: The model's relative safety margin (predictions include it).
+        mean_utilization: Mean ``peak / prediction``: the share of a budget the batches the
+            model plans use, expected (1.0 is a perfect fit; above 1 means over the budget).
+        min_utilization: The smallest ``peak / prediction``.
+        worst_under_prediction: The largest ``(peak - prediction) / prediction``: <= 0 means no
+            batch used more than predicted.
+        worst_under_prediction_bytes: The largest ``peak - prediction``.
+    """
+
+    num_batches: int
+    margin: float
+    mean_utilization: float
+    min_utilization: float
+    worst_under_prediction: float
+    worst_under_prediction_bytes: float
+
+
+@dataclass(frozen=True)
+class BatchMemoryModel:
+    """``peak(batch) = fixed + sum`` or ``fixed + len * per_item(max features)``, margin included.
+
+    Attributes:
+        fixed: The cost paid once per batch.
+        per_item: The per-item cost as a function of an item's features (1-D for one feature,
+            ``(n, d)`` for several): a fitted :class:`PolynomialRegression`.
+        cost: ``"sum"`` or ``"padded"``.
+        margin: The relative safety margin both parts include.
+        report: How the model does on the batches held back from the fit (``None`` if none were).
+        fit: How the model does on the batches it was fitted on.
+    """
+
+    fixed: float
+    per_item: PolynomialRegression
+    cost: BatchCostMode
+    margin: float
+    fit: BatchFitReport
+    report: BatchFitReport | None = None
+
+    def predict(self, batches: Sequence[Any]) -> np.ndarray:
+        """The predicted peak of each batch (each given as its items' features)."""
+        rows = [_batch_rows(f"batches[{b}]", batch, self.per_item.num_features) for b, batch in enumerate(batches)]
+        return np.array([self._predict_rows(rows_b) for rows_b in rows], dtype=np.float64)
+
+    def _predict_rows(self, rows: np.ndarray) -> float:
+        if self.cost == "padded":
+            top = torch.from_numpy(_model_input(rows.max(axis=0, keepdims=True), self.per_item.num_features))
+            return self.fixed + len(rows) * float(self.per_item(top)[0])
+        return self.fixed + float(self.per_item(torch.from_numpy(_model_input(rows, self.per_item.num_features))).sum())
+
+    def to_json(self) -> str:
+        """The model as JSON: fixed cost, cost mode, margin, reports and the per-item model."""
+        payload = {
+            "fixed": self.fixed,
+            "cost": self.cost,
+            "margin": self.margin,
+            "fit": dataclasses.asdict(self.fit),
+            "report": None if self.report is None else dataclasses.asdict(self.report),
+            "per_item": json.loads(self.per_item.to_json()),
+        }
+        return json.dumps(payload)
+
+    @classmethod
+    def from_json(cls, text: str) -> BatchMemoryModel:
+        """A model from :meth:`to_json`.
+
+        Examples:
+            >>> model = fit_batch_memory([[1], [2], [1, 1], [2, 2]], [12, 14, 14, 18], degree=1, held_out=0)
+            >>> BatchMemoryModel.from_json(model.to_json()).predict([[3, 3]]).round().tolist()
+            [22.0]
+        """
+        payload = json.loads(text)
+        report = payload["report"]
+        return cls(
+            fixed=float(payload["fixed"]),
+            per_item=PolynomialRegression.from_json(json.dumps(payload["per_item"])),
+            cost=payload["cost"],
+            margin=float(payload["margin"]),
+            fit=BatchFitReport(**payload["fit"]),
+            report=None if report is None else BatchFitReport(**report),
+        )
+
+    def loader_options(self, budget: float) -> dict[str, Any]:
+        """Keywords of :class:`~fastsab.FastSizeAwareLoader` for batches within ``budget``.
+
+        Pass the items' features too: ``FastSizeAwareLoader(data, features=x, **options)``.
+
+        Raises:
+            ValueError: If ``budget`` is not a finite number above the fixed cost.
+        """
+        if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not math.isfinite(budget):
+            raise ValueError(f"budget must be a finite number, got {budget!r}.")
+        if budget <= self.fixed:
+            raise ValueError(f"budget must exceed the model's fixed cost per batch ({self.fixed:.0f}), got {budget!r}.")
+        options: dict[str, Any] = {
+            "sizeof": self.per_item,
+            "max_total_size": budget,
+            "cost": self.cost,
+            "fixed_cost": self.fixed,
+        }
+        if self.cost == "padded":
+            options["padding"] = "features"
+        return options
+
+
+def measure_batches(
+    work: Callable[[Any], Any],
+    batches: Sequence[Any],
+    device: torch.device | str = "cpu",
+    cleanup: Callable[[], None] | None = None,
+    *,
+    progress: bool = False,
+) -> list[int]:
+    """The peak of ``work(batch)`` for each batch, by the collector of ``device``.
+
+    The peaks are increments over the memory held before each batch
+    (:func:`~fastsab.memory.collect_peak_alloc` with ``baseline="subtract"``; on a CUDA device,
+    :func:`~fastsab.memory.collect_cuda_peak_alloc`). A batch that runs out of memory fails.
+
+    Raises:
+        RuntimeError: If a batch ran out of memory.
+    """
+    measured = collect_peak_alloc(batches, work, device, cleanup, baseline="subtract", progress=progress)
+    if measured.skipped:
+        raise RuntimeError(f"batches {measured.skipped} ran out of memory while measuring; measure smaller ones.")
+    return [int(peak) for peak in measured.peaks]
+
+
+def fit_batch_memory(
+    batches: Sequence[Any],
+    peaks: Sequence[float],
+    *,
+    cost: BatchCostMode = "sum",
+    degree: int = 2,
+    held_out: float = 0.25,
+    seed: int = 0,
+) -> BatchMemoryModel:
+    """Fit ``fixed + per_item`` to measured batch peaks, with a relative safety margin.
+
+    Args:
+        batches: Each batch's items' features: a 1-D sequence (one feature per item) or an
+            ``(items, d)`` array per batch. Use batches of several lengths (a batch of one
+            item is a measurement of a single item): the fixed part and the per-item
+            constant are told apart by the lengths.
+        peaks: The measured peak of each batch.
+        cost: ``"sum"`` (items joined: ``fixed + sum_i per_item(x_i)``) or ``"padded"`` (every
+            feature padded to the batch's maximum: ``fixed + len * per_item(max x)``).
+        degree: Total degree of ``per_item`` in the features.
+        held_out: The share of batches held back from the fit, for :attr:`BatchMemoryModel.report`.
+        seed: Seeds which batches are held back.
+
+    Returns:
+        A :class:`BatchMemoryModel`: its margin is the smallest relative one under which no
+        fitted batch is under-predicted.
+
+    Raises:
+        TypeError: If a batch or a peak is not real-valued.
+        ValueError: If the numbers of batches and peaks differ, too few batches are left to fit
+            the coefficients, features or peaks are negative, or an option is out of range.
+
+    Examples:
+        >>> batches = [[n] * b for n in (10, 20, 40) for b in (1, 2, 4)]
+        >>> peaks = [1000 + sum(5.0 * n for n in batch) for batch in batches]
+        >>> model = fit_batch_memory(batches, peaks, degree=1, held_out=0)
+        >>> round(model.fixed), [round(p) for p in model.predict([[30, 30]])]
+        (1000, [1300])
+    """
+    cost = check_choice("cost", cost, ("sum", "padded"))  # type: ignore[assignment]
+    if isinstance(degree, bool) or not isinstance(degree, int) or degree < 0:
+        raise ValueError(f"degree must be a non-negative integer, got {degree!r}.")
+    if isinstance(held_out, bool) or not isinstance(held_out, (int, float)) or not 0 <= held_out < 1:
+        raise ValueError(f"held_out must be a number in [0, 1), got {held_out!r}.")
+    targets = np.asarray(as_real_array("peaks", peaks, ndim=(1,)), dtype=np.float64)
+    if len(targets) != len(batches):
+        raise ValueError(f"batches and peaks must have the same length, got {len(batches)} and {len(targets)}.")
+    if (targets < 0).any():
+        raise ValueError(f"peaks must be >= 0, got {float(targets.min())!r}.")
+    d = _num_features(batches)
+    rows = [_batch_rows(f"batches[{b}]", batch, d) for b, batch in enumerate(batches)]
+    exponents = _exponents(degree, d)
+    order = np.random.default_rng(seed).permutation(len(rows))
+    num_held = int(len(rows) * held_out)
+    held, fitted = order[:num_held], np.sort(order[num_held:])
+    if len(fitted) < len(exponents) + 1:
+        raise ValueError(
+            f"fitting {len(exponents) + 1} coefficients needs at least that many batches to fit, "
+            f"got {len(fitted)} (of {len(rows)}, {num_held} held back)."
+        )
+    scale = np.max(np.concatenate([rows[b] for b in fitted]), axis=0).astype(np.float64)
+    scale[scale <= 0] = 1.0
+    design = np.array([_design_row(rows[b] / scale, exponents, cost) for b in fitted])
+    solution = _nonnegative_least_squares(design, targets[fitted])
+    fixed, coefficients = float(solution[0]), solution[1:]
+    per_item = _per_item_model(degree, d, coefficients, scale)
+    plain = BatchMemoryModel(fixed, per_item, cost, 0.0, _EMPTY_REPORT)
+    predicted = plain.predict([rows[b] for b in fitted])
+    ratio = targets[fitted] / np.where(predicted > 0, predicted, np.inf)
+    # NOTE: 1e-9 more, so that the rounding of (1 + margin) * prediction leaves no batch above it
+    margin = max(0.0, float(ratio.max()) - 1.0 + 1e-9) if len(ratio) else 0.0
+    if (predicted <= 0).any() and (targets[fitted][predicted <= 0] > 0).any():
+        raise ValueError("the fit predicts nothing for batches that used memory; measure more batch shapes.")
+    per_item.safety_margin.fill_(margin)
+    model = BatchMemoryModel(fixed * (1 + margin), per_item, cost, margin, _EMPTY_REPORT)
+    fit = fit_report(model, [rows[b] for b in fitted], targets[fitted])
+    report = fit_report(model, [rows[b] for b in held], targets[held]) if len(held) else None
+    return BatchMemoryModel(model.fixed, per_item, cost, margin, fit, report)
+
+
+def fit_report(model: BatchMemoryModel, batches: Sequence[Any], peaks: Any) -> BatchFitReport:
+    """How ``model`` predicts the measured ``peaks`` of ``batches`` (e.g. batches held back from the fit).
+
+    Raises:
+        ValueError: If there are no batches, or the numbers of batches and peaks differ.
+
+    Examples:
+        >>> model = fit_batch_memory([[1], [2], [1, 1], [2, 2]], [12, 14, 14, 18], degree=1, held_out=0)
+        >>> report = fit_report(model, [[2, 2, 2]], [22])
+        >>> round(report.mean_utilization, 3), report.worst_under_prediction <= 0
+        (1.0, True)
+    """
+    targets = np.asarray(as_real_array("peaks", peaks, ndim=(1,)), dtype=np.float64)
+    if not len(targets) or len(targets) != len(batches):
+        raise ValueError(
+            f"fit_report needs as many peaks as batches (at least one), got {len(batches)} and {len(targets)}."
+        )
+    predicted = model.predict(batches)
+    safe = np.where(predicted > 0, predicted, np.nan)
+    utilization = targets / safe
+    return BatchFitReport(
+        num_batches=len(targets),
+        margin=model.margin,
+        mean_utilization=float(np.nanmean(utilization)),
+        min_utilization=float(np.nanmin(utilization)),
+        worst_under_prediction=float(np.nanmax((targets - predicted) / safe)),
+        worst_under_prediction_bytes=float((targets - predicted).max()),
+    )
+
+
+_EMPTY_REPORT = BatchFitReport(0, 0.0, math.nan, math.nan, math.nan, math.nan)
+
+
+def _num_features(batches: Sequence[Any]) -> int:
+    for batch in batches:
+        shape = np.shape(batch)
+        if len(shape) == 2:
+            return int(shape[1])
+        if len(shape) == 1 and shape[0]:
+            return 1
+    return 1
+
+
+def _batch_rows(name: str, batch: Any, d: int) -> np.ndarray:
+    """One batch's features as a checked ``(items, d)`` float64 array."""
+    rows = as_real_array(name, batch.cpu() if isinstance(batch, torch.Tensor) else batch, ndim=(1, 2))
+    if not len(rows):
+        raise ValueError(f"{name} must hold at least one item, got an empty batch.")
+    rows = np.asarray(rows, dtype=np.float64).reshape(len(rows), -1)
+    if rows.shape[1] != d:
+        raise ValueError(f"{name} must have {d} feature(s) per item, got shape {tuple(rows.shape)}.")
+    if (rows < 0).any():
+        raise ValueError(f"{name} must hold features >= 0, got {float(rows.min())!r}.")
+    return rows
+
+
+def _model_input(rows: np.ndarray, d: int) -> np.ndarray:
+    return rows[:, 0] if d == 1 else rows
+
+
+def _exponents(degree: int, d: int) -> np.ndarray:
+    """The monomials' exponents in :class:`PolynomialRegression`'s order."""
+    return np.array(PolynomialRegression(degree, d).exponents.tolist(), dtype=np.int64).reshape(-1, d)
+
+
+def _design_row(scaled: np.ndarray, exponents: np.ndarray, cost: str) -> np.ndarray:
+    """``[1, sum_i monomials(x_i)]`` or ``[1, len * monomials(max x)]`` for one batch."""
+    if cost == "padded":
+        top = scaled.max(axis=0)
+        terms = len(scaled) * np.prod(top[None, :] ** exponents, axis=1)
+    else:
+        terms = np.prod(scaled[:, None, :] ** exponents[None, :, :], axis=2).sum(axis=0)
+    return np.concatenate([[1.0], terms])
+
+
+def _per_item_model(degree: int, d: int, coefficients: np.ndarray, scale: np.ndarray) -> PolynomialRegression:
+    """A :class:`PolynomialRegression` of ``coefficients`` over features divided by ``scale``."""
+    model = PolynomialRegression(degree, d)
+    model.coefficients.copy_(torch.from_numpy(coefficients))
+    model.x_center.zero_()
+    model.x_scale.copy_(torch.from_numpy(scale))
+    model.y_scale.fill_(1.0)
+    model.fitted.fill_(True)
+    return model
+
+
+def _nonnegative_least_squares(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``argmin ||a x - b||`` over ``x >= 0`` (Lawson and Hanson's active set method)."""
+    # NOTE: columns and target are scaled to unit size first: byte-sized peaks and monomials
+    # of features in [0, 1] differ by many orders of magnitude
+    norms = np.linalg.norm(a, axis=0)
+    norms[norms == 0] = 1.0
+    scale_b = float(np.abs(b).max()) or 1.0
+    a, b = a / norms, b / scale_b
+    n = a.shape[1]
+    x = np.zeros(n)
+    passive = np.zeros(n, dtype=bool)
+    tolerance = 1e-12 * max(a.shape) * float(np.abs(a).max() or 1.0)
+    for _ in range(3 * n + 10):
+        gradient = a.T @ (b - a @ x)
+        free = ~passive & (gradient > tolerance)
+        if not free.any():
+            break
+        passive[np.argmax(np.where(free, gradient, -np.inf))] = True
+        while True:
+            z = np.zeros(n)
+            z[passive] = np.linalg.lstsq(a[:, passive], b, rcond=None)[0]
+            if (z[passive] > 0).all():
+                x = z
+                break
+            blocking = passive & (z <= 0)
+            alpha = np.min(x[blocking] / (x[blocking] - z[blocking]))
+            x = x + alpha * (z - x)
+            passive &= x > tolerance
+            x[~passive] = 0.0
+    solution: np.ndarray = x / norms * scale_b
+    return solution
