@@ -117,6 +117,11 @@ class FastSizeAwareLoader(LoaderBase[T]):
         batch_size_multiple: Cut full batches down to a multiple of this.
         oversize: ``"skip"`` (counted in ``stats`` and warned once per epoch),
             ``"own_batch"`` or ``"error"``.
+        sort_window: Sort each run of this many items of the epoch order by size before
+            splitting it, so that batches hold items of similar size (little padding), and
+            yield each shuffle group's batches in a seeded random order. ``None`` (default)
+            splits the order as it is. Windows do not cross shuffle groups; sizes with ``k``
+            columns sort by the first column, then the next ones. See :mod:`fastsab.windows`.
         shuffle, seed, group_size, collate_fn, device, pin_memory, non_blocking, prefetch,
         chunk_bytes, rank, world_size, even_batches, balance: As for :class:`FastLoader`
             (see :class:`~fastsab.options.LoaderOptions`).
@@ -126,6 +131,9 @@ class FastSizeAwareLoader(LoaderBase[T]):
         >>> loader = FastSizeAwareLoader(torch.arange(7) * 10, lengths, max_total_size=4, shuffle=False)
         >>> len(loader), [b.tolist() for b in loader]
         (5, [[0, 10], [20], [30], [40, 50], [60]])
+        >>> sorted_loader = FastSizeAwareLoader(torch.arange(7) * 10, lengths, 4, shuffle=False, sort_window=7)
+        >>> len(sorted_loader), [b.tolist() for b in sorted_loader]
+        (4, [[10, 40, 20], [50, 60], [0], [30]])
     """
 
     def __init__(
@@ -139,6 +147,7 @@ class FastSizeAwareLoader(LoaderBase[T]):
         max_batch_size: int | None = None,
         batch_size_multiple: int = 1,
         oversize: OversizePolicy = "skip",
+        sort_window: int | None = None,
         shuffle: bool = True,
         seed: int = 0,
         group_size: int | None = None,
@@ -164,6 +173,7 @@ class FastSizeAwareLoader(LoaderBase[T]):
             max_batch_size=max_batch_size,
             batch_size_multiple=batch_size_multiple,
             oversize=oversize,
+            sort_window=sort_window,
         )
         self._use_planner(planner)
 
