@@ -59,7 +59,8 @@ def window_order(costs: np.ndarray, window: int) -> np.ndarray:
         >>> window_order(np.array([[1, 7], [1, 2], [0, 9]]), 3).tolist()
         [2, 1, 0]
     """
-    rows = np.asarray(costs).reshape(len(costs), -1)
+    costs = np.asarray(costs)
+    rows = costs.reshape(len(costs), -1 if costs.size else max(costs.ndim - 1, 1))
     m = len(rows)
     full = m // window * window
     out = np.empty(m, dtype=np.int64)
@@ -77,8 +78,16 @@ def window_order(costs: np.ndarray, window: int) -> np.ndarray:
 
 def _sorted_rows(values: np.ndarray) -> np.ndarray:
     """Per row of ``values`` (``(rows, width, k)``), the stable order by column 0, then 1, ..."""
+    width = values.shape[1]
     if values.shape[2] == 1:
-        return np.argsort(values[:, :, 0], axis=1, kind="stable")
+        column = values[:, :, 0]
+        if column.dtype.kind in "iu" and column.size and int(column.max()) < 2**62 // max(width, 1):
+            # NOTE: size * width + position orders like a stable sort by size and is unique, and
+            # sorting the values is about twice as fast as a stable argsort
+            keys = column.astype(np.int64) * width + np.arange(width, dtype=np.int64)
+            keys.sort(axis=1)
+            return keys % width  # type: ignore[no-any-return]
+        return np.argsort(column, axis=1, kind="stable")
     keys = tuple(values[:, :, column] for column in range(values.shape[2] - 1, -1, -1))
     return np.lexsort(keys, axis=-1)
 
