@@ -435,6 +435,8 @@ KERNEL_SUMS = {
     "FastSizeAwareLoader[sum]",
     "FastSizeAwareLoader[sum].batch_sampler()",
     "FastSizeAwareLoader[sum].data_loader()",
+    "FastSizeAwareLoader[sum, sort_window=3]",
+    "FastSizeAwareLoader[sum, sort_window=2].batch_sampler()",
     "SizeAwareBatchSampler[array]",
     "SizeAwareBatchSampler[callable]",
     "FastDataModule[sized]",
