@@ -154,6 +154,8 @@ class SizeAwarePlanner:
     def num_batches(self, epoch: int) -> int:
         """Exact number of batches of ``epoch``: the plan is computed (and cached if small)."""
         if self.sort_window is not None:
+            if self.order.n > PLAN_CACHE_ITEMS and not (self._window_cache and self._window_cache[0] == epoch):
+                return sum(chunk.num_batches for chunk in SortedWindowEpoch(self, epoch))
             return self._window_plan(epoch).num_batches
         if self._cache is not None and self._cache[0] == epoch:
             return sum(chunk.num_batches for chunk in self._cache[1])
@@ -171,13 +173,12 @@ class SizeAwarePlanner:
         return SizeAwareEpoch(self, epoch, cached)
 
     def _window_plan(self, epoch: int) -> _WindowPlan:
-        """The whole plan of ``epoch`` with sorted windows (cached if small)."""
+        """The whole plan of ``epoch`` with sorted windows, kept for its iteration."""
         if self._window_cache is not None and self._window_cache[0] == epoch:
             return self._window_cache[1]
         live = SortedWindowEpoch(self, epoch)
         plan = _WindowPlan(list(live), live.log, live.state())
-        if self.order.n <= PLAN_CACHE_ITEMS:
-            self._window_cache = (epoch, plan)
+        self._window_cache = (epoch, plan)
         return plan
 
     def batch_costs(self, ids: np.ndarray, offsets: np.ndarray) -> np.ndarray:

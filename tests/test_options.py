@@ -21,6 +21,7 @@ OWN_PARAMETERS = {
         "max_batch_size",
         "batch_size_multiple",
         "oversize",
+        "sort_window",
     ],
 }
 
