@@ -20,6 +20,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+# NOTE: the fastsab of this checkout, not one installed elsewhere (the script's own folder is first on the path)
+sys.path.insert(0, str(ROOT))
 README = ROOT / "README.md"
 PLOT = ROOT / "benchmarks" / "varlen.png"
 BENCH = ("<!-- bench:start -->", "<!-- bench:end -->")
@@ -38,7 +40,7 @@ def replace_section(text: str, markers: tuple[str, str], content: str) -> str:
 def bench_tables() -> str:
     """Every suite's table, from one run of the bench."""
     command = [sys.executable, "-m", "fastsab", "bench", "--suite", "all", "--epochs", "10", "--markdown", "--quiet"]
-    return subprocess.run(command, check=True, capture_output=True, text=True).stdout.strip()
+    return subprocess.run(command, check=True, capture_output=True, text=True, cwd=ROOT).stdout.strip()
 
 
 def varlen_section() -> str:
@@ -58,15 +60,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--varlen-only", action="store_true", help="regenerate only the varlen table and plot")
     args = parser.parse_args(argv)
-    text = README.read_text()
+    varlen = varlen_section()
+    README.write_text(replace_section(README.read_text(), VARLEN, varlen))
+    print(varlen)
     if not args.varlen_only:
         tables = bench_tables()
-        text = replace_section(text, BENCH, tables)
+        README.write_text(replace_section(README.read_text(), BENCH, tables))
         print(tables)
-    varlen = varlen_section()
-    text = replace_section(text, VARLEN, varlen)
-    print(varlen)
-    README.write_text(text)
     return 0
 
 

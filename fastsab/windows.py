@@ -81,12 +81,15 @@ def _sorted_rows(values: np.ndarray) -> np.ndarray:
     width = values.shape[1]
     if values.shape[2] == 1:
         column = values[:, :, 0]
-        if column.dtype.kind in "iu" and column.size and int(column.max()) < 2**62 // max(width, 1):
+        largest = int(column.max()) if column.dtype.kind in "iu" and column.size else None
+        if largest is not None and largest < 2**62 // max(width, 1):
             # NOTE: size * width + position orders like a stable sort by size and is unique, and
-            # sorting the values is about twice as fast as a stable argsort
-            keys = column.astype(np.int64) * width + np.arange(width, dtype=np.int64)
+            # sorting the values is about twice as fast as a stable argsort (in int32 when the
+            # keys fit: faster again)
+            dtype = np.int32 if largest < 2**31 // max(width, 1) else np.int64
+            keys = column.astype(dtype) * dtype(width) + np.arange(width, dtype=dtype)
             keys.sort(axis=1)
-            return keys % width  # type: ignore[no-any-return]
+            return keys % dtype(width)  # type: ignore[no-any-return]
         return np.argsort(column, axis=1, kind="stable")
     keys = tuple(values[:, :, column] for column in range(values.shape[2] - 1, -1, -1))
     return np.lexsort(keys, axis=-1)
