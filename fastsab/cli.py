@@ -17,10 +17,11 @@ from typing import Any
 import torch
 
 from fastsab import bench
+from fastsab.bench.varlen import VARLEN_SAMPLES
 
 __all__ = ["main"]
 
-SUITES = ("loaders", "kernels", "permutation", "first-batch", "adaptive")
+SUITES = ("loaders", "kernels", "permutation", "first-batch", "adaptive", "varlen")
 
 
 def _positive_int(text: str) -> int:
@@ -44,7 +45,11 @@ def build_parser() -> argparse.ArgumentParser:
             "permutation+reshape floor measured in the same run (lower is faster)."
         ),
     )
-    run.add_argument("--samples", type=_positive_int, default=300_000, help="samples per epoch (default 300000)")
+    run.add_argument(
+        "--samples",
+        type=_positive_int,
+        help="samples per epoch (default 300000; the varlen suite: 50000 sequences)",
+    )
     run.add_argument("--batch-size", type=_positive_int, default=300, help="batch size (default 300)")
     run.add_argument("--epochs", type=_positive_int, default=5, help="timed epochs per method (default 5)")
     run.add_argument(
@@ -52,13 +57,20 @@ def build_parser() -> argparse.ArgumentParser:
         choices=(*SUITES, "fidelity", "all"),
         action="append",
         help="what to run (repeatable; default: loaders). 'all' adds the kernel, permutation and "
-        "first-batch suites at 10**6 to 10**8 items and the adaptive overhead, a few minutes in all. "
+        "first-batch suites at 10**6 to 10**8 items, the adaptive overhead and the varlen suite (padded and "
+        "packing efficiency of variable-length batches with and without sort_window), a few minutes in all. "
         "'fidelity' (not in 'all') measures memory budgets on three small CPU models: per kind, the "
         "batches run, the batches over budget, and the mean and smallest use of the budget.",
     )
     run.add_argument("--markdown", action="store_true", help="print markdown tables instead of plain text")
     run.add_argument("--json", type=Path, metavar="PATH", help="also write the rows as JSON to PATH")
-    run.add_argument("--plot", type=Path, metavar="PATH", help="also draw a bar chart (PNG) to PATH")
+    run.add_argument(
+        "--plot",
+        type=Path,
+        metavar="PATH",
+        help="also draw a bar chart (PNG) to PATH; the varlen suite draws padded efficiency against window size "
+        "(to PATH, or next to it as NAME-varlen.png when the loaders are drawn too)",
+    )
     run.add_argument("--quiet", action="store_true", help="no progress bar")
 
     fit = commands.add_parser(
@@ -244,7 +256,14 @@ def run_bench(args: argparse.Namespace) -> list[bench.Row]:
             bar.set_postfix_str(suite)
             if suite == "loaders":
                 rows += bench.loader_rows(
-                    args.samples, args.batch_size, args.epochs, progress=lambda name: bar.set_postfix_str(name)
+                    args.samples or 300_000,
+                    args.batch_size,
+                    args.epochs,
+                    progress=lambda name: bar.set_postfix_str(name),
+                )
+            elif suite == "varlen":
+                rows += bench.varlen_rows(
+                    args.samples or VARLEN_SAMPLES, args.epochs, progress=lambda name: bar.set_postfix_str(name)
                 )
             elif suite == "kernels":
                 rows += bench.kernel_rows([10**6, 10**7])
@@ -337,5 +356,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         payload = {"machine": bench.machine_info(), "rows": [row.as_dict() for row in rows]}
         args.json.write_text(json.dumps(payload, indent=2))
     if args.plot is not None:
-        plot_rows(rows, args.plot)
+        plot_all(rows, args.plot, args.samples or VARLEN_SAMPLES)
     return 0
+
+
+def plot_all(rows: list[bench.Row], path: Path, varlen_samples: int) -> None:
+    """The bar chart of the timed rows, and the varlen suite's efficiency plot if it ran."""
+    varlen = any(row.suite == "varlen" for row in rows)
+    others = [row for row in rows if row.suite != "varlen"]
+    if others:
+        plot_rows(others, path)
+    if varlen:
+        bench.plot_varlen(path.with_name(f"{path.stem}-varlen{path.suffix}") if others else path, varlen_samples)

@@ -108,9 +108,10 @@ class EpochOrder:
             return self.permutation.group_order(epoch)
         return np.arange(self.permutation.num_groups, dtype=np.int64)
 
-    def chunks(self, epoch: int) -> Iterator[np.ndarray]:
+    def chunks(self, epoch: int, start: int = 0) -> Iterator[np.ndarray]:
+        """The chunks of ``epoch`` in order, from its chunk number ``start`` on."""
         if self.shuffle:
-            yield from self.permutation.groups(epoch)
+            yield from self.permutation.groups(epoch, start)
             return
-        for start in range(0, self.n, self.group_size):
-            yield np.arange(start, min(start + self.group_size, self.n), dtype=np.int64)
+        for first in range(start * self.group_size, self.n, self.group_size):
+            yield np.arange(first, min(first + self.group_size, self.n), dtype=np.int64)

@@ -135,6 +135,11 @@ class FastSizeAwareLoader(LoaderBase[T]):
         batch_size_multiple: Cut full batches down to a multiple of this.
         oversize: ``"skip"`` (counted in ``stats`` and warned once per epoch),
             ``"own_batch"`` or ``"error"``.
+        sort_window: Sort each run of this many items of the epoch order by size before
+            splitting it, so that batches hold items of similar size (little padding), and
+            yield each shuffle group's batches in a seeded random order. ``None`` (default)
+            splits the order as it is. Windows do not cross shuffle groups; sizes with ``k``
+            columns sort by the first column, then the next ones. See :mod:`fastsab.windows`.
         shuffle, seed, group_size, collate_fn, device, pin_memory, non_blocking, prefetch,
         chunk_bytes, rank, world_size, even_batches, balance: As for :class:`FastLoader`
             (see :class:`~fastsab.options.LoaderOptions`).
@@ -144,6 +149,9 @@ class FastSizeAwareLoader(LoaderBase[T]):
         >>> loader = FastSizeAwareLoader(torch.arange(7) * 10, lengths, max_total_size=4, shuffle=False)
         >>> len(loader), [b.tolist() for b in loader]
         (5, [[0, 10], [20], [30], [40, 50], [60]])
+        >>> sorted_loader = FastSizeAwareLoader(torch.arange(7) * 10, lengths, 4, shuffle=False, sort_window=7)
+        >>> len(sorted_loader), [b.tolist() for b in sorted_loader]
+        (4, [[10, 40, 20], [50, 60], [0], [30]])
     """
 
     @takes_loader_options
@@ -160,6 +168,7 @@ class FastSizeAwareLoader(LoaderBase[T]):
         oversize: OversizePolicy = "skip",
         padding: Padding | None = None,
         fixed_cost: float | Sequence[float] = 0,
+        sort_window: int | None = None,
         **options: Unpack[LoaderKeywords[T]],
     ) -> None:
         super().__init__(dataset, LoaderOptions.given_to(type(self).__name__, options))
@@ -179,6 +188,7 @@ class FastSizeAwareLoader(LoaderBase[T]):
             oversize=oversize,
             fixed_cost=fixed_cost,
             feature_cost=feature_cost,
+            sort_window=sort_window,
         )
         self._use_planner(planner)
 

@@ -94,10 +94,13 @@ class GroupedPermutation:
                 out[out >= self.n] -= self.n
         return out
 
-    def groups(self, epoch: int) -> Iterator[np.ndarray]:
-        """Yield the groups of an epoch in order, each an ``int64`` array of indices."""
+    def groups(self, epoch: int, start: int = 0) -> Iterator[np.ndarray]:
+        """Yield the groups of an epoch in order, each an ``int64`` array of indices.
+
+        ``start`` skips the first ``start`` groups of the epoch (without shuffling them).
+        """
         order, seeds, shift = self._plan(epoch)
-        for group in order.tolist():
+        for group in order[start:].tolist():
             out = np.empty(self._group_size(group), dtype=np.int64)
             yield self._fill_group(out, group, int(seeds[group]), shift)
 

@@ -9,7 +9,7 @@ is what a state saves.
 from __future__ import annotations
 
 from collections import deque
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
@@ -27,6 +27,20 @@ class Plan(Protocol):
 
     def lower(self, pending: np.ndarray, limit: Limit) -> None:
         """Plan ``pending`` (ids not returned yet, in order) and the rest under ``limit``."""
+
+
+@runtime_checkable
+class GivesBack(Protocol):
+    """A plan that re-plans the chunks returned ahead of a lowering from where they began."""
+
+    def __next__(self) -> PlanChunk: ...
+
+    def lower_giving_back(self, pending: np.ndarray, limit: Limit, given_back: int) -> None:
+        """Plan ``pending`` (the current chunk's ids not yet yielded) and the rest under ``limit``.
+
+        ``given_back`` chunks were returned after the current one; their items are planned
+        again from where they began, as if they had never been returned.
+        """
 
 
 class Stream:
@@ -93,6 +107,9 @@ class Stream:
 
         ``position`` must not be released; nothing may iterate the stream meanwhile.
         """
+        if isinstance(self.plan, GivesBack):
+            self._give_back(self.plan, position, limit)
+            return
         pending = [
             chunk.ids[chunk.offsets[max(position - start, 0)] :]
             for start, end, chunk in self._returned
@@ -100,6 +117,22 @@ class Stream:
         ]
         self._returned.clear()
         self.plan.lower(np.concatenate(pending) if pending else np.empty(0, dtype=np.int64), limit)
+        self.position = position
+        self.lowered = lowered_at(self.lowered, position, limit)
+
+    def _give_back(self, plan: GivesBack, position: int, limit: Limit) -> None:
+        """Lower ``plan`` at ``position``: the chunk holding it is current, those after it are given back."""
+        # NOTE: a replayed lowering applies to the first chunk ending at or after its position,
+        # with nothing returned after it; the chunks returned after that one (planned ahead) go
+        # back, so that a run and its resume plan the rest of the epoch alike
+        returned = list(self._returned)
+        current = next((i for i, (_, end, _) in enumerate(returned) if end >= position), len(returned))
+        pending = np.empty(0, dtype=np.int64)
+        if current < len(returned):
+            start, _, chunk = returned[current]
+            pending = chunk.ids[chunk.offsets[max(position - start, 0)] :]
+        self._returned.clear()
+        plan.lower_giving_back(pending, limit, max(len(returned) - current - 1, 0))
         self.position = position
         self.lowered = lowered_at(self.lowered, position, limit)
 

@@ -212,10 +212,13 @@ class LoaderSubject(Subject):
 
     ranked = True
 
-    def __init__(self, kind: str, view: str = "loader", cost: str = "sum", data: str = "tensor") -> None:
-        self.kind, self.view, self.cost, self.data = kind, view, cost, data
+    def __init__(
+        self, kind: str, view: str = "loader", cost: str = "sum", data: str = "tensor", sort_window: int | None = None
+    ) -> None:
+        self.kind, self.view, self.cost, self.data, self.sort_window = kind, view, cost, data, sort_window
         self.lacks = {}  # every invariant applies
-        label = "FastLoader" if kind == "fixed" else f"FastSizeAwareLoader[{cost}]"
+        window = "" if sort_window is None else f", sort_window={sort_window}"
+        label = "FastLoader" if kind == "fixed" else f"FastSizeAwareLoader[{cost}{window}]"
         if data != "tensor":
             label += f"({data})"
         self.name = label if view == "loader" else f"{label}.{view}()"
@@ -251,6 +254,7 @@ class LoaderSubject(Subject):
             cost=self.cost,
             max_batch_size=inp.max_batch_size,
             oversize=inp.oversize,
+            sort_window=self.sort_window,
             **common,
         )
 
@@ -522,6 +526,10 @@ def subjects() -> list[Subject]:
         LoaderSubject("fixed", "data_loader", data="dict"),
         LoaderSubject("sized", "data_loader", data="tuple"),
         LoaderSubject("sized", data="dict"),
+        LoaderSubject("sized", cost="sum", sort_window=3),
+        LoaderSubject("sized", cost="padded", sort_window=4),
+        LoaderSubject("sized", "batch_sampler", sort_window=2),
+        LoaderSubject("sized", "data_loader", cost="padded", sort_window=5),
     ]
     sampler = {"epochs": NO_EPOCH_BIONEMO, "state": NO_STATE_BIONEMO, "world_change": NO_WORLD}
     unsized = "no __len__, as in bionemo: the number of batches is known only after a pass"

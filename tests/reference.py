@@ -149,6 +149,22 @@ def greedy_loop(
     return batches, skipped
 
 
+def sorted_windows(groups: Sequence[Sequence[int]], sizes: Sequence[Row], window: int) -> list[int]:
+    """The epoch order with each group cut into windows of ``window`` items, each window sorted by size.
+
+    Windows are counted from each group's start (the last one of a group may be shorter);
+    window 0, 2, 4, ... of a group is sorted ascending by the size row (first column, then the
+    next), window 1, 3, ... descending; equal sizes keep their order in the group (reversed in
+    a descending window).
+    """
+    order: list[int] = []
+    for group in groups:
+        for number, start in enumerate(range(0, len(group), window)):
+            ascending = sorted(group[start : start + window], key=lambda index: sizes[index])
+            order += ascending if number % 2 == 0 else ascending[::-1]
+    return order
+
+
 def fixed_size_loop(order: Sequence[int], batch_size: int, drop_last: bool) -> tuple[list[list[int]], list[int]]:
     """Batches of ``batch_size`` consecutive indices of ``order``; the dropped indices.
 

@@ -74,7 +74,7 @@ def test_loader_rows_report_speedups():
 
 
 def test_the_bench_module_keeps_its_names():
-    from fastsab.bench import loaders, report, workloads
+    from fastsab.bench import loaders, report, varlen, workloads
 
     assert bench.__all__ == [
         "Row",
@@ -85,9 +85,29 @@ def test_the_bench_module_keeps_its_names():
         "lognormal_lengths",
         "machine_info",
         "permutation_rows",
+        "plot_varlen",
         "time_best",
         "to_markdown",
+        "varlen_rows",
     ]
-    parts = {**vars(report), **vars(workloads), **vars(loaders)}
+    parts = {**vars(report), **vars(workloads), **vars(loaders), **vars(varlen)}
     for name in [*bench.__all__, "PerItemDataset", "BatchedDataset"]:
         assert getattr(bench, name) is parts[name]
+
+
+def test_varlen_suite_prints_efficiencies_and_plots_them(tmp_path, capsys):
+    out_png = tmp_path / "varlen.png"
+    argv = ["bench", "--suite", "varlen", "--samples", "4000", "--epochs", "1", "--quiet", "--markdown"]
+    assert main([*argv, "--plot", str(out_png)]) == 0
+    printed = capsys.readouterr().out
+    assert "**varlen**" in printed and "sort_window=2,048" in printed and "megabatch" in printed
+    assert "DataLoader(batch_size=32)" in printed and "packing eff." in printed and "padded eff." in printed
+    assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_varlen_rows_compare_each_method_with_the_loader_without_window():
+    rows = bench.varlen_rows(n=3000, epochs=1)
+    windowed = [row for row in rows if "sort_window" in row.method]
+    assert len(windowed) == 4
+    assert all(row.baseline.startswith("FastSizeAwareLoader") and "sort_window" not in row.baseline for row in windowed)
+    assert all(row.seconds > 0 and row.ratio > 0 for row in rows)

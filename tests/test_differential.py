@@ -33,13 +33,16 @@ from hypothesis import strategies as st
 from torch.utils.data import DataLoader, Dataset
 
 from fastsab import FastLoader, FastSizeAwareLoader, OutOfCoreDataset, adaptive, collate_batch, split_batches
-from tests.reference import Row, above, batch_cost, fits, fixed_size_loop, greedy_loop
+from tests.reference import Row, above, batch_cost, fits, fixed_size_loop, greedy_loop, sorted_windows
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*larger than max_total_size:UserWarning")
 
 # Values that make float sums land right at the cap (0.1 + 0.2 > 0.3, and so on).
 ADVERSARIAL_FLOATS = [0.0, 0.1, 0.2, 0.3, 0.7, 1 / 3, 2 / 3, 1.0, 0.5, 1e-17, 3.0000000000000004]
 ADVERSARIAL_CAPS = [0.3, 0.6, 1.0, 0.9, 1 / 3, 2.0, 3.0000000000000004]
+
+#: ``sort_window`` values drawn for size-aware cases where a property holds with windows too.
+WINDOWS = (None, None, 1, 2, 3, 7, 16, 64)
 
 
 def examples(count: int) -> int:
@@ -74,6 +77,7 @@ class Case:
     world_size: int
     even_batches: str
     balance: bool
+    sort_window: int | None = None  # (sized)
 
     @property
     def rows(self) -> Sequence[Row]:
@@ -97,6 +101,7 @@ def cases(
     datasets: Sequence[str] = ("tensor", "getitems", "ooc"),
     min_n: int = 0,
     max_n: int = 300,
+    windows: Sequence[int | None] = (None,),
 ) -> Case:
     kind = draw(st.sampled_from(kinds))
     n = draw(st.integers(min_n, max_n))
@@ -138,6 +143,8 @@ def cases(
         world_size=draw(st.sampled_from(world_sizes)),
         even_batches=draw(st.sampled_from(["pad", "drop"])),
         balance=draw(st.booleans()),
+        # NOTE: drawn last and only when asked for, so that the other properties draw as before
+        sort_window=draw(st.sampled_from(windows)) if kind == "sized" and tuple(windows) != (None,) else None,
     )
 
 
@@ -232,6 +239,7 @@ def make_loader(
         max_batch_size=max_batch_size,
         batch_size_multiple=case.multiple,
         oversize=case.oversize,
+        sort_window=case.sort_window,
         **common,
     )
 
@@ -555,11 +563,62 @@ def test_shuffled_epoch_is_the_plain_loop_over_its_own_order(case: Case) -> None
     check_limits(batches, case)
 
 
+# -- sorted windows ------------------------------------------------------------------------------
+
+
+def window_reference(case: Case, loader: Any, epoch_number: int = 0) -> tuple[list[list[int]], list[int]]:
+    """The plain loop over the loader's epoch order with each window sorted by size (batches in plan order)."""
+    assert case.sort_window is not None
+    groups = [group.tolist() for group in loader.order.chunks(epoch_number)]
+    return reference(case, sorted_windows(groups, case.sizes, case.sort_window))
+
+
+@settings(max_examples=examples(80))
+@given(case=cases(kinds=("sized",), shuffle=(False,), windows=WINDOWS[2:], oversize=("skip", "own_batch", "error")))
+def test_unshuffled_sorted_windows_are_the_plain_loop(case: Case) -> None:
+    with ExitStack() as stack:
+        loader = make_loader(case, stack)
+        try:
+            expected, skipped = window_reference(case, loader)
+        except ValueError:
+            # invariant: oversize="error" with an oversize item raises ValueError, never a silent epoch
+            with pytest.raises(ValueError):
+                len(loader)
+                epoch(loader, case)
+            return
+        # invariant: len() is exact before the epoch
+        assert len(loader) == len(expected)
+        # invariant: without shuffle, sorted windows yield the plain loop over the window-sorted
+        # order, batch after batch (nothing random)
+        assert epoch(loader, case, with_indices=True) == expected
+        assert sorted(loader.stats.skipped) == sorted(skipped) and loader.stats.num_skipped == len(skipped)
+    check_limits(expected, case)
+
+
+@settings(max_examples=examples(80))
+@given(case=cases(kinds=("sized",), shuffle=(True,), windows=WINDOWS[2:]), epoch_number=st.integers(0, 2))
+def test_shuffled_sorted_windows_are_the_plain_loop_in_another_order(case: Case, epoch_number: int) -> None:
+    with ExitStack() as stack:
+        loader = make_loader(case, stack)
+        loader.set_epoch(epoch_number)
+        announced = len(loader)
+        batches = epoch(loader, case, with_indices=True)
+        expected, skipped = window_reference(case, loader, epoch_number)
+        stats = loader.stats
+    # invariant: len() announced the number of batches yielded
+    assert announced == len(batches) == stats.num_batches
+    # invariant: the batches are those of the plain loop over the window-sorted order, each
+    # once; only the order in which they come differs
+    assert sorted(batches) == sorted(expected)
+    assert sorted(stats.skipped) == sorted(skipped) and stats.num_skipped == len(skipped)
+    check_limits(batches, case)
+
+
 # -- ranks --------------------------------------------------------------------------------------
 
 
 @settings(max_examples=examples(80))
-@given(case=cases(world_sizes=(2, 3, 4)))
+@given(case=cases(world_sizes=(2, 3, 4), windows=WINDOWS))
 def test_ranks_share_the_single_process_plan(case: Case) -> None:
     single = single_process(case)
     world = case.world_size
@@ -606,7 +665,7 @@ def test_ranks_share_the_single_process_plan(case: Case) -> None:
 
 
 @settings(max_examples=examples(50))
-@given(case=cases(world_sizes=(1, 2, 3, 4)), epoch_number=st.integers(0, 3))
+@given(case=cases(world_sizes=(1, 2, 3, 4), windows=WINDOWS), epoch_number=st.integers(0, 3))
 def test_same_seed_and_epoch_same_batches(case: Case, epoch_number: int) -> None:
     # invariant: the batches depend only on (seed, epoch, rank, world_size)
     with ExitStack() as stack:
@@ -650,7 +709,7 @@ def lockstep_state(loaders: list[Any]) -> dict[str, Any]:
 
 
 @settings(max_examples=examples(40))
-@given(case=cases(world_sizes=(1, 2, 3, 4)), data=st.data())
+@given(case=cases(world_sizes=(1, 2, 3, 4), windows=WINDOWS), data=st.data())
 def test_resume_at_every_step(case: Case, data: Any) -> None:
     with ExitStack() as stack:
         loaders = make_ranks(case, stack)
@@ -697,7 +756,7 @@ def test_resume_at_every_step(case: Case, data: Any) -> None:
 
 @settings(max_examples=examples(60))
 @given(
-    case=cases(),
+    case=cases(windows=WINDOWS),
     stages=st.lists(
         st.tuples(st.integers(1, 4), st.booleans(), st.sampled_from(["pad", "drop"])), min_size=2, max_size=4
     ),
@@ -781,6 +840,7 @@ VARIANTS = (
     "oversize",
     "drop_last",
     "multiple",
+    "sort_window",
 )
 
 
@@ -813,6 +873,8 @@ def vary(case: Case, field: str, data: Any) -> Case:
         return replace(case, cost="padded" if case.cost == "sum" else "sum")
     if field == "oversize":
         return replace(case, oversize="own_batch" if case.oversize == "skip" else "skip")
+    if field == "sort_window":
+        return replace(case, sort_window=4 if case.sort_window is None else case.sort_window + 1)
     return replace(case, multiple=case.multiple + 1)
 
 
@@ -831,7 +893,7 @@ def state_after(case: Case, steps: int) -> dict[str, Any]:
 
 @pytest.mark.parametrize("field", VARIANTS)
 @settings(max_examples=examples(10))
-@given(case=cases(world_sizes=(1, 2, 3, 4), min_n=4, max_n=120), data=st.data())
+@given(case=cases(world_sizes=(1, 2, 3, 4), min_n=4, max_n=120, windows=WINDOWS), data=st.data())
 def test_state_refused_by_another_configuration(field: str, case: Case, data: Any) -> None:
     other = vary(case, field, data)
     base = all_ranks(case)
@@ -853,7 +915,7 @@ def test_state_refused_by_another_configuration(field: str, case: Case, data: An
 
 @pytest.mark.parametrize("spelling", ["numpy", "int32", "tensor", "list"])
 @settings(max_examples=examples(12))
-@given(case=cases(world_sizes=(1, 2, 3, 4), min_n=2, max_n=120), data=st.data())
+@given(case=cases(world_sizes=(1, 2, 3, 4), min_n=2, max_n=120, windows=WINDOWS), data=st.data())
 def test_state_accepted_by_the_same_configuration_spelled_otherwise(spelling: str, case: Case, data: Any) -> None:
     base = all_ranks(case)
     total = len(base[0])
@@ -977,7 +1039,7 @@ def run_lowered(
 @st.composite
 def lowered_cases(draw: Any) -> tuple[Case, Plan, list[tuple[int, tuple[Any, ...]]]]:
     """A one-process case, its unlowered epoch and one or two lowerings after steps >= 1."""
-    case = draw(cases(min_n=2))
+    case = draw(cases(min_n=2, windows=WINDOWS))
     assume(case.kind == "sized" or case.batch_size >= 2)
     plain = single_process(case)
     total = len(plain.batches)
@@ -1022,17 +1084,18 @@ def test_lower_limit_mid_epoch(lowered: tuple[Case, Plan, list[tuple[int, tuple[
     assert sorted(stats.skipped) == sorted(plain.skipped)
     # invariant: the batches before the change are those of the unlowered epoch
     assert batches[:first] == plain.batches[:first]
-    # invariant: the rest follows the same epoch order
-    order = flat(plain.batches) + plain.dropped
-    rest = [i for i in order if i not in set(flat(batches[:first]))]
-    assert flat(batches[first:]) + dropped == rest
+    if case.sort_window is None:
+        # invariant: the rest follows the same epoch order (with sorted windows: test_lower_limit_with_sorted_windows)
+        order = flat(plain.batches) + plain.dropped
+        rest = [i for i in order if i not in set(flat(batches[:first]))]
+        assert flat(batches[first:]) + dropped == rest
     assert [change[0] for change in stats.limit_changes if change[0] < len(batches)] == [step for step, _ in lowerings]
     ends = [step for step, _ in lowerings[1:]] + [len(batches)]
     for (step, limit), end in zip(lowerings, ends):
         segment = batches[step:end]
         # invariant: batches after the change respect the new limit (an item above it alone)
         check_limits(segment, case, limit)
-        if end != len(batches):
+        if end != len(batches) or case.sort_window is not None:
             continue  # (a segment cut by the next lowering is not an epoch's end for the loop)
         # invariant: they are the plain loop over the rest under the new limit; items above it
         # but within the original cap get batches of their own. What drop_last drops is decided
@@ -1075,8 +1138,25 @@ def test_resume_after_lowering(lowered: tuple[Case, Plan, list[tuple[int, tuple[
     assert remaining == len(whole) - stop
 
 
+@settings(max_examples=examples(60))
+@given(lowered=lowered_cases())
+def test_lower_limit_with_sorted_windows(lowered: tuple[Case, Plan, list[tuple[int, tuple[Any, ...]]]]) -> None:
+    case, plain, lowerings = lowered
+    assume(case.sort_window is not None)
+    with ExitStack() as stack:
+        loader, batches = run_lowered(case, stack, lowerings)
+        stats = loader.stats
+    first = lowerings[0][0]
+    # invariant: the batches before the change are those of the unlowered epoch; afterwards
+    # every index not yet yielded comes exactly once (re-planned, then the later groups sorted
+    # anew), none is reported twice
+    assert batches[:first] == plain.batches[:first]
+    assert Counter(flat(batches)) == expected_once(case)
+    assert sorted(stats.skipped) == sorted(plain.skipped) and stats.num_skipped == len(plain.skipped)
+
+
 @settings(max_examples=examples(80))
-@given(case=cases(min_n=1), data=st.data())
+@given(case=cases(min_n=1, windows=WINDOWS), data=st.data())
 def test_adaptive_run_processes_every_index_once(case: Case, data: Any) -> None:
     rows = case.rows
     thresholds = []
@@ -1133,7 +1213,7 @@ def sampler_batches(sampler: Any, dataset: Any, case: Case, limit: int | None = 
 
 
 @settings(max_examples=examples(40))
-@given(case=cases(world_sizes=(1, 2, 3)), data=st.data())
+@given(case=cases(world_sizes=(1, 2, 3), windows=WINDOWS), data=st.data())
 def test_batch_sampler_in_a_dataloader(case: Case, data: Any) -> None:
     full = all_ranks(case)
     total = len(full[0])

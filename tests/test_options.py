@@ -23,6 +23,7 @@ OWN_PARAMETERS = {
         "oversize",
         "padding",
         "fixed_cost",
+        "sort_window",
     ],
 }
 

@@ -13,7 +13,7 @@ from fastsab import BatchSplit, split_batches
 from fastsab.batching import BatchSplit as BatchingBatchSplit
 from fastsab.cursor import plan_fingerprint
 from fastsab.epochs import EpochOrder, make_cost_source
-from fastsab.planners import FixedSizePlanner, SizeAwarePlanner
+from fastsab.planners import FixedSizePlanner, SizeAwarePlanner, SortedWindowEpoch
 from fastsab.plans import Carry, PlanChunk, Planner
 
 SIZES = np.array([3, 1, 4, 1, 5, 9, 2, 6, 5, 3])
@@ -132,6 +132,7 @@ def test_fingerprint_is_equal_across_forms_of_the_sizes(sizes: Any) -> None:
         lambda: size_aware(12, batch_size_multiple=2),
         lambda: size_aware(12, sizes=SIZES + 1),
         lambda: size_aware(12, sizes=SIZES * 1.5),
+        lambda: size_aware(12, sort_window=4),
     ],
 )
 def test_fingerprint_changes_with_what_decides_the_batches(other: Any) -> None:
@@ -146,6 +147,23 @@ def test_fingerprints_are_pinned() -> None:
     assert plan_fingerprint(SizeAwarePlanner(shuffled, array, [12], cost="padded")) == "ec8996141e25cc8329cce8dc"
     computed = make_cost_source(lambda i: i + 1, 10)
     assert plan_fingerprint(SizeAwarePlanner(shuffled, computed, 12.0)) == "cf40cb9532d333e8fa3efb42"
+
+
+def test_fingerprint_tells_window_sizes_apart() -> None:
+    assert plan_fingerprint(size_aware(12, sort_window=4)) != plan_fingerprint(size_aware(12, sort_window=5))
+    assert plan_fingerprint(size_aware(12, sort_window=4)) == plan_fingerprint(size_aware(12, sort_window=np.int64(4)))
+
+
+@pytest.mark.parametrize("window", [0, -3])
+def test_sort_window_must_be_positive(window: int) -> None:
+    with pytest.raises(ValueError, match=rf"sort_window must be a positive integer, got {window}\."):
+        size_aware(12, sort_window=window)
+
+
+@pytest.mark.parametrize("window", [2.0, "4", True])
+def test_sort_window_must_be_an_integer(window: Any) -> None:
+    with pytest.raises(TypeError, match=rf"sort_window must be an integer, got {window!r}"):
+        size_aware(12, sort_window=window)
 
 
 def test_plan_inputs() -> None:
@@ -178,3 +196,65 @@ def test_positions_become_ids_when_read() -> None:
     assert [b.tolist() for b in chunk.batches_of(np.array(["a", "b", "c"]))] == [["a"], ["b", "c"]]
     with pytest.raises(TypeError, match="offsets"):
         PlanChunk(np.arange(3))  # type: ignore[call-arg]
+
+
+# --- sorted windows -------------------------------------------------------------------------
+
+
+def window_planner(n: int = 120, group_size: int = 16, window: int = 3, cap: Any = 20) -> SizeAwarePlanner:
+    sizes = np.random.default_rng(0).integers(1, 10, n)
+    grouped = EpochOrder(n, shuffle=True, seed=3, group_size=group_size)
+    return SizeAwarePlanner(grouped, make_cost_source(sizes, n), cap, sort_window=window)
+
+
+def stream_batches(stream: Any) -> list[list[int]]:
+    return [batch.tolist() for chunk in stream for batch in chunk.batches()]
+
+
+@pytest.mark.parametrize("ahead", [0, 1, 3])
+@pytest.mark.parametrize("position", [0, 1, 2])
+def test_sorted_windows_lowered_with_chunks_planned_ahead_replay_alike(ahead: int, position: int) -> None:
+    # a lowering with chunks planned ahead (a prefetching loader) gives the batches its
+    # replay gives (a resumed loader, which never plans ahead): the rest of the epoch does not
+    # depend on how far ahead it was planned
+    from fastsab.stream import Stream
+
+    planner = window_planner()
+    live = Stream(planner.chunks(0))
+    first = next(live)
+    assert first.num_batches > position
+    for _ in range(ahead):
+        next(live)
+    caps = planner.check_lowered_limit(11)
+    live.lower(position, caps)
+    done = [batch.tolist() for batch in first.batches()[:position]]
+    replayed = stream_batches(Stream(planner.chunks(0), lowered=[(position, caps)]))
+    assert done + stream_batches(live) == replayed
+    assert sorted(i for batch in replayed for i in batch) == list(range(120))
+
+
+def test_sorted_windows_cached_and_live_plans_lower_alike() -> None:
+    # len() keeps the epoch's plan; a lowering in it continues as the live plan would
+    from fastsab.stream import Stream
+
+    cached, live = window_planner(), window_planner()
+    assert cached.num_batches(0) == live._window_plan(0).num_batches
+    caps = cached.check_lowered_limit(9)
+    streams = [Stream(cached.chunks(0)), Stream(SortedWindowEpoch(live, 0))]
+    for stream in streams:
+        next(stream)
+        next(stream)
+        stream.lower(3, caps)
+    assert stream_batches(streams[0]) == stream_batches(streams[1])
+
+
+def test_sorted_windows_keep_each_group_together() -> None:
+    # batches of a later group never come before those of an earlier one: a chunked dataset
+    # is read group after group
+    planner = window_planner(n=200, group_size=16, window=4, cap=15)
+    place = {}
+    for number, group in enumerate(planner.order.chunks(0)):
+        place.update(dict.fromkeys(group.tolist(), number))
+    last_group = [max(place[i] for i in batch) for batch in stream_batches(planner.chunks(0))]
+    assert last_group == sorted(last_group)
+    assert len(set(last_group)) > 5

@@ -8,6 +8,7 @@ noisy shared machines.
 - :mod:`~fastsab.bench.report`: :class:`Row`, timing, the machine line and the markdown tables.
 - :mod:`~fastsab.bench.workloads`: the split kernel, permutations and the adaptive overhead.
 - :mod:`~fastsab.bench.loaders`: the loaders per epoch and the time to the first batch.
+- :mod:`~fastsab.bench.varlen`: variable-length batches: padded and packing efficiency, steps and time.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 # NOTE: the datasets of the loader workloads stay reachable here, as before the split, outside __all__
 from fastsab.bench.loaders import BatchedDataset, PerItemDataset, first_batch_rows, loader_rows  # noqa: F401
 from fastsab.bench.report import Row, machine_info, time_best, to_markdown
+from fastsab.bench.varlen import plot_varlen, varlen_rows
 from fastsab.bench.workloads import adaptive_rows, kernel_rows, lognormal_lengths, permutation_rows
 
 __all__ = [
@@ -26,6 +28,8 @@ __all__ = [
     "lognormal_lengths",
     "machine_info",
     "permutation_rows",
+    "plot_varlen",
     "time_best",
     "to_markdown",
+    "varlen_rows",
 ]
