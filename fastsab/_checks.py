@@ -289,6 +289,21 @@ _TORCH_INTEGERS = frozenset(
 )
 
 
+def _refuse_integers_past_int64(name: str, values: Any, array: np.ndarray) -> None:
+    """Raise ``ValueError`` if ``values`` (a sequence, ``array`` as numpy made it) are integers, some past int64.
+
+    NOTE: numpy makes float64 (or object) of Python integers that int64 cannot hold, which
+    would round 2**63 + 1 to 2**63 and batch it under a cap of 2**63: refused instead.
+    """
+    if array.dtype.kind == "f" and float(np.abs(array).max()) < 2**63:
+        return
+    items = np.asarray(values, dtype=object).ravel().tolist()
+    if all(isinstance(item, (int, np.integer)) and not isinstance(item, (bool, np.bool_)) for item in items):
+        largest = max((int(item) for item in items), key=abs)
+        if abs(largest) > np.iinfo(np.int64).max:
+            raise ValueError(f"{name} has values too large for int64: {largest!r}.")
+
+
 def _position(pos: tuple[int, ...]) -> Any:
     return pos[0] if len(pos) == 1 else pos
 
@@ -305,6 +320,8 @@ def _as_real_numpy(name: str, values: Any, ndim: tuple[int, ...]) -> np.ndarray:
         array = np.asarray(values)
     except (TypeError, ValueError) as err:
         raise TypeError(f"{name} must be an array of numbers, got {short_repr(values)}.") from err
+    if not isinstance(values, np.ndarray) and array.dtype.kind in "fO" and array.size:
+        _refuse_integers_past_int64(name, values, array)
     if array.dtype == bool or not (np.issubdtype(array.dtype, np.integer) or np.issubdtype(array.dtype, np.floating)):
         raise TypeError(f"{name} must hold integers or floats, got dtype {array.dtype}: {short_repr(values)}.")
     _check_ndim(name, values, tuple(array.shape), ndim)

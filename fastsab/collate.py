@@ -267,7 +267,10 @@ def _fitting_pad(key: str, pad: int | float, dtype: np.dtype[Any] | torch.dtype)
         if isinstance(dtype, torch.dtype):
             held = torch.tensor(pad, dtype=dtype).item()
         else:
-            held = np.array(pad).astype(dtype).item()  # NOTE: astype wraps around instead of raising
+            # NOTE: astype wraps around instead of raising, and warns of a value it cannot cast
+            # (NaN to an integer, 1e300 to float32): the comparison below says so instead
+            with np.errstate(invalid="ignore", over="ignore"):
+                held = np.array(pad).astype(dtype).item()
     except (OverflowError, RuntimeError, TypeError):
         held = None
     if held != pad and not (

@@ -248,12 +248,16 @@ class BatchCost:
         ]
 
     def check_caps(self, limit: object) -> Caps:
-        """``limit`` as caps for these columns: as many as configured, each positive and finite."""
+        """``limit`` as caps for these columns: as many as configured, finite, positive (0 where configured 0)."""
         several = isinstance(limit, Sequence) or (isinstance(limit, np.ndarray) and limit.ndim > 0)
         values = list(limit) if several else [limit.item() if isinstance(limit, np.ndarray) else limit]  # type: ignore[call-overload]
         if len(values) != len(self.caps):
             raise ValueError(f"limit must have {len(self.caps)} cap(s), got {limit!r}.")
-        return [check_positive_real("limit", cap) for cap in values]
+        # NOTE: a configured cap of 0 (items of cost 0 only) has no smaller cap: it stays as it is
+        return [
+            cap if _is_zero(cap) and configured == 0 else check_positive_real("limit", cap)
+            for cap, configured in zip(values, self.caps)
+        ]
 
     def check_lowered(self, limit: object) -> Caps:
         """``limit`` checked as caps (:meth:`check_caps`), none above the configured ones."""
@@ -287,6 +291,12 @@ class BatchCost:
         if oversize is not None:
             head["oversize"] = oversize
         return head | self.options()
+
+
+def _is_zero(value: object) -> bool:
+    """Whether ``value`` is a real number equal to 0 (not a bool)."""
+    real = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
+    return real and value == 0
 
 
 def refuse_above(

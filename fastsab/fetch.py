@@ -183,11 +183,13 @@ class GatheredRows:
 
 
 def indexable(dataset: Any) -> Any:
-    """``dataset`` as a ``DataLoader`` reads it: a gathered pytree container as :class:`GatheredRows`.
+    """``dataset`` as a ``DataLoader`` reads it: data the loaders gather as :class:`GatheredRows`.
 
-    Tensors, arrays, ``TensorDataset`` and datasets of their own are returned unchanged.
+    Tensors, numpy arrays, a plain ``TensorDataset`` and pytrees of them are gathered, so that
+    batches and what ``collate_fn`` receives are the loader's (a numpy batch stays numpy, a
+    ``TensorDataset`` batch a tuple); datasets of their own are returned unchanged.
     """
-    if _children(dataset) is None or _gather_source(dataset)[0] is None:
+    if _gather_source(dataset)[0] is None:
         return dataset
     return GatheredRows(dataset)
 

@@ -266,7 +266,8 @@ class LoaderBase(EpochCursor, Generic[T], metaclass=TakesDataLoaderKeywords):
         repeated; items above the new limit get batches of their own. It may be called from
         another thread (a memory monitor) or from the dataset: a batch being fetched is
         handed out whole, and the lowering applies after it. A limit equal to the
-        one in force changes nothing; one above it is refused (a lowering only lowers).
+        one in force changes nothing; one above it is refused (a lowering only lowers). Of two
+        lowerings asked before the next batch, the smaller caps hold.
         Recorded in ``stats.limit_changes`` and in the state; the next epoch starts from the
         configured limit again.
 
@@ -293,6 +294,10 @@ class LoaderBase(EpochCursor, Generic[T], metaclass=TakesDataLoaderKeywords):
     def _ask_lowering(self, limit: Limit, retry: bool) -> None:
         with self._pending_lock:
             pending = self._pending
+            if pending is not None:
+                # NOTE: a lowering not applied yet (a memory monitor's) is the limit of the next
+                # batch; a later one (adaptive.run's, from the limit in force) must not undo it
+                limit = _smaller(limit, pending[0])
             # a batch is retried once, however often it is asked; a later lowering keeps the retry
             retry = (retry and not self._rewound) or (pending is not None and pending[1])
             self._pending = (limit, retry)
@@ -322,6 +327,13 @@ class LoaderBase(EpochCursor, Generic[T], metaclass=TakesDataLoaderKeywords):
         planner: Any = self.planner  # NOTE: self.limit is of the planner's kind
         limit: Limit = planner.smaller_limit(np.asarray(indices, dtype=np.int64), self.limit, factor)
         return limit
+
+
+def _smaller(limit: Limit, other: Limit) -> Limit:
+    """The smaller of two limits of one kind, cap by cap."""
+    if isinstance(limit, list) and isinstance(other, list):
+        return [min(a, b) for a, b in zip(limit, other)]
+    return min(cast(int, limit), cast(int, other))
 
 
 def _as_caps(limit: Limit | None) -> list[int | float]:

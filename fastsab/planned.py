@@ -91,9 +91,9 @@ class PlannedDataLoader(DataLoader):  # type: ignore[type-arg]
     :meth:`load_state_dict` act on the sampler. Made by ``loader.data_loader(...)``.
 
     Args:
-        dataset: The dataset to fetch from. A pytree of tensors (a dict, tuple, namedtuple or
-            dataclass of them) is gathered row by row as the loaders gather it
-            (:class:`~fastsab.fetch.GatheredRows`).
+        dataset: The dataset to fetch from. A tensor, a numpy array, a ``TensorDataset`` or a
+            pytree of tensors (a dict, tuple, namedtuple or dataclass of them) is gathered row
+            by row as the loaders gather it (:class:`~fastsab.fetch.GatheredRows`).
         batch_sampler: The plan, from ``loader.batch_sampler()``.
         **options: Further ``DataLoader`` options (``num_workers``, ``collate_fn``,
             ``pin_memory``, ``prefetch_factor``, ``persistent_workers``, ...). The default

@@ -402,13 +402,17 @@ def _flatten(name: str, sequences: Any) -> tuple[np.ndarray, np.ndarray]:
 def _arrow_list_column(name: str, column: Any) -> tuple[np.ndarray, np.ndarray]:
     """The flat values and offsets of an Arrow list column (a ChunkedArray or an Array)."""
     array = column.combine_chunks() if hasattr(column, "combine_chunks") else column
-    if not hasattr(array, "flatten") or not hasattr(array, "offsets"):
+    # NOTE: a fixed-length Sequence (padding="max_length") is an Arrow fixed-size list: no offsets
+    size = getattr(array.type, "list_size", None)
+    if not hasattr(array, "flatten") or not (hasattr(array, "offsets") or isinstance(size, int)):
         raise TypeError(f"column {name!r} must be a list column (a sequence per row), got Arrow type {array.type}.")
     if array.null_count:
         raise ValueError(f"column {name!r} has {array.null_count} missing rows; a sequence may be empty, not missing.")
     flat = array.flatten()
     if flat.null_count:
         raise ValueError(f"column {name!r} has {flat.null_count} missing values inside its sequences.")
+    if isinstance(size, int):
+        return _arrow_numbers(name, flat), np.arange(len(array) + 1, dtype=np.int64) * size
     offsets = np.asarray(array.offsets, dtype=np.int64)
     return _arrow_numbers(name, flat), offsets - offsets[0]
 

@@ -1081,3 +1081,21 @@ def test_parts_left_counts_the_parts_of_a_step_still_to_run(no_collection):
     # still to run, 0 only for the step's last
     assert seen == [(0, 3), (1, 2), (2, 2), (3, 1), (4, 2), (5, 1), (6, 1), (7, 0)]
     assert loader.parts_left == 0
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_a_configured_cap_of_zero_survives_oom_by_halving(world_size, no_collection):
+    # a cap of 0 batches the items of cost 0; no smaller cap exists, so a failing batch is halved
+    ranks = {"rank": 0, "world_size": world_size} if world_size > 1 else {}
+    make = lambda: FastSizeAwareLoader(torch.arange(12), np.zeros(12, dtype=np.int64), 0, shuffle=False, **ranks)  # noqa: E731
+    expected = [i for batch in make() for i in batch.tolist()]
+    loader = make()
+
+    def step(batch):
+        if len(batch) > 2:
+            raise OOM("CUDA out of memory (fake)")
+        return batch.tolist()
+
+    seen = [i for part in adaptive.run(loader, step) for i in part]
+    assert seen == expected
+    assert len(set(seen)) == len(seen) > 0

@@ -666,3 +666,17 @@ def test_a_carry_holding_an_item_above_a_smaller_cap_is_an_error_not_a_hang():
     carry = split_batches([50, 50], 200, final=False).carry
     with pytest.raises(ValueError, match="costs more than max_total_size and came in the carry"):
         split_batches([1], 10, carry=carry)
+
+
+@pytest.mark.parametrize(
+    ("costs", "shown"),
+    [
+        ([2**63, 1], 2**63),
+        ([[1, 2**63 + 1], [2, 3]], 2**63 + 1),
+        ([2**64, 1], 2**64),
+    ],
+)
+def test_integer_costs_past_int64_in_a_list_are_refused_not_rounded(costs, shown):
+    # float64 would round 2**63 + 1 to 2**63 and batch it under a cap of 2**63
+    with pytest.raises(ValueError, match=rf"costs has values too large for int64: {shown}\."):
+        split_batches(costs, 2**63)

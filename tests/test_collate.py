@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+import warnings
 from typing import Any
 
 import numpy as np
@@ -204,3 +205,16 @@ def test_pack_collator_refuses_the_keys_it_makes():
 def test_nan_pads_float_values():
     padded = PadCollator(float("nan"))([{"x": np.array([1.0, 2.0])}, {"x": np.array([3.0])}])["x"]
     assert padded[0].tolist() == [1.0, 2.0] and padded[1, 0] == 3.0 and torch.isnan(padded[1, 1])
+
+
+@pytest.mark.parametrize(
+    ("pad", "dtype", "shown"),
+    [(float("nan"), np.int64, "nan"), (1e300, np.float32, "1e\\+300"), (float("inf"), np.int32, "inf")],
+)
+def test_a_pad_value_its_dtype_cannot_hold_raises_only_the_value_error(pad, dtype, shown):
+    # under warnings as errors too: numpy's cast warning must not stand in for the message
+    samples = [{"x": np.array([1, 2], dtype=dtype)}, {"x": np.array([3], dtype=dtype)}]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(ValueError, match=rf"pad_value {shown} of key 'x' does not fit its dtype {np.dtype(dtype)}"):
+            PadCollator(pad_value=pad)(samples)

@@ -658,6 +658,23 @@ def test_a_lowered_limit_above_the_one_in_force_is_refused(kind):
     assert [change[1:] for change in loader.stats.limit_changes] == [(8, 4) if kind == "fixed" else ([8], [4])]
 
 
+@pytest.mark.parametrize("kind", ["fixed", "sized"])
+@pytest.mark.parametrize("retry", [False, True])
+def test_a_lowering_above_one_not_applied_yet_keeps_the_smaller(kind, retry):
+    # two lowerings before the next batch (a memory monitor's, then the loop's): the smaller holds
+    if kind == "fixed":
+        loader = FastLoader(torch.arange(12), 4, shuffle=False)
+    else:
+        loader = FastSizeAwareLoader(torch.arange(12), np.ones(12), 4, shuffle=False)
+    batches = iter(loader)
+    next(batches)
+    lower = loader.retry_last_batch if retry else loader.lower_limit
+    lower(2)
+    lower(3)
+    assert [batch.tolist() for batch in batches] == [[0, 1], [2, 3]] * retry + [[4, 5], [6, 7], [8, 9], [10, 11]]
+    assert [change[1:] for change in loader.stats.limit_changes] == [(4, 2) if kind == "fixed" else ([4], [2])]
+
+
 def test_a_lowered_limit_above_the_configured_one_is_refused():
     with pytest.raises(ValueError, match=r"a lowered limit must not exceed the configured \[40\], got 1000"):
         FastSizeAwareLoader(torch.arange(10), np.ones(10), 40).lower_limit(1000)

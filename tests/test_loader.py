@@ -762,6 +762,30 @@ def test_data_loader_over_a_pytree_dataset_yields_the_loader_batches(kind, num_w
     assert len(data) == len(expected) == 3
 
 
+def _tagged(rows: object) -> object:
+    """A collate_fn that shows what it was given (a module-level function, so workers can pickle it)."""
+    return (type(rows).__name__, rows)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: np.arange(10) * 3,
+        lambda: np.arange(20.0).reshape(10, 2),
+        lambda: torch.utils.data.TensorDataset(torch.arange(10), torch.arange(10) * 2),
+        lambda: torch.arange(10),
+    ],
+    ids=["ndarray", "2-D ndarray", "TensorDataset", "tensor"],
+)
+@pytest.mark.parametrize("collate_fn", [None, _tagged])
+def test_data_loader_over_arrays_yields_the_loader_batches(make, collate_fn):
+    # the same batches, of the same types, whether the loop reads the loader or its DataLoader
+    expected = list(FastLoader(make(), 4, seed=5, collate_fn=collate_fn))
+    options = {} if collate_fn is None else {"collate_fn": collate_fn}
+    got = list(FastLoader(make(), 4, seed=5, collate_fn=collate_fn).data_loader(**options))
+    assert [repr(batch) for batch in got] == [repr(batch) for batch in expected]
+
+
 def test_integer_sizes_whose_sums_pass_int64_are_batched_exactly():
     loader = FastSizeAwareLoader(torch.arange(3), [2**62, 2**62, 1], 2**70, shuffle=False)
     assert len(loader) == 1 and [b.tolist() for b in loader] == [[0, 1, 2]]

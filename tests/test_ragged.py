@@ -263,6 +263,19 @@ def test_hugging_face_columns():
         RaggedDataset.from_hf(with_gap)
 
 
+def test_hugging_face_fixed_length_columns():
+    # a Sequence of a fixed length (tokenized with padding="max_length") is a fixed-size list in Arrow
+    datasets = pytest.importorskip("datasets")
+    rows = [[1, 2, 3], [4, 5, 6], [7, 8, 9], [10, 11, 12]]
+    features = datasets.Features({"input_ids": datasets.Sequence(datasets.Value("int32"), length=3)})
+    table = datasets.Dataset.from_dict({"input_ids": rows}, features=features)
+    for part, order in ((table, [0, 1, 2, 3]), (table.select([3, 1]), [3, 1]), (table.select(range(1, 3)), [1, 2])):
+        dataset = RaggedDataset.from_hf(part, collator=PackCollator())
+        assert dataset.lengths.tolist() == [3] * len(order)
+        assert [dataset[i]["input_ids"].tolist() for i in range(len(order))] == [rows[i] for i in order]
+        assert dataset.__getitems__([0])["input_ids"].dtype == torch.int32
+
+
 def test_the_collator_is_checked_against_the_keys_and_dtypes_when_the_dataset_is_made():
     with pytest.raises(ValueError, match=r"pad_value names \['label'\], which are not per-token keys"):
         RaggedDataset(np.arange(3), [0, 3], collator=PadCollator({"label": -100}))
