@@ -7,6 +7,7 @@ the work on the current one.
 
 from __future__ import annotations
 
+import atexit
 import queue
 import threading
 from collections.abc import Generator
@@ -15,6 +16,9 @@ from typing import Literal, TypeVar, Union
 __all__ = ["prefetched"]
 
 T = TypeVar("T")
+
+# The running threads and their stop events, stopped at interpreter exit (see _stop_all)
+_running: set[tuple[threading.Event, threading.Thread]] = set()
 
 # What the thread sends: an item, the end, or the error that stopped it.
 _Message = Union[tuple[Literal["item"], T], tuple[Literal["end"], None], tuple[Literal["error"], BaseException]]  # noqa: UP007
@@ -60,6 +64,8 @@ def prefetched(source: Generator[T, None, None], depth: int) -> Generator[T, Non
             source.close()
 
     thread = threading.Thread(target=produce, name="fastsab-prefetch", daemon=True)
+    running = (stop, thread)
+    _running.add(running)
     thread.start()
     try:
         while True:
@@ -74,11 +80,28 @@ def prefetched(source: Generator[T, None, None], depth: int) -> Generator[T, Non
         stop.set()
         _drain(items)
         thread.join()
+        _running.discard(running)
+
+
+@atexit.register
+def _stop_all() -> None:
+    """Stop the threads of loops left unfinished, before the interpreter tears down.
+
+    A loop abandoned mid-epoch (an iterator still referenced at exit) would otherwise leave
+    its thread fetching, possibly inside torch's native code, while the interpreter
+    finalizes, which can abort the process.
+    """
+    running = list(_running)
+    for stop, _ in running:
+        stop.set()
+    for _, thread in running:
+        thread.join(timeout=5)
 
 
 def _drain(items: queue.Queue[_Message[T]]) -> None:
+    """Drop the items waiting in ``items``."""
     while True:
         try:
             items.get_nowait()
-        except queue.Empty:
-            return
+        except Exception:  # NOTE: queue.Empty, but a generator closed at interpreter exit may
+            return  # find the queue module's names already cleared (raising then fails with TypeError)

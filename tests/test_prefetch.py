@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 from collections.abc import Generator
@@ -60,3 +63,27 @@ def test_the_source_runs_ahead_at_most_depth_items():
     time.sleep(0.1)
     assert len(made) <= 1 + 4 + 1  # the one consumed, the queue, the one waiting to be put
     items.close()
+
+
+def test_a_loop_left_unfinished_at_exit_stops_its_thread_before_the_interpreter_tears_down():
+    # a loader iterator still referenced at exit: its prefetch thread must not run on while the
+    # interpreter finalizes (it used to abort the process, or print an ignored exception)
+    script = textwrap.dedent(
+        """
+        import torch
+        from fastsab import FastLoader
+
+        class Items:
+            def __len__(self):
+                return 100
+
+            def __getitems__(self, ids):
+                return torch.tensor(ids)
+
+        batches = iter(FastLoader(Items(), 4, prefetch=2))
+        next(batches)
+        """
+    )
+    for _ in range(3):  # (the failure depended on timing: most runs showed it)
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0 and done.stderr == "", done.stderr
