@@ -204,3 +204,14 @@ def test_pack_collator_refuses_the_keys_it_makes():
 def test_nan_pads_float_values():
     padded = PadCollator(float("nan"))([{"x": np.array([1.0, 2.0])}, {"x": np.array([3.0])}])["x"]
     assert padded[0].tolist() == [1.0, 2.0] and padded[1, 0] == 3.0 and torch.isnan(padded[1, 1])
+
+
+def test_every_name_of_fastsab_collate_is_the_one_of_its_module():
+    import fastsab
+    from fastsab import collate, collator
+
+    for name in collate.__all__:
+        home = collator if name in collator.__all__ else collate
+        assert getattr(collate, name) is getattr(home, name)
+    assert {"Collator", "Flat", "pack_positions"} <= set(collate.__all__)
+    assert fastsab.PadCollator is collate.PadCollator and fastsab.PackCollator is collate.PackCollator
