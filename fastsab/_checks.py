@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import math
 from numbers import Integral, Real
 from typing import Any
@@ -23,6 +24,7 @@ __all__ = [
     "check_optional_positive_int",
     "check_positive_int",
     "check_positive_real",
+    "positive_int_argument",
     "short_repr",
 ]
 
@@ -335,3 +337,14 @@ def _as_real_numpy(name: str, values: Any, ndim: tuple[int, ...]) -> np.ndarray:
         pos = tuple(int(i) for i in np.unravel_index(int(np.argmin(finite)), array.shape))
         raise ValueError(f"{name} must be finite, got {array[pos].item()!r} at position {_position(pos)}.")
     return array
+
+
+def positive_int_argument(text: str) -> int:
+    """A command-line argument ``text`` as a positive integer (an ``argparse`` type)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value

@@ -15,102 +15,26 @@ forms models of sequences take:
 Scalars are stacked into ``(B,)`` tensors in both forms. Both collators work as the
 ``collate_fn`` of the fastsab loaders and of ``torch.utils.data.DataLoader``, and they are
 the layouts of :class:`~fastsab.ragged.RaggedDataset`, which makes the same batches by
-gathering straight from flat values: both paths end in :meth:`Collator.from_flat`.
+gathering straight from flat values: both paths end in :meth:`Collator.from_flat`
+(:mod:`fastsab.collator`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
-from typing import Any, TypeAlias, Union
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import torch
 
 from fastsab._checks import check_optional_positive_int, short_repr
+from fastsab.collator import Collator, Flat, as_numpy_if_possible, as_tensor, pack_positions
 
-__all__ = ["Collator", "PackCollator", "PadCollator", "pack_positions"]
-
-#: Flat per-token values of a batch: a numpy array where numpy holds the dtype, else a tensor.
-Flat: TypeAlias = Union[np.ndarray, torch.Tensor]  # noqa: UP007  # (a runtime alias under Python 3.10)
+__all__ = ["Collator", "Flat", "PackCollator", "PadCollator", "pack_positions"]
 
 #: The keys a packed batch makes, which samples may not hold.
 PACKED_KEYS = ("position_ids", "cu_seqlens", "max_seqlen")
-
-
-def pack_positions(lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``cu_seqlens`` (int64, ``B + 1``) and the position of every token in its sequence (int64, ``T``).
-
-    Vectorized: one cumulative sum, one ``repeat`` and one subtraction.
-
-    Examples:
-        >>> cu, positions = pack_positions(np.array([2, 0, 3]))
-        >>> cu.tolist(), positions.tolist()
-        ([0, 2, 2, 5], [0, 1, 0, 1, 2])
-    """
-    cu = np.zeros(len(lengths) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=cu[1:])
-    positions = np.arange(cu[-1], dtype=np.int64) - np.repeat(cu[:-1], lengths)
-    return cu, positions
-
-
-class Collator:
-    """What :class:`PadCollator` and :class:`PackCollator` share: reading samples, stacking scalars.
-
-    Subclasses define :meth:`from_flat`, the batch made from the concatenated per-token
-    values of its sequences, their lengths and the stacked scalars.
-    """
-
-    #: The keys the layout makes; a sample holding one of them is refused.
-    reserved: tuple[str, ...] = ()
-
-    def __call__(self, samples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-        """The batch of ``samples``: a list of dicts with the same keys.
-
-        Raises:
-            TypeError: If ``samples`` is not a non-empty list of dicts, or a value is neither a
-                1-D sequence of numbers nor a scalar.
-            ValueError: If the samples' keys, kinds (per-token or scalar) or dtypes differ, a
-                per-token value is not 1-D, or a sample's per-token values differ in length.
-        """
-        name = type(self).__name__
-        if not isinstance(samples, Sequence) or isinstance(samples, (str, bytes)):
-            raise TypeError(
-                f"{name} takes a list of samples, got {short_repr(samples)} of type {type(samples).__name__}."
-            )
-        if not samples:
-            raise ValueError(f"{name} takes at least one sample, got an empty list {samples!r}.")
-        columns = _columns(name, samples, self.reserved)
-        tokens: dict[str, Flat] = {}
-        scalars: dict[str, torch.Tensor] = {}
-        lengths = np.zeros(len(samples), dtype=np.int64)
-        for key, (kind, values) in columns.items():
-            if kind == "token":
-                tokens[key] = _concatenate(name, key, values)
-                lengths = np.array([_length(v) for v in values], dtype=np.int64)
-            else:
-                scalars[key] = _stack(name, key, values)
-        _check_sample_lengths(name, columns)
-        return self.from_flat(tokens, lengths, scalars, order=list(columns))
-
-    def from_flat(
-        self,
-        tokens: Mapping[str, Flat],
-        lengths: np.ndarray,
-        scalars: Mapping[str, torch.Tensor],
-        order: Sequence[str] | None = None,
-        positions: tuple[np.ndarray, np.ndarray] | None = None,
-    ) -> dict[str, Any]:
-        """The batch of sequences whose per-token values are concatenated in ``tokens``.
-
-        Args:
-            tokens: Per-token key -> the values of all sequences, one after the other.
-            lengths: Length of each sequence (int64, ``B``).
-            scalars: Key -> one value per sequence (``B``).
-            order: Order of the keys in the batch (default: ``tokens``, then ``scalars``).
-            positions: ``pack_positions(lengths)`` if already computed.
-        """
-        raise NotImplementedError
 
 
 class PadCollator(Collator):
@@ -159,15 +83,10 @@ class PadCollator(Collator):
         multiple = self.pad_to_multiple_of
         return longest if multiple is None else -(-longest // multiple) * multiple
 
-    def from_flat(
-        self,
-        tokens: Mapping[str, Flat],
-        lengths: np.ndarray,
-        scalars: Mapping[str, torch.Tensor],
-        order: Sequence[str] | None = None,
-        positions: tuple[np.ndarray, np.ndarray] | None = None,
-    ) -> dict[str, Any]:
-        """The padded batch; see :meth:`Collator.from_flat`."""
+    def _layout(
+        self, tokens: Mapping[str, Flat], lengths: np.ndarray, positions: tuple[np.ndarray, np.ndarray], keys: list[str]
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Every per-token key padded to ``(B, L)``; ``attention_mask`` unless the batch holds one."""
         if isinstance(self.pad_value, Mapping):
             unknown = sorted(set(self.pad_value) - set(tokens))
             if unknown:
@@ -175,19 +94,16 @@ class PadCollator(Collator):
                     f"pad_value names {unknown!r}, which are not per-token keys of the batch "
                     f"(those are {sorted(tokens)!r}): a misspelt key would be padded with 0."
                 )
-        _, position_ids = pack_positions(lengths) if positions is None else positions
         shape = (len(lengths), self.width(lengths))
         # NOTE: the cell of every token in the flat (B, L) batch: its row's start plus its
         # position; one scatter of the T tokens, where a boolean mask would scan all B * L cells
-        cells = np.repeat(np.arange(shape[0], dtype=np.int64) * shape[1], lengths) + position_ids
+        cells = np.repeat(np.arange(shape[0], dtype=np.int64) * shape[1], lengths) + positions[1]
         made: dict[str, Any] = {key: _pad(key, flat, cells, shape, self._pad_for(key)) for key, flat in tokens.items()}
-        made.update(scalars)
-        batch = {key: made[key] for key in (order or made)}
-        if "attention_mask" not in batch:
-            mask = np.zeros(shape, dtype=np.int64)
-            mask.reshape(-1)[cells] = 1
-            batch["attention_mask"] = torch.from_numpy(mask)
-        return batch
+        if "attention_mask" in keys:
+            return made, {}
+        mask = np.zeros(shape, dtype=np.int64)
+        mask.reshape(-1)[cells] = 1
+        return made, {"attention_mask": torch.from_numpy(mask)}
 
     def _pad_for(self, key: str) -> int | float:
         if isinstance(self.pad_value, Mapping):
@@ -219,28 +135,23 @@ class PackCollator(Collator):
     def __repr__(self) -> str:
         return "PackCollator()"
 
-    def from_flat(
-        self,
-        tokens: Mapping[str, Flat],
-        lengths: np.ndarray,
-        scalars: Mapping[str, torch.Tensor],
-        order: Sequence[str] | None = None,
-        positions: tuple[np.ndarray, np.ndarray] | None = None,
-    ) -> dict[str, Any]:
-        """The packed batch; see :meth:`Collator.from_flat`."""
-        cu, position_ids = pack_positions(lengths) if positions is None else positions
+    def _layout(
+        self, tokens: Mapping[str, Flat], lengths: np.ndarray, positions: tuple[np.ndarray, np.ndarray], keys: list[str]
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Every per-token key as one ``(T,)`` tensor; ``position_ids``, ``cu_seqlens``, ``max_seqlen``."""
+        cu, position_ids = positions
         total = int(cu[-1])
         if total > np.iinfo(np.int32).max:
             raise ValueError(
                 f"a packed batch of {total} tokens does not fit int32 cu_seqlens: lower the batch's token budget."
             )
-        made: dict[str, Any] = {key: _as_tensor(flat) for key, flat in tokens.items()}
-        made.update(scalars)
-        batch = {key: made[key] for key in (order or made)}
-        batch["position_ids"] = torch.from_numpy(position_ids)
-        batch["cu_seqlens"] = torch.from_numpy(cu.astype(np.int32))
-        batch["max_seqlen"] = int(lengths.max()) if len(lengths) else 0
-        return batch
+        made: dict[str, Any] = {key: as_tensor(flat) for key, flat in tokens.items()}
+        layout = {
+            "position_ids": torch.from_numpy(position_ids),
+            "cu_seqlens": torch.from_numpy(cu.astype(np.int32)),
+            "max_seqlen": int(lengths.max()) if len(lengths) else 0,
+        }
+        return made, layout
 
 
 # -- padding ------------------------------------------------------------------------------
@@ -250,7 +161,7 @@ def _pad(key: str, flat: Flat, cells: np.ndarray, shape: tuple[int, int], pad: i
     """A ``shape`` tensor: ``flat`` in the row-major ``cells``, ``pad`` elsewhere."""
     # NOTE: numpy does the scatter where it holds the dtype: torch has no index_put for uint16,
     # the dtype of memmapped token files
-    flat = _as_numpy_if_possible(flat)
+    flat = as_numpy_if_possible(flat)
     if isinstance(flat, np.ndarray):
         fill = _fitting_pad(key, pad, flat.dtype)
         out = np.zeros(shape, dtype=flat.dtype) if fill == 0 else np.full(shape, fill, dtype=flat.dtype)
@@ -297,135 +208,3 @@ def _check_pad_number(name: str, value: Any) -> int | float:
             f"got {short_repr(value)} of type {type(value).__name__}."
         )
     return value.item() if isinstance(value, np.generic) else value
-
-
-# -- reading samples ----------------------------------------------------------------------
-
-
-def _columns(name: str, samples: Sequence[Any], reserved: tuple[str, ...]) -> dict[str, tuple[str, list[Any]]]:
-    """Key -> (``"token"`` or ``"scalar"``, the values of every sample), checked."""
-    first = samples[0]
-    if not isinstance(first, Mapping):
-        raise TypeError(
-            f"{name} takes samples that are dicts of per-token values and scalars, "
-            f"got sample 0 = {short_repr(first)} of type {type(first).__name__}."
-        )
-    keys = list(first)
-    clash = [key for key in keys if key in reserved]
-    if clash:
-        raise ValueError(f"{name} makes the keys {list(reserved)!r}, so samples may not hold them; got {clash!r}.")
-    kinds = {key: _kind(name, key, 0, _value(name, key, 0, first[key]), first[key]) for key in keys}
-    columns: dict[str, tuple[str, list[Any]]] = {key: (kind, []) for key, kind in kinds.items()}
-    first_keys = first.keys()
-    for position, sample in enumerate(samples):
-        if not (type(sample) is dict or isinstance(sample, Mapping)) or sample.keys() != first_keys:
-            got = list(sample) if isinstance(sample, Mapping) else type(sample).__name__
-            raise ValueError(
-                f"{name} takes samples with the same keys: sample 0 has {keys!r}, sample {position} {got!r}."
-            )
-        for key, (kind, values) in columns.items():
-            raw = sample[key]
-            value = raw if type(raw) is torch.Tensor else _value(name, key, position, raw)
-            if _kind(name, key, position, value, raw) != kind:
-                raise ValueError(
-                    f"{name}: {key!r} is a {kind} in sample 0 but not in sample {position}, "
-                    f"whose value is {short_repr(raw)}."
-                )
-            values.append(value)
-    return columns
-
-
-def _kind(name: str, key: str, position: int, value: torch.Tensor | np.ndarray | list[Any], raw: Any) -> str:
-    """``"token"`` for a 1-D value (or an empty list), ``"scalar"`` for a 0-d one."""
-    if isinstance(value, list) or value.ndim == 1:
-        return "token"
-    if value.ndim == 0:
-        return "scalar"
-    raise ValueError(
-        f"{name} takes 1-D per-token values and scalars, got {key!r} of shape "
-        f"{tuple(value.shape)} in sample {position}: {short_repr(raw)}."
-    )
-
-
-def _value(name: str, key: str, position: int, value: Any) -> torch.Tensor | np.ndarray | list[Any]:
-    """A sample's value as a tensor or numpy array (an empty list stays an empty list: it has no dtype)."""
-    if isinstance(value, torch.Tensor):
-        return value
-    if isinstance(value, (list, tuple)) and not value:
-        return []
-    if isinstance(value, (np.ndarray, np.generic, list, tuple, bool, int, float)):
-        array = np.asarray(value)
-        if array.dtype.kind in "biuf":
-            return array
-    raise TypeError(
-        f"{name} takes tensors, arrays, lists and numbers, got {key!r} = {short_repr(value)} "
-        f"of type {type(value).__name__} in sample {position}."
-    )
-
-
-def _length(value: torch.Tensor | np.ndarray | list[Any]) -> int:
-    # NOTE: shape[0], not len(): a tensor's __len__ is a Python function
-    return len(value) if isinstance(value, list) else int(value.shape[0])
-
-
-def _check_sample_lengths(name: str, columns: dict[str, tuple[str, list[Any]]]) -> None:
-    tokens = {key: values for key, (kind, values) in columns.items() if kind == "token"}
-    if len(tokens) < 2:
-        return
-    lengths = np.array([[_length(v) for v in values] for values in tokens.values()])
-    bad = np.flatnonzero((lengths != lengths[0]).any(axis=0))
-    if len(bad):
-        found = ", ".join(f"{key} {int(row[bad[0]])}" for key, row in zip(tokens, lengths))
-        raise ValueError(f"{name}: sample {bad[0]} has per-token values of different lengths: {found}.")
-
-
-def _concatenate(name: str, key: str, values: list[Any]) -> Flat:
-    """The per-token values of every sample, one after the other, in their common dtype."""
-    dtype = _common_dtype(name, key, values)
-    if isinstance(dtype, torch.dtype):
-        return torch.cat([torch.as_tensor(v, dtype=dtype) if isinstance(v, list) else v for v in values])
-    return np.concatenate([np.asarray(v, dtype=dtype) for v in values])
-
-
-def _stack(name: str, key: str, values: list[Any]) -> torch.Tensor:
-    dtype = _common_dtype(name, key, values)
-    if isinstance(dtype, torch.dtype):
-        return torch.stack(values)
-    return torch.from_numpy(np.stack(values))
-
-
-def _common_dtype(name: str, key: str, values: list[Any]) -> torch.dtype | np.dtype[Any]:
-    """The dtype every sample's value of ``key`` has: a torch dtype if they are tensors, else a numpy one."""
-    typed = [(position, v) for position, v in enumerate(values) if not isinstance(v, list)]
-    if not typed:
-        return np.dtype(np.int64)  # only empty lists: token ids
-    first_position, first = typed[0]
-    for position, value in typed:
-        if type(value) is not type(first) or value.dtype != first.dtype:
-            raise ValueError(
-                f"{name}: {key!r} is {_describe(first)} in sample {first_position} but {_describe(value)} in sample "
-                f"{position}; give every sample the same kind and dtype."
-            )
-    return first.dtype  # type: ignore[no-any-return]
-
-
-def _describe(value: Any) -> str:
-    kind = "a tensor" if isinstance(value, torch.Tensor) else "an array"
-    return f"{kind} of dtype {value.dtype}"
-
-
-# -- conversions ---------------------------------------------------------------------------
-
-
-def _as_numpy_if_possible(flat: Flat) -> Flat:
-    """A CPU tensor as a numpy view of it when numpy holds its dtype; anything else unchanged."""
-    if isinstance(flat, torch.Tensor) and flat.device.type == "cpu" and not flat.requires_grad:
-        try:
-            return flat.numpy()
-        except TypeError:  # bfloat16 and other dtypes numpy lacks
-            return flat
-    return flat
-
-
-def _as_tensor(flat: Flat) -> torch.Tensor:
-    return flat if isinstance(flat, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(flat))

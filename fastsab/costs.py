@@ -6,17 +6,14 @@ the item cost of its per-feature maxima), the cost paid once per batch, the opti
 items and the batch size multiple; it checks and lowers the caps and prices
 batches. The kernel (:func:`~fastsab.batching.split_batches`), the planners, the bionemo
 samplers and the streaming generator all take their rule from it. Any accepted ``sizeof``
-is turned into costs by :mod:`fastsab.cost_sources` (:func:`make_cost_source`, re-exported).
+is turned into costs by :mod:`fastsab.cost_sources` (:func:`make_cost_source`, re-exported); caps are
+made exact for the kernel's dtype and less a fixed cost by :mod:`fastsab.exact_caps`.
 """
 
 from __future__ import annotations
 
 import copy
-import math
-import sys
 from collections.abc import Callable, Sequence
-from fractions import Fraction
-from numbers import Integral
 from typing import Any, Literal
 
 import numpy as np
@@ -28,8 +25,8 @@ from fastsab._checks import (
     check_positive_int,
     check_positive_real,
 )
-from fastsab._kernels import _INT64_MAX
 from fastsab.cost_sources import CostSource, make_cost_source
+from fastsab.exact_caps import dtype_caps, threshold
 
 __all__ = ["BatchCost", "CostMode", "CostSource", "make_cost_source"]
 
@@ -155,34 +152,12 @@ class BatchCost:
         """
         caps = self.column_caps(k)
         if self.has_fixed:
-            caps = [_threshold(cap, fixed, float_mode) for cap, fixed in zip(caps, self.column_fixed(k))]
-        return self._dtype_caps(caps, float_mode), caps
+            caps = [threshold(cap, fixed, float_mode) for cap, fixed in zip(caps, self.column_fixed(k))]
+        return dtype_caps(caps, float_mode), caps
 
     def caps_for_dtype(self, k: int, float_mode: bool) -> np.ndarray:
         """The caps of ``k`` columns in the costs' dtype, so that ``cost <= cap`` stays exact."""
-        return self._dtype_caps(self.column_caps(k), float_mode)
-
-    @staticmethod
-    def _dtype_caps(caps: Caps, float_mode: bool) -> np.ndarray:
-        """``caps`` in the costs' dtype, so that ``cost <= cap`` stays exact."""
-        # NOTE: the loop compares a running total with the cap exactly (Python semantics). For
-        # integer totals `total <= cap` equals `total <= floor(cap)`; for float totals it equals
-        # `total <= the largest float64 not above cap`. Converting the cap once this way keeps
-        # every later comparison exact in a single numpy dtype. An integer cap past int64 acts
-        # as the largest int64 where no cost exceeds it; sums that pass int64 and padded mode
-        # work from the exact caps (see _kernels._sum_counter, _kernels._padded_limits).
-        if not float_mode:
-            return np.array([min(math.floor(cap), _INT64_MAX) for cap in caps], dtype=np.int64)
-        out = []
-        for cap in caps:
-            if isinstance(cap, Integral) and cap > sys.float_info.max:
-                f = sys.float_info.max
-            else:
-                f = float(cap)
-                if isinstance(cap, Integral) and f > cap:
-                    f = math.nextafter(f, -math.inf)
-            out.append(f)
-        return np.array(out, dtype=np.float64)
+        return dtype_caps(self.column_caps(k), float_mode)
 
     def fits(self, total: int | float, count: int) -> bool:
         """Whether a batch of ``count`` items of one summed cost column totalling ``total`` is allowed."""
@@ -319,57 +294,3 @@ def _numbers(name: str, value: Any, several: bool) -> Caps:
     if several:
         return [check_nonnegative_real(name, v) for v in value]
     return [check_nonnegative_real(name, value)]
-
-
-def _threshold(cap: int | float, fixed: int | float, float_mode: bool) -> int | float:
-    """The largest variable cost ``v`` with ``fixed + v <= cap`` as the greedy loop computes it.
-
-    ``v`` is an integer for integer costs and a float64 for float costs. The test is monotone
-    in ``v``, so a galloping search from the exact difference finds it: over integers, or over
-    the floats in their order (many floats may give the same rounded sum).
-    """
-    if float_mode:
-        if isinstance(cap, Integral) and cap > sys.float_info.max:
-            return sys.float_info.max
-        start = _float_key(float(Fraction(cap) - Fraction(fixed)))
-        return _key_float(_largest(lambda key: fixed + _key_float(key) <= cap, start))
-    return _largest(lambda v: fixed + v <= cap, math.floor(Fraction(cap) - Fraction(fixed)))
-
-
-def _largest(holds: Callable[[int], bool], start: int) -> int:
-    """The largest integer for which ``holds`` (true up to some integer, false above it) is true."""
-    step = 1
-    if holds(start):
-        low = start
-        while holds(low + step):
-            low, step = low + step, 2 * step
-        high = low + step
-    else:
-        high = start
-        while not holds(high - step):
-            high, step = high - step, 2 * step
-        low = high - step
-    while high - low > 1:  # holds(low), not holds(high)
-        middle = (low + high) // 2
-        if holds(middle):
-            low = middle
-        else:
-            high = middle
-    return low
-
-
-def _float_key(value: float) -> int:
-    """An integer that orders float64 values as they compare (``-0.0`` and ``0.0`` alike)."""
-    bits = int(np.float64(value).view(np.int64))
-    return bits if bits >= 0 else -(bits & _INT64_MAX)
-
-
-def _key_float(key: int) -> float:
-    """The float64 of :func:`_float_key` (keys past the finite floats give +-inf)."""
-    limit = _float_key(math.inf)
-    if key >= limit:
-        return math.inf
-    if key <= -limit:
-        return -math.inf
-    bits = key if key >= 0 else (-key) | (1 << 63)
-    return float(np.array(bits, dtype=np.uint64).view(np.float64))

@@ -14,12 +14,12 @@ Sources: lists of sequences (:meth:`RaggedDataset.from_sequences`), flat values 
 (the constructor), columns of a Hugging Face ``datasets.Dataset``
 (:meth:`RaggedDataset.from_hf`) and flat token files mapped in memory with an offsets index
 (:meth:`RaggedDataset.from_memmap`). A memory-mapped array pickles as its file name and is
-mapped again on unpickling, so worker processes do not copy the file.
+mapped again on unpickling, so worker processes do not copy the file. The sources and the checks
+of flat values and offsets are :mod:`fastsab.ragged_sources`.
 """
 
 from __future__ import annotations
 
-import mmap
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -29,6 +29,17 @@ import torch
 
 from fastsab._checks import short_repr
 from fastsab.collate import Collator, Flat, PadCollator, pack_positions
+from fastsab.collator import as_tensor
+from fastsab.ragged_sources import (
+    MappedFile,
+    as_array,
+    checked_offsets,
+    common_length,
+    flatten_sequences,
+    hf_columns,
+    memmap_files,
+    reopen,
+)
 
 __all__ = ["RaggedDataset"]
 
@@ -81,16 +92,16 @@ class RaggedDataset:
         columns = dict(values) if isinstance(values, Mapping) else {key: values}
         if not columns:
             raise ValueError(f"values must hold at least one per-token array, got {values!r}.")
-        self.values: dict[str, Flat] = {name: _as_array(f"values[{name!r}]", v) for name, v in columns.items()}
-        total = _common_length(self.values)
-        self.offsets = _checked_offsets(offsets, total)
+        self.values: dict[str, Flat] = {name: as_array(f"values[{name!r}]", v) for name, v in columns.items()}
+        total = common_length(self.values)
+        self.offsets = checked_offsets(offsets, total)
         self.lengths: np.ndarray = np.diff(self.offsets).astype(np.int64, copy=False)
         n = len(self.lengths)
         self.per_sequence: dict[str, Flat] = {}
         for name, column in (per_sequence or {}).items():
             if name in self.values:
                 raise ValueError(f"per_sequence key {name!r} is also a per-token key of values.")
-            array = _as_array(f"per_sequence[{name!r}]", column)
+            array = as_array(f"per_sequence[{name!r}]", column)
             if len(array) != n:
                 raise ValueError(f"per_sequence[{name!r}] has {len(array)} values for {n} sequences.")
             self.per_sequence[name] = array
@@ -129,22 +140,8 @@ class RaggedDataset:
             >>> data.offsets.tolist(), sorted(data.values)
             ([0, 2, 2], ['input_ids', 'labels'])
         """
-        columns = dict(sequences) if isinstance(sequences, Mapping) else {key: sequences}
-        flat: dict[str, np.ndarray] = {}
-        offsets: np.ndarray | None = None
-        for name, column in columns.items():
-            values, column_offsets = _flatten(
-                f"sequences[{name!r}]" if isinstance(sequences, Mapping) else "sequences", column
-            )
-            if offsets is not None and not np.array_equal(offsets, column_offsets):
-                raise ValueError(f"sequences[{name!r}] differ in number or length from the sequences of the first key.")
-            flat[name], offsets = values, column_offsets
-        return cls(
-            flat,
-            offsets if offsets is not None else np.zeros(1, np.int64),
-            collator=collator,
-            per_sequence=per_sequence,
-        )
+        flat, offsets = flatten_sequences(sequences, key)
+        return cls(flat, offsets, collator=collator, per_sequence=per_sequence)
 
     @classmethod
     def from_hf(
@@ -168,24 +165,7 @@ class RaggedDataset:
                 column is not a list column of numbers.
             ValueError: If a column holds missing values, or the columns differ in lengths.
         """
-        if not callable(getattr(dataset, "with_format", None)):
-            raise TypeError(
-                f"dataset must be a Hugging Face datasets.Dataset, got {short_repr(dataset)} "
-                f"of type {type(dataset).__name__}."
-            )
-        if isinstance(columns, str):
-            columns = (columns,)
-        table = dataset.with_format("arrow")
-        flat: dict[str, np.ndarray] = {}
-        offsets: np.ndarray | None = None
-        for name in columns:
-            values, column_offsets = _arrow_list_column(name, table[name])
-            if offsets is not None and not np.array_equal(offsets, column_offsets):
-                raise ValueError(f"column {name!r} has other sequence lengths than column {columns[0]!r}.")
-            flat[name], offsets = values, column_offsets
-        if offsets is None:
-            raise ValueError(f"columns must name at least one list column, got {columns!r}.")
-        scalars = {name: _arrow_scalar_column(name, table[name]) for name in per_sequence}
+        flat, offsets, scalars = hf_columns(dataset, columns, per_sequence)
         return cls(flat, offsets, collator=collator, per_sequence=scalars)
 
     @classmethod
@@ -210,9 +190,8 @@ class RaggedDataset:
 
         Nothing is read but the offsets (checked once); batches read the tokens they gather.
         """
-        files = dict(tokens) if isinstance(tokens, Mapping) else {key: tokens}
-        values = {name: _map_file(path, dtype) for name, path in files.items()}
-        return cls(values, np.load(offsets, mmap_mode="r"), collator=collator)
+        values, mapped_offsets = memmap_files(tokens, offsets, dtype, key)
+        return cls(values, mapped_offsets, collator=collator)
 
     # -- items and batches -------------------------------------------------------------------
 
@@ -259,7 +238,7 @@ class RaggedDataset:
         # position in the sequence; one gather per key reads them in batch order
         source = np.repeat(np.asarray(self.offsets[index], dtype=np.int64), lengths) + positions
         tokens = {name: _take(values, source) for name, values in self.values.items()}
-        scalars = {name: _as_tensor(_take(values, index)) for name, values in self.per_sequence.items()}
+        scalars = {name: as_tensor(_take(values, index)) for name, values in self.per_sequence.items()}
         return self.collator.from_flat(tokens, lengths, scalars, positions=(cu, positions))
 
     def _check_range(self, index: np.ndarray) -> None:
@@ -277,169 +256,21 @@ class RaggedDataset:
         # NOTE: a memory map pickles as its file, mapped again in the process that unpickles
         # it (a DataLoader worker): pickling the array itself would copy the whole file
         state = dict(self.__dict__)
-        state["values"] = {name: _MappedFile.of(v) or v for name, v in self.values.items()}
-        state["offsets"] = _MappedFile.of(self.offsets) or self.offsets
+        state["values"] = {name: MappedFile.of(v) or v for name, v in self.values.items()}
+        state["offsets"] = MappedFile.of(self.offsets) or self.offsets
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        state["values"] = {name: _reopen(v) for name, v in state["values"].items()}
-        state["offsets"] = _reopen(state["offsets"])
+        state["values"] = {name: reopen(v) for name, v in state["values"].items()}
+        state["offsets"] = reopen(state["offsets"])
         self.__dict__.update(state)
 
 
-# -- memory maps ---------------------------------------------------------------------------
-
-
-class _MappedFile:
-    """Where a memory-mapped array lives in its file: enough to map it again."""
-
-    def __init__(self, filename: str, dtype: np.dtype[Any], offset: int, shape: tuple[int, ...]) -> None:
-        self.filename, self.dtype, self.offset, self.shape = filename, dtype, offset, shape
-
-    @classmethod
-    def of(cls, array: Any) -> _MappedFile | None:
-        """The file of ``array`` if it is a whole memory map (not a view of one), else ``None``."""
-        if isinstance(array, np.memmap) and isinstance(array.base, mmap.mmap) and array.filename is not None:
-            return cls(str(array.filename), array.dtype, int(array.offset), tuple(array.shape))
-        return None
-
-    def open(self) -> np.memmap[Any, Any]:
-        return np.memmap(self.filename, dtype=self.dtype, mode="r", offset=self.offset, shape=self.shape)
-
-
-def _reopen(value: Any) -> Any:
-    return value.open() if isinstance(value, _MappedFile) else value
-
-
-def _map_file(path: str | os.PathLike[str], dtype: Any) -> np.ndarray:
-    if os.fspath(path).endswith(".npy"):
-        mapped: np.ndarray = np.load(path, mmap_mode="r")
-        return mapped
-    return np.memmap(path, dtype=np.dtype(dtype), mode="r")
-
-
-# -- checks and conversions ------------------------------------------------------------------
-
-
-def _as_array(name: str, values: Any) -> Flat:
-    """``values`` as a 1-D numpy array of numbers (a tensor as a view of its memory where numpy holds its dtype)."""
-    if isinstance(values, torch.Tensor):
-        array: Flat = values.detach()
-        if values.device.type == "cpu":
-            try:
-                array = values.detach().numpy()
-            except TypeError:  # a dtype numpy lacks (bfloat16): kept as a tensor
-                pass
-    elif isinstance(values, np.ndarray):
-        array = values
-    else:
-        raise TypeError(
-            f"{name} must be a tensor or a numpy array, got {short_repr(values)} of type {type(values).__name__}."
-        )
-    if isinstance(array, np.ndarray) and array.dtype.kind not in "biuf":
-        raise TypeError(f"{name} must hold numbers, got dtype {array.dtype}: {short_repr(values)}.")
-    if array.ndim != 1:
-        raise ValueError(f"{name} must be one-dimensional, got shape {tuple(array.shape)}: {short_repr(values)}.")
-    return array
-
-
-def _common_length(values: dict[str, Flat]) -> int:
-    lengths = {name: len(v) for name, v in values.items()}
-    if len(set(lengths.values())) != 1:
-        raise ValueError(f"values must have one length for every key (they share offsets), got lengths {lengths!r}.")
-    return next(iter(lengths.values()))
-
-
-def _checked_offsets(offsets: Any, total: int) -> np.ndarray:
-    """``offsets`` checked: 1-D integers from 0 to ``total``, non-decreasing."""
-    if isinstance(offsets, torch.Tensor):
-        offsets = offsets.detach().cpu().numpy()
-    array = offsets if isinstance(offsets, np.ndarray) else np.asarray(offsets)
-    if array.ndim != 1:
-        raise ValueError(f"offsets must be one-dimensional, got shape {array.shape}: {short_repr(offsets)}.")
-    if len(array) == 0:
-        raise ValueError(f"offsets must hold n + 1 >= 1 entries (the first is 0), got {short_repr(offsets)}.")
-    if array.dtype.kind not in "iu":
-        raise TypeError(f"offsets must be integers, got dtype {array.dtype}: {short_repr(offsets)}.")
-    if array[0] != 0:
-        raise ValueError(f"offsets must start at 0, got offsets[0] = {array[0]!r}.")
-    steps = np.diff(array.astype(np.int64, copy=False))
-    if len(steps) and steps.min() < 0:
-        bad = int(np.argmax(steps < 0))
-        raise ValueError(
-            f"offsets must be non-decreasing, got offsets[{bad + 1}] = {array[bad + 1]!r} after "
-            f"offsets[{bad}] = {array[bad]!r}."
-        )
-    if array[-1] != total:
-        raise ValueError(f"offsets must end at the length of the values, {total}, got offsets[-1] = {array[-1]!r}.")
-    return array
-
-
-def _flatten(name: str, sequences: Any) -> tuple[np.ndarray, np.ndarray]:
-    """Sequences concatenated, and their offsets."""
-    if isinstance(sequences, (str, bytes, Mapping)) or not isinstance(sequences, Sequence):
-        raise TypeError(
-            f"{name} must be a list of sequences, got {short_repr(sequences)} of type {type(sequences).__name__}."
-        )
-    arrays = []
-    for position, sequence in enumerate(sequences):
-        array = np.asarray(sequence.detach().cpu() if isinstance(sequence, torch.Tensor) else sequence)
-        if array.ndim != 1:
-            raise ValueError(
-                f"{name}[{position}] must be one-dimensional, got shape {array.shape}: {short_repr(sequence)}."
-            )
-        if array.size and array.dtype.kind not in "biuf":
-            raise TypeError(f"{name}[{position}] must hold numbers, got dtype {array.dtype}: {short_repr(sequence)}.")
-        arrays.append(array)
-    lengths = np.array([len(a) for a in arrays], dtype=np.int64)
-    filled = [a for a in arrays if a.size]  # NOTE: an empty list has no dtype of its own (numpy says float64)
-    values = np.concatenate(filled) if filled else np.zeros(0, dtype=np.int64)
-    offsets = np.zeros(len(arrays) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    return values, offsets
-
-
-def _arrow_list_column(name: str, column: Any) -> tuple[np.ndarray, np.ndarray]:
-    """The flat values and offsets of an Arrow list column (a ChunkedArray or an Array)."""
-    array = column.combine_chunks() if hasattr(column, "combine_chunks") else column
-    # NOTE: a fixed-length Sequence (padding="max_length") is an Arrow fixed-size list: no offsets
-    size = getattr(array.type, "list_size", None)
-    if not hasattr(array, "flatten") or not (hasattr(array, "offsets") or isinstance(size, int)):
-        raise TypeError(f"column {name!r} must be a list column (a sequence per row), got Arrow type {array.type}.")
-    if array.null_count:
-        raise ValueError(f"column {name!r} has {array.null_count} missing rows; a sequence may be empty, not missing.")
-    flat = array.flatten()
-    if flat.null_count:
-        raise ValueError(f"column {name!r} has {flat.null_count} missing values inside its sequences.")
-    if isinstance(size, int):
-        return _arrow_numbers(name, flat), np.arange(len(array) + 1, dtype=np.int64) * size
-    offsets = np.asarray(array.offsets, dtype=np.int64)
-    return _arrow_numbers(name, flat), offsets - offsets[0]
-
-
-def _arrow_scalar_column(name: str, column: Any) -> np.ndarray:
-    array = column.combine_chunks() if hasattr(column, "combine_chunks") else column
-    if array.null_count:
-        raise ValueError(f"column {name!r} has {array.null_count} missing values.")
-    return _arrow_numbers(name, array)
-
-
-def _arrow_numbers(name: str, array: Any) -> np.ndarray:
-    try:
-        values = np.asarray(array.to_numpy(zero_copy_only=False))
-    except Exception as err:  # an Arrow type numpy cannot take
-        raise TypeError(f"column {name!r} must hold numbers, got Arrow type {array.type}.") from err
-    if values.ndim != 1 or values.dtype.kind not in "biuf":
-        raise TypeError(f"column {name!r} must hold numbers (one per token or per row), got Arrow type {array.type}.")
-    return values
+# -- gathering ------------------------------------------------------------------------------
 
 
 def _take(values: Flat, index: np.ndarray) -> Flat:
     return values[index] if isinstance(values, np.ndarray) else values[torch.from_numpy(index).to(values.device)]
-
-
-def _as_tensor(values: Flat) -> torch.Tensor:
-    return values if isinstance(values, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(values))
 
 
 def _copy_tensor(values: Any) -> torch.Tensor:

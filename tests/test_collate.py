@@ -218,3 +218,14 @@ def test_a_pad_value_its_dtype_cannot_hold_raises_only_the_value_error(pad, dtyp
         warnings.simplefilter("error")
         with pytest.raises(ValueError, match=rf"pad_value {shown} of key 'x' does not fit its dtype {np.dtype(dtype)}"):
             PadCollator(pad_value=pad)(samples)
+
+
+def test_every_name_of_fastsab_collate_is_the_one_of_its_module():
+    import fastsab
+    from fastsab import collate, collator
+
+    for name in collate.__all__:
+        home = collator if name in collator.__all__ else collate
+        assert getattr(collate, name) is getattr(home, name)
+    assert {"Collator", "Flat", "pack_positions"} <= set(collate.__all__)
+    assert fastsab.PadCollator is collate.PadCollator and fastsab.PackCollator is collate.PackCollator

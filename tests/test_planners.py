@@ -27,6 +27,18 @@ def size_aware(cap: Any = 12, sizes: Any = SIZES, **kwargs: Any) -> SizeAwarePla
     return SizeAwarePlanner(order(len(sizes)), make_cost_source(sizes, len(sizes)), cap, **kwargs)
 
 
+# --- the modules ----------------------------------------------------------------------------
+
+
+def test_every_name_of_fastsab_planners_is_the_one_of_its_module():
+    from fastsab import fixed_size, planners, window_epoch
+
+    for name in planners.__all__:
+        home = next((m for m in (fixed_size, window_epoch) if name in m.__all__), planners)
+        assert getattr(planners, name) is getattr(home, name)
+    assert {"FixedSizePlanner", "FixedSizeEpoch", "SortedWindowEpoch"} <= set(planners.__all__)
+
+
 # --- the protocol ---------------------------------------------------------------------------
 
 PROTOCOL = [name for name in vars(Planner) if not name.startswith("_") and name not in ("register",)]

@@ -35,7 +35,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_FILES = [
     "fastsab/epochs.py:EpochOrder,EpochStats",
-    "fastsab/planners.py:FixedSizePlanner,FixedSizeEpoch,SizeAwarePlanner,SizeAwareEpoch",
+    "fastsab/fixed_size.py:FixedSizePlanner,FixedSizeEpoch",
+    "fastsab/planners.py:SizeAwarePlanner,SizeAwareEpoch",
     "fastsab/costs.py:BatchCost",
     "fastsab/plans.py",
     "fastsab/cursor.py",
@@ -50,6 +51,7 @@ DEFAULT_KEYWORD = "not real_ddp and not (test_adaptive.py and not loader and not
 # the test files that run first for a module (most likely to fail fast), then the others in the given order
 FIRST = {"epochs": "loader cursor adaptive", "plans": "loader cursor distributed", "cursor": "cursor distributed"}
 FIRST |= {"planners": "planners loader cursor adaptive", "distributed": "distributed cursor"}
+FIRST |= {"fixed_size": "planners loader cursor adaptive"}
 FIRST |= {"shuffle": "shuffle loader", "costs": "costs planners loader"}
 PAIRS = [("<", ast.Lt, "<=", ast.LtE), (">", ast.Gt, ">=", ast.GtE), ("==", ast.Eq, "!=", ast.NotEq)]
 PAIRS += [("is", ast.Is, "is not", ast.IsNot), ("in", ast.In, "not in", ast.NotIn), ("+", ast.Add, "-", ast.Sub)]

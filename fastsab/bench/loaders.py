@@ -3,9 +3,7 @@ to the first batch, against DataLoader and the numpy floor."""
 
 from __future__ import annotations
 
-import gc
-import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from functools import partial
 from typing import Any
 
@@ -13,6 +11,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, RandomSampler
 
+from fastsab.bench.epochs import Case, Progress, floor_rows
 from fastsab.bench.report import Row, time_best
 from fastsab.bench.workloads import lognormal_lengths
 from fastsab.loader import FastLoader, FastSizeAwareLoader
@@ -45,39 +44,11 @@ def _identity(batch: Any) -> Any:
     return batch
 
 
-def _epoch_times(
-    cases: list[tuple[str, Callable[[], Iterable[Any]]]],
-    epochs: int,
-    progress: Callable[[str], None] | None = None,
-) -> dict[str, tuple[float, int]]:
-    """Best seconds per epoch of each case, and its batches.
-
-    After one warm-up epoch each, the cases run one epoch in turn, ``epochs`` rounds, so
-    that a slow spell of a shared machine hits all of them alike.
-    """
-    iterables = {}
-    batches = {}
-    for name, make in cases:
-        if progress is not None:
-            progress(name)
-        iterables[name] = make()
-        batches[name] = sum(1 for _ in iterables[name])
-    best = dict.fromkeys(iterables, float("inf"))
-    for _ in range(epochs):
-        for name, iterable in iterables.items():
-            gc.collect()
-            start = time.perf_counter()
-            for _ in iterable:
-                pass
-            best[name] = min(best[name], time.perf_counter() - start)
-    return {name: (best[name], batches[name]) for name in iterables}
-
-
 def loader_rows(
     samples: int = 300_000,
     batch_size: int = 300,
     epochs: int = 3,
-    progress: Callable[[str], None] | None = None,
+    progress: Progress | None = None,
 ) -> list[Row]:
     """The seed loop and its size-aware version, per epoch, against the numpy floor.
 
@@ -104,7 +75,7 @@ def loader_rows(
         sampler = SizeAwareBatchSampler(RandomSampler(data), length_list.__getitem__, budget, warn_logger=None)
         return DataLoader(BatchedDataset(data), batch_sampler=sampler, collate_fn=_identity)
 
-    cases: list[tuple[str, Callable[[], Iterable[Any]]]] = [
+    cases: list[Case] = [
         ("numpy permutation+reshape (floor)", numpy_floor),
         ("DataLoader, __getitem__ per item", lambda: DataLoader(PerItemDataset(data), batch_size, shuffle=True)),
         (
@@ -115,18 +86,16 @@ def loader_rows(
         ("SizeAwareBatchSampler(callable) + DataLoader", size_aware_dataloader),
         ("FastSizeAwareLoader", lambda: FastSizeAwareLoader(data, lengths, budget)),
     ]
-    rows: list[Row] = []
-    measured = _epoch_times(cases, epochs, progress)
-    floor = measured[cases[0][0]][0]
-    for name, (seconds, n_batches) in measured.items():
-        workload = "seed loop" if "Size" not in name else "size-aware"
-        base = "numpy permutation+reshape (floor)"
-        rows.append(Row("loaders", workload, name, seconds, base, seconds / floor, f"{n_batches:,} batches"))
+    rows = floor_rows("loaders", _loader_workload, cases, epochs, progress)
     per_item = next(row.seconds for row in rows if "per item" in row.method)
     size_aware_baseline = next(row.seconds for row in rows if "SizeAwareBatchSampler" in row.method)
     for row in rows:
         row.speedup = (size_aware_baseline if row.workload == "size-aware" else per_item) / row.seconds
     return rows
+
+
+def _loader_workload(name: str) -> str:
+    return "seed loop" if "Size" not in name else "size-aware"
 
 
 def first_batch_rows(n: int = 10**8, repeat: int = 3) -> list[Row]:

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from fastsab.bench.loaders import _epoch_times
+from fastsab.bench.epochs import Case, Progress, floor_rows
 from fastsab.bench.report import Row
 from fastsab.bench.workloads import lognormal_lengths
 from fastsab.collate import Collator, PackCollator, PadCollator
@@ -58,7 +58,7 @@ def ragged_rows(
     samples: int = 50_000,
     budget: int = 16_384,
     epochs: int = 3,
-    progress: Callable[[str], None] | None = None,
+    progress: Progress | None = None,
 ) -> list[Row]:
     """Epoch times of padded and packed token batches from a ``RaggedDataset`` and from a list of tensors.
 
@@ -97,7 +97,7 @@ def ragged_rows(
         sampler = sized(BatchedSequenceList(sequences)).batch_sampler()
         return lambda: DataLoader(SequenceList(sequences), batch_sampler=sampler, collate_fn=collate_fn)
 
-    cases: list[tuple[str, Callable[[], Iterable[Any]]]] = [
+    cases: list[Case] = [
         (FLOOR, lambda: FastLoader(rows, max(1, budget // width), seed=0)),
         ("RaggedDataset, padded", lambda: sized(RaggedDataset(tokens, offsets, collator=PadCollator()))),
         ("RaggedDataset, packed", lambda: sized(RaggedDataset(tokens, offsets, collator=PackCollator()))),
@@ -114,18 +114,16 @@ def ragged_rows(
             sampler = sized(BatchedSequenceList(sequences)).batch_sampler()  # NOTE: one per case: epochs advance
             name = f"{HF}{type(collator).__name__}"
             cases.append((name, partial(DataLoader, hugging_face, batch_sampler=sampler, collate_fn=collator)))
-    measured = _epoch_times(cases, epochs, progress)
-    floor = measured[FLOOR][0]
     note = f"{samples:,} sequences, {total:,} tokens, budget {budget:,}"
-    result = []
-    for name, (seconds, n_batches) in measured.items():
-        row = Row(SUITE, note, name, seconds, FLOOR, seconds / floor, f"{n_batches:,} batches")
+    result = floor_rows(SUITE, lambda _: note, cases, epochs, progress)
+    seconds_of = {row.method: row.seconds for row in result}
+    for row in result:
+        name = row.method
         layout = "PadCollator" if name.endswith("padded") else "PackCollator" if name.endswith("packed") else None
         if layout is not None:
-            row.speedup = measured[f"{LIST}{layout}"][0] / seconds
-            if f"{HF}{layout}" in measured:
-                row.note += f"; {measured[f'{HF}{layout}'][0] / seconds:.1f}x faster than the Hugging Face Dataset"
-        result.append(row)
+            row.speedup = seconds_of[f"{LIST}{layout}"] / row.seconds
+            if f"{HF}{layout}" in seconds_of:
+                row.note += f"; {seconds_of[f'{HF}{layout}'] / row.seconds:.1f}x faster than the Hugging Face Dataset"
     return result
 
 

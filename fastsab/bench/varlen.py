@@ -27,7 +27,8 @@ import torch
 from torch.utils.data import DataLoader
 
 from fastsab.batching import split_batches
-from fastsab.bench.loaders import BatchedDataset, _epoch_times, _identity
+from fastsab.bench.epochs import Progress, epoch_times
+from fastsab.bench.loaders import BatchedDataset, _identity
 from fastsab.bench.report import Row
 from fastsab.loader import FastSizeAwareLoader
 
@@ -133,7 +134,7 @@ def varlen_results(
     budget: int = VARLEN_BUDGET,
     windows: Sequence[int] = VARLEN_WINDOWS,
     epochs: int = 0,
-    progress: Callable[[str], None] | None = None,
+    progress: Progress | None = None,
 ) -> list[VarlenResult]:
     """Every method's efficiencies on one epoch of ``n`` sequences; best epoch times if ``epochs``."""
     lengths = varlen_lengths(n)
@@ -161,7 +162,7 @@ def varlen_results(
             lambda: DataLoader(BatchedDataset(data), DATALOADER_BATCH, shuffle=True, collate_fn=_identity),
         )
     )
-    times = _epoch_times([(name, make) for name, _, _, make in methods], epochs, progress) if epochs else {}
+    times = epoch_times([(name, make) for name, _, _, make in methods], epochs, progress) if epochs else {}
     results = []
     for name, cost, window, make in methods:
         batches = [np.asarray(batch, dtype=np.int64) for batch in make()]
@@ -207,7 +208,7 @@ class _Megabatch:
         return iter(batches)
 
 
-def varlen_rows(n: int = VARLEN_SAMPLES, epochs: int = 3, progress: Callable[[str], None] | None = None) -> list[Row]:
+def varlen_rows(n: int = VARLEN_SAMPLES, epochs: int = 3, progress: Progress | None = None) -> list[Row]:
     """The table of ``fastsab bench --suite varlen``: time ratios to the same loader without window."""
     results = varlen_results(n, epochs=epochs, progress=progress)
     base = {result.cost: result for result in results if result.window is None}

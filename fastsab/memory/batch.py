@@ -13,7 +13,8 @@ when a feature grows and is never negative. The safety margin is relative to the
 the smallest that covers every fitted batch, and :func:`fit_report` says how the model does on
 batches held back from the fit. :meth:`BatchMemoryModel.loader_options` turns the model into
 a :class:`~fastsab.FastSizeAwareLoader`'s budget. Any collector measures the peaks
-(:func:`measure_batches`: the CPU's or CUDA's, by ``device``).
+(:func:`measure_batches`: the CPU's or CUDA's, by ``device``). The fit's linear algebra is
+:mod:`fastsab.memory.batch_design`'s.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import numpy as np
 import torch
 
 from fastsab._checks import as_real_array, check_choice
+from fastsab.memory.batch_design import design_row, exponents, nonnegative_least_squares, per_item_model
 from fastsab.memory.measure import collect_peak_alloc
 from fastsab.memory.model import PolynomialRegression
 
@@ -221,21 +223,21 @@ def fit_batch_memory(
         raise ValueError(f"peaks must be >= 0, got {float(targets.min())!r}.")
     d = _num_features(batches)
     rows = [_batch_rows(f"batches[{b}]", batch, d) for b, batch in enumerate(batches)]
-    exponents = _exponents(degree, d)
+    powers = exponents(degree, d)
     order = np.random.default_rng(seed).permutation(len(rows))
     num_held = int(len(rows) * held_out)
     held, fitted = order[:num_held], np.sort(order[num_held:])
-    if len(fitted) < len(exponents) + 1:
+    if len(fitted) < len(powers) + 1:
         raise ValueError(
-            f"fitting {len(exponents) + 1} coefficients needs at least that many batches to fit, "
+            f"fitting {len(powers) + 1} coefficients needs at least that many batches to fit, "
             f"got {len(fitted)} (of {len(rows)}, {num_held} held back)."
         )
     scale = np.max(np.concatenate([rows[b] for b in fitted]), axis=0).astype(np.float64)
     scale[scale <= 0] = 1.0
-    design = np.array([_design_row(rows[b] / scale, exponents, cost) for b in fitted])
-    solution = _nonnegative_least_squares(design, targets[fitted])
+    design = np.array([design_row(rows[b] / scale, powers, cost) for b in fitted])
+    solution = nonnegative_least_squares(design, targets[fitted])
     fixed, coefficients = float(solution[0]), solution[1:]
-    per_item = _per_item_model(degree, d, coefficients, scale)
+    per_item = per_item_model(degree, d, coefficients, scale)
     plain = BatchMemoryModel(fixed, per_item, cost, 0.0, _EMPTY_REPORT)
     predicted = plain.predict([rows[b] for b in fitted])
     ratio = targets[fitted] / np.where(predicted > 0, predicted, np.inf)
@@ -308,62 +310,3 @@ def _batch_rows(name: str, batch: Any, d: int) -> np.ndarray:
 
 def _model_input(rows: np.ndarray, d: int) -> np.ndarray:
     return rows[:, 0] if d == 1 else rows
-
-
-def _exponents(degree: int, d: int) -> np.ndarray:
-    """The monomials' exponents in :class:`PolynomialRegression`'s order."""
-    return np.array(PolynomialRegression(degree, d).exponents.tolist(), dtype=np.int64).reshape(-1, d)
-
-
-def _design_row(scaled: np.ndarray, exponents: np.ndarray, cost: str) -> np.ndarray:
-    """``[1, sum_i monomials(x_i)]`` or ``[1, len * monomials(max x)]`` for one batch."""
-    if cost == "padded":
-        top = scaled.max(axis=0)
-        terms = len(scaled) * np.prod(top[None, :] ** exponents, axis=1)
-    else:
-        terms = np.prod(scaled[:, None, :] ** exponents[None, :, :], axis=2).sum(axis=0)
-    return np.concatenate([[1.0], terms])
-
-
-def _per_item_model(degree: int, d: int, coefficients: np.ndarray, scale: np.ndarray) -> PolynomialRegression:
-    """A :class:`PolynomialRegression` of ``coefficients`` over features divided by ``scale``."""
-    model = PolynomialRegression(degree, d)
-    model.coefficients.copy_(torch.from_numpy(coefficients))
-    model.x_center.zero_()
-    model.x_scale.copy_(torch.from_numpy(scale))
-    model.y_scale.fill_(1.0)
-    model.fitted.fill_(True)
-    return model
-
-
-def _nonnegative_least_squares(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """``argmin ||a x - b||`` over ``x >= 0`` (Lawson and Hanson's active set method)."""
-    # NOTE: columns and target are scaled to unit size first: byte-sized peaks and monomials
-    # of features in [0, 1] differ by many orders of magnitude
-    norms = np.linalg.norm(a, axis=0)
-    norms[norms == 0] = 1.0
-    scale_b = float(np.abs(b).max()) or 1.0
-    a, b = a / norms, b / scale_b
-    n = a.shape[1]
-    x = np.zeros(n)
-    passive = np.zeros(n, dtype=bool)
-    tolerance = 1e-12 * max(a.shape) * float(np.abs(a).max() or 1.0)
-    for _ in range(3 * n + 10):
-        gradient = a.T @ (b - a @ x)
-        free = ~passive & (gradient > tolerance)
-        if not free.any():
-            break
-        passive[np.argmax(np.where(free, gradient, -np.inf))] = True
-        while True:
-            z = np.zeros(n)
-            z[passive] = np.linalg.lstsq(a[:, passive], b, rcond=None)[0]
-            if (z[passive] > 0).all():
-                x = z
-                break
-            blocking = passive & (z <= 0)
-            alpha = np.min(x[blocking] / (x[blocking] - z[blocking]))
-            x = x + alpha * (z - x)
-            passive &= x > tolerance
-            x[~passive] = 0.0
-    solution: np.ndarray = x / norms * scale_b
-    return solution

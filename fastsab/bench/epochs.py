@@ -1,0 +1,62 @@
+"""Epoch timings of the loader suites: every case's best epoch, as rows against the first case (the floor)."""
+
+from __future__ import annotations
+
+import gc
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from fastsab.bench.report import Row
+
+__all__ = ["Case", "Progress", "epoch_times", "floor_rows"]
+
+#: A named case: what makes its iterable of batches (one epoch per iteration).
+Case = tuple[str, Callable[[], Iterable[Any]]]
+#: Called with a case's name before it is set up.
+Progress = Callable[[str], None]
+
+
+def epoch_times(cases: list[Case], epochs: int, progress: Progress | None = None) -> dict[str, tuple[float, int]]:
+    """Best seconds per epoch of each case, and its batches.
+
+    After one warm-up epoch each, the cases run one epoch in turn, ``epochs`` rounds, so
+    that a slow spell of a shared machine hits all of them alike.
+    """
+    iterables = {}
+    batches = {}
+    for name, make in cases:
+        if progress is not None:
+            progress(name)
+        iterables[name] = make()
+        batches[name] = sum(1 for _ in iterables[name])
+    best = dict.fromkeys(iterables, float("inf"))
+    for _ in range(epochs):
+        for name, iterable in iterables.items():
+            gc.collect()
+            start = time.perf_counter()
+            for _ in iterable:
+                pass
+            best[name] = min(best[name], time.perf_counter() - start)
+    return {name: (best[name], batches[name]) for name in iterables}
+
+
+def floor_rows(
+    suite: str, workload: Callable[[str], str], cases: list[Case], epochs: int, progress: Progress | None = None
+) -> list[Row]:
+    """A row per case of :func:`epoch_times`, its ratio to the first case's time, its batches as the note.
+
+    Args:
+        suite: The rows' table.
+        workload: The workload of a case, by its name.
+        cases: The cases, the floor first.
+        epochs: Timed epochs of each case.
+        progress: Told each case's name before it is set up.
+    """
+    measured = epoch_times(cases, epochs, progress)
+    floor_name = cases[0][0]
+    floor = measured[floor_name][0]
+    return [
+        Row(suite, workload(name), name, seconds, floor_name, seconds / floor, f"{n_batches:,} batches")
+        for name, (seconds, n_batches) in measured.items()
+    ]
