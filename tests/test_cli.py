@@ -102,6 +102,8 @@ def test_varlen_suite_prints_efficiencies_and_plots_them(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "**varlen**" in printed and "sort_window=2,048" in printed and "megabatch" in printed
     assert "DataLoader(batch_size=32)" in printed and "packing eff." in printed and "padded eff." in printed
+    # the ragged dataset's epochs against fixed-shape rows and a list of tensors, in the same run
+    assert "**ragged**" in printed and "RaggedDataset, packed" in printed and "list of tensors" in printed
     assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

@@ -10,8 +10,9 @@ computed from the batches' lengths alone, whatever would collate them:
 - packing efficiency: real tokens / (batches x budget), batches packed into rows of ``budget``;
 - steps per epoch and the epoch's time (the loaders over an index tensor: planning and gathers).
 
-Epochs over a ragged dataset (padded and packed batches gathered from flat token storage) are
-the rows of :func:`ragged_rows`.
+Epochs over a ragged dataset (padded and packed batches gathered from flat token storage,
+against a list of tensors and fixed-shape rows) are the rows of
+:func:`fastsab.bench.ragged.ragged_rows`, printed with this suite.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from torch.utils.data import DataLoader
 from fastsab.batching import split_batches
 from fastsab.bench.epochs import Progress, epoch_times
 from fastsab.bench.loaders import BatchedDataset, _identity
+from fastsab.bench.ragged import ragged_rows
 from fastsab.bench.report import Row
 from fastsab.loader import FastSizeAwareLoader
 
@@ -37,7 +39,6 @@ __all__ = [
     "efficiency",
     "megabatch_batches",
     "plot_varlen",
-    "ragged_rows",
     "varlen_lengths",
     "varlen_markdown",
     "varlen_results",
@@ -230,17 +231,7 @@ def varlen_rows(n: int = VARLEN_SAMPLES, epochs: int = 3, progress: Progress | N
                 note,
             )
         )
-    return rows + ragged_rows(n, epochs)
-
-
-def ragged_rows(n: int = VARLEN_SAMPLES, epochs: int = 3) -> list[Row]:
-    """Epochs of padded and packed batches gathered from a ragged dataset (flat tokens and offsets).
-
-    The place for the ragged dataset's timings against a list-of-tensors dataset and fixed-shape
-    rows of the same tokens; until the ragged dataset and its collators are part of fastsab,
-    there is nothing to time and no row.
-    """
-    return []
+    return rows + ragged_rows(samples=n, budget=VARLEN_BUDGET, epochs=epochs, progress=progress)
 
 
 def plot_varlen(path: Path, n: int = VARLEN_SAMPLES, budget: int = VARLEN_BUDGET) -> None:
