@@ -51,6 +51,13 @@ def test_calibration_batches_hold_the_kinds_numbers_of_items() -> None:
     assert [batch.tolist() for batch in alone] == [[[99]], [[100]]]
 
 
+@pytest.mark.parametrize("items", [(0, 4), (5, 4), (2.0, 8), [2, 8], (True, 3)])
+def test_calibration_items_out_of_range_are_refused(items: object) -> None:
+    kind = dataclasses.replace(_small(3), calibration_items=items)
+    with pytest.raises(ValueError, match=r"calibration_items must be \(fewest, most\) integers .*, got "):
+        run_kind(kind, items=20, calibration=4, batches=1)
+
+
 def test_packed_kind_is_measured_on_batches_of_several_sequences() -> None:
     packed = kinds()[3]
     assert packed.cost == "sum" and packed.calibration_items == (8, 16)

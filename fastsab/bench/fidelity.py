@@ -230,8 +230,7 @@ def kinds(seed: int = 0) -> list[Kind]:
 def _calibration_batches(
     features: np.ndarray, count: int, rng: np.random.Generator, items: tuple[int, int] = (2, 8)
 ) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """``count`` batches of ``items[0]`` to ``items[1]`` random items (the first two with the largest items),
-    and the largest alone."""
+    """``count`` batches of ``items`` (fewest, most) random items, the first two with the largest; those alone."""
     # NOTE: batches of several items, as the budget plans them: a batch of one item can use more
     # per item (a workspace that several items share), which a fixed + per-item model would
     # then pay for every item of every batch
@@ -245,6 +244,17 @@ def _calibration_batches(
     return batches, [features[[i]] for i in largest]
 
 
+def _check_calibration_items(value: object) -> None:
+    """Raise ``ValueError`` unless ``value`` is ``(fewest, most)`` items, ``1 <= fewest <= most``."""
+    if (
+        not isinstance(value, tuple)
+        or len(value) != 2
+        or not all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+        or not 1 <= value[0] <= value[1]
+    ):
+        raise ValueError(f"calibration_items must be (fewest, most) integers with 1 <= fewest <= most, got {value!r}.")
+
+
 def run_kind(
     kind: Kind,
     *,
@@ -256,6 +266,7 @@ def run_kind(
     seed: int = 0,
 ) -> tuple[FidelityResult, BatchMemoryModel]:
     """Measure, fit, batch (in windows of ``sort_window`` items if given) and measure again one kind."""
+    _check_calibration_items(kind.calibration_items)
     start = time.perf_counter()
     rng = np.random.default_rng(seed)
     features = kind.features(items, rng)
