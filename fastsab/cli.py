@@ -48,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="what to run (repeatable; default: loaders). 'all' adds the kernel, permutation and "
         "first-batch suites at 10**6 to 10**8 items, the adaptive overhead and the varlen suite (padded and "
         "packing efficiency of variable-length batches with and without sort_window), a few minutes in all. "
-        "'fidelity' (not in 'all') measures memory budgets on three small CPU models: per kind, the "
+        "'fidelity' (not in 'all') measures memory budgets on small CPU models: per kind, the "
         "batches run, the batches over budget, and the mean and smallest use of the budget.",
     )
     run.add_argument("--markdown", action="store_true", help="print markdown tables instead of plain text")
@@ -111,7 +111,7 @@ def run_fidelity(args: argparse.Namespace) -> None:
     print("\nfidelity  (use = measured peak / budget; budget = 6 x the largest item's peak)")
     for r in results:
         print(
-            f"  {r.kind:<48} batches {r.batches:>3}  over budget {r.over_budget:>2}  "
+            f"  {r.kind:<48} window {r.sort_window or '-':>4}  batches {r.batches:>3}  over budget {r.over_budget:>2}  "
             f"mean use {r.mean_use:.2f}  min {r.min_use:.2f}  max {r.max_use:.2f}  margin {r.margin:.1%}  "
             f"{r.seconds:.0f} s"
         )
