@@ -35,6 +35,11 @@ def _poly(rows: np.ndarray) -> np.ndarray:
     return 0.1 * x[:, 0] ** 2 + 1.5 * x[:, -1] + 0.3
 
 
+def _total(rows: np.ndarray) -> np.ndarray:
+    """The sum of an item's features plus one, for 1-D or 2-D features (integers)."""
+    return rows.reshape(len(rows), -1).sum(axis=1) + 1
+
+
 def _two_columns(rows: np.ndarray) -> np.ndarray:
     """Two costs per row (integers): the sum and the maximum of the features."""
     return np.stack([rows.sum(axis=1), rows.max(axis=1)], axis=1)
@@ -360,3 +365,12 @@ def test_ranks_share_padded_features_with_a_fixed_cost(balance: bool) -> None:
             assert 100 + len(batch) * (top[0] * top[1] + 3) <= 3000
             dealt += batch.tolist()
     assert set(dealt) == set(range(90))
+
+
+@pytest.mark.parametrize("shape", [(0,), (0, 2)])
+def test_loader_pads_the_features_of_an_empty_dataset(shape: tuple[int, ...]) -> None:
+    loader = FastSizeAwareLoader(
+        torch.arange(0), _total, 10, features=np.zeros(shape, dtype=np.int64), cost="padded", fixed_cost=2
+    )
+    assert len(loader) == 0
+    assert list(loader) == []
