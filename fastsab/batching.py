@@ -154,7 +154,14 @@ def split_with(
                 f"carry has {carry.costs.shape[1]} feature columns but costs has {features.shape[1]}; "
                 "use the carry of a split over the same kind of features."
             )
-        carry_costs = _feature_item_costs(rule, carry.costs) if len(carry) else np.empty((0, k), dtype=c.dtype)
+        if len(carry):
+            carry_costs = _feature_item_costs(rule, carry.costs)
+            if not n:
+                # NOTE: no rows of features tell how many cost columns feature_cost gives: the carry's do
+                c = np.empty((0, carry_costs.shape[1]), dtype=carry_costs.dtype)
+                k = c.shape[1]
+        else:
+            carry_costs = np.empty((0, k), dtype=c.dtype)
     if carry_costs is not None:
         if carry_costs.shape[1] != k:
             raise ValueError(

@@ -374,3 +374,28 @@ def test_loader_pads_the_features_of_an_empty_dataset(shape: tuple[int, ...]) ->
     )
     assert len(loader) == 0
     assert list(loader) == []
+
+
+def _length_costs(rows: np.ndarray) -> np.ndarray:
+    """Two costs of a sequence length (1-D features): the length and three times it plus one."""
+    lengths = rows.reshape(len(rows), -1)[:, 0]
+    return np.stack([lengths, 3 * lengths + 1], axis=1)
+
+
+@pytest.mark.parametrize("caps", [[60, 200], 100])
+@pytest.mark.parametrize("group_size", [None, 7])
+def test_loader_pads_features_into_other_cost_columns(caps: list[int] | int, group_size: int | None) -> None:
+    # one feature column, two cost columns: the caps are checked against the costs, not the features
+    lengths = np.random.default_rng(1).integers(1, 20, size=60)
+    loader = FastSizeAwareLoader(
+        torch.arange(60), _length_costs, caps, features=lengths, cost="padded", shuffle=False, group_size=group_size
+    )
+    rows = [(int(length),) for length in lengths]
+    expected, skipped = greedy_loop(
+        range(60),
+        rows,
+        caps if isinstance(caps, list) else [caps] * 2,
+        cost="padded",
+        feature_cost=_row_cost(_length_costs),
+    )
+    assert _loader_batches(loader) == expected and len(loader) == len(expected) and not skipped
