@@ -182,8 +182,11 @@ def split_with(
         if policy == "error":
             pos = int(np.argmax(over))
             item = start + pos if item_ids is None else item_ids[pos].item()
+            # NOTE: with a fixed cost an item is oversize by its cost plus the fixed cost: name both
+            fixed = f" (plus fixed_cost {rule.options()['fixed_cost']!r})" if rule.has_fixed else ""
             raise ValueError(
-                f"item {item!r} has cost {_row(c, pos)!r} above max_total_size {rule.shown()!r} (oversize='error')."
+                f"item {item!r} has cost {_row(c, pos)!r}{fixed} above max_total_size {rule.shown()!r} "
+                "(oversize='error')."
             )
         if policy == "skip":
             if item_ids is None:

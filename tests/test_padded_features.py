@@ -399,3 +399,11 @@ def test_loader_pads_features_into_other_cost_columns(caps: list[int] | int, gro
         feature_cost=_row_cost(_length_costs),
     )
     assert _loader_batches(loader) == expected and len(loader) == len(expected) and not skipped
+
+
+def test_oversize_error_names_the_fixed_cost() -> None:
+    loader = FastSizeAwareLoader(
+        torch.arange(3), torch.tensor([1, 4, 2]), 10, fixed_cost=8, oversize="error", shuffle=False
+    )
+    with pytest.raises(ValueError, match=r"item 1 has cost 4 \(plus fixed_cost 8\) above max_total_size 10"):
+        len(loader)
