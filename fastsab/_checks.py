@@ -17,6 +17,7 @@ __all__ = [
     "as_numeric_array",
     "as_python_number",
     "as_real_array",
+    "as_real_number",
     "as_size",
     "check_choice",
     "check_nonnegative_int",
@@ -169,7 +170,7 @@ def check_positive_real(name: str, value: Any) -> int | float:
         ...
         ValueError: max_total_size must be a positive finite number, got -1.
     """
-    number = _as_real_number(name, value)
+    number = as_real_number(name, value)
     if not (_is_finite(number) and number > 0):
         raise ValueError(f"{name} must be a positive finite number, got {number!r}.")
     return number
@@ -189,13 +190,13 @@ def check_nonnegative_real(name: str, value: Any) -> int | float:
         ...
         ValueError: max_total_size must be a finite number >= 0, got -0.5.
     """
-    number = _as_real_number(name, value)
+    number = as_real_number(name, value)
     if not (_is_finite(number) and number >= 0):
         raise ValueError(f"{name} must be a finite number >= 0, got {number!r}.")
     return number
 
 
-def _as_real_number(name: str, value: Any) -> int | float:
+def as_real_number(name: str, value: Any) -> int | float:
     """``value`` as a Python ``int`` or ``float``; raise :class:`NotANumberError` if it is no real number."""
     if isinstance(value, (np.ndarray, torch.Tensor)) and value.ndim == 0:
         value = value.item()

@@ -154,7 +154,14 @@ def split_with(
                 f"carry has {carry.costs.shape[1]} feature columns but costs has {features.shape[1]}; "
                 "use the carry of a split over the same kind of features."
             )
-        carry_costs = _feature_item_costs(rule, carry.costs) if len(carry) else np.empty((0, k), dtype=c.dtype)
+        if len(carry):
+            carry_costs = _feature_item_costs(rule, carry.costs)
+            if not n:
+                # NOTE: no rows of features tell how many cost columns feature_cost gives: the carry's do
+                c = np.empty((0, carry_costs.shape[1]), dtype=carry_costs.dtype)
+                k = c.shape[1]
+        else:
+            carry_costs = np.empty((0, k), dtype=c.dtype)
     if carry_costs is not None:
         if carry_costs.shape[1] != k:
             raise ValueError(
@@ -175,8 +182,11 @@ def split_with(
         if policy == "error":
             pos = int(np.argmax(over))
             item = start + pos if item_ids is None else item_ids[pos].item()
+            # NOTE: with a fixed cost an item is oversize by its cost plus the fixed cost: name both
+            fixed = f" (plus fixed_cost {rule.options()['fixed_cost']!r})" if rule.has_fixed else ""
             raise ValueError(
-                f"item {item!r} has cost {_row(c, pos)!r} above max_total_size {rule.shown()!r} (oversize='error')."
+                f"item {item!r} has cost {_row(c, pos)!r}{fixed} above max_total_size {rule.shown()!r} "
+                "(oversize='error')."
             )
         if policy == "skip":
             if item_ids is None:

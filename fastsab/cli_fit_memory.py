@@ -157,6 +157,23 @@ def _batch_input(kind: str, rows: Any, input_dim: int, device: torch.device) -> 
     return torch.randn(1, int(rows[:, 0].sum()), input_dim, device=device)
 
 
+def _refuse_sizes_options(args: argparse.Namespace) -> None:
+    """Exit if an option of ``--kind sizes`` alone was given with a batch kind (it would be ignored)."""
+    # NOTE: a batch model has its own margin (the smallest covering every fitted batch) and
+    # inputs (see _batch_input): a margin, input or plot asked for would silently not apply
+    given = {
+        "--safety-margin": args.safety_margin if args.safety_margin != 0.0 else None,
+        "--plot": None if args.plot is None else str(args.plot),
+        "--input": args.make_input,
+        "--batch": args.batch if args.batch != 1 else None,
+    }
+    for option, value in given.items():
+        if value is not None:
+            raise SystemExit(
+                f"{option} {value!r} does not apply to --kind {args.kind}: it is an option of --kind sizes."
+            )
+
+
 def run_fit_batch_memory(args: argparse.Namespace, module: torch.nn.Module, device: torch.device) -> int:
     """``fastsab fit-memory --kind images|graphs|sequences|packed``: measure batches, fit a batch model, save it."""
     import numpy as np
@@ -164,6 +181,7 @@ def run_fit_batch_memory(args: argparse.Namespace, module: torch.nn.Module, devi
     from fastsab.memory.batch import fit_batch_memory, measure_batches
     from fastsab.memory.fit import module_work
 
+    _refuse_sizes_options(args)
     rng = np.random.default_rng(args.seed)
     _, cost = BATCH_KINDS[args.kind]
     batches = [

@@ -194,7 +194,8 @@ class FeatureRows(_CostSource):
         features = costs.features
         values = features.detach().cpu().numpy() if isinstance(features, torch.Tensor) else np.asarray(features)
         self.one_dimensional = values.ndim == 1
-        self.rows = values.reshape(len(values), -1)
+        # NOTE: the width from the shape, not -1: an empty dataset has no rows to infer it from
+        self.rows = values.reshape(len(values), int(np.prod(values.shape[1:], dtype=np.int64)))
 
     def __call__(self, ids: np.ndarray) -> np.ndarray:
         rows: np.ndarray = self.rows[ids]

@@ -73,7 +73,11 @@ class SizeAwarePlanner:
         self.oversize: OversizePolicy = check_choice("oversize", oversize, ("skip", "own_batch", "error"))  # type: ignore[assignment]
         if order.n:
             # NOTE: the caps are checked against the first item's cost columns now, not at the first len() or iter()
-            self.rule.check_columns(np.asarray(costs(np.zeros(1, dtype=np.int64))))
+            first = np.asarray(costs(np.zeros(1, dtype=np.int64)))
+            # NOTE: padded features are not costs: their cost columns are those feature_cost gives
+            if self.rule.feature_cost is not None:
+                first = np.asarray(self.rule.feature_cost(first))
+            self.rule.check_columns(first)
         self._cache: tuple[int, list[PlanChunk]] | None = None
         self._window_cache: tuple[int, _WindowPlan] | None = None
 

@@ -150,3 +150,19 @@ def test_loader_options_refuse_a_budget_below_the_fixed_cost() -> None:
         model.loader_options(500)
     with pytest.raises(ValueError, match=r"budget must be a finite number, got inf\."):
         model.loader_options(float("inf"))
+
+
+@pytest.mark.parametrize("budget", [np.int64(2000), np.float32(2000), torch.tensor(2000), np.array(2000.0)])
+def test_loader_options_take_a_numpy_or_torch_budget(budget: object) -> None:
+    batches = [[n] * b for n in (10, 20, 40) for b in (1, 2, 4)]
+    model = fit_batch_memory(batches, [1000 + 5.0 * sum(batch) for batch in batches], degree=1, held_out=0)
+    options = model.loader_options(budget)  # type: ignore[arg-type]
+    assert options["max_total_size"] == 2000 and type(options["max_total_size"]) in (int, float)
+    assert options == model.loader_options(2000)
+
+
+def test_loader_options_refuse_a_budget_that_is_no_number() -> None:
+    batches = [[n] * b for n in (10, 20, 40) for b in (1, 2, 4)]
+    model = fit_batch_memory(batches, [1000 + 5.0 * sum(batch) for batch in batches], degree=1, held_out=0)
+    with pytest.raises(TypeError, match=r"budget must be a real number, got '2000' of type str\."):
+        model.loader_options("2000")  # type: ignore[arg-type]

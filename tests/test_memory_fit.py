@@ -146,3 +146,18 @@ def test_fit_memory_cli_fits_a_batch_model_per_kind(tmp_path, monkeypatch, capsy
     assert model.cost == ("sum" if kind in ("graphs", "packed") else "padded")
     assert model.fit.worst_under_prediction <= 0
     assert model.per_item.num_features == (2 if kind in ("images", "graphs") else 1)
+
+
+@pytest.mark.parametrize(
+    ("option", "match"),
+    [
+        (["--safety-margin", "0.1"], r"--safety-margin 0\.1 does not apply to --kind sequences"),
+        (["--plot", "fit.png"], r"--plot 'fit\.png' does not apply to --kind sequences"),
+        (["--input", "torch:randn"], r"--input 'torch:randn' does not apply to --kind sequences"),
+        (["--batch", "4"], r"--batch 4 does not apply to --kind sequences"),
+    ],
+)
+def test_fit_memory_cli_refuses_the_options_of_sizes_with_a_batch_kind(option, match):
+    args = ["fit-memory", "torch.nn:Identity", "--kind", "sequences", "--sizes", "8,16", *option]
+    with pytest.raises(SystemExit, match=match):
+        main(args)

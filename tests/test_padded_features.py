@@ -35,6 +35,11 @@ def _poly(rows: np.ndarray) -> np.ndarray:
     return 0.1 * x[:, 0] ** 2 + 1.5 * x[:, -1] + 0.3
 
 
+def _total(rows: np.ndarray) -> np.ndarray:
+    """The sum of an item's features plus one, for 1-D or 2-D features (integers)."""
+    return rows.reshape(len(rows), -1).sum(axis=1) + 1
+
+
 def _two_columns(rows: np.ndarray) -> np.ndarray:
     """Two costs per row (integers): the sum and the maximum of the features."""
     return np.stack([rows.sum(axis=1), rows.max(axis=1)], axis=1)
@@ -360,3 +365,45 @@ def test_ranks_share_padded_features_with_a_fixed_cost(balance: bool) -> None:
             assert 100 + len(batch) * (top[0] * top[1] + 3) <= 3000
             dealt += batch.tolist()
     assert set(dealt) == set(range(90))
+
+
+@pytest.mark.parametrize("shape", [(0,), (0, 2)])
+def test_loader_pads_the_features_of_an_empty_dataset(shape: tuple[int, ...]) -> None:
+    loader = FastSizeAwareLoader(
+        torch.arange(0), _total, 10, features=np.zeros(shape, dtype=np.int64), cost="padded", fixed_cost=2
+    )
+    assert len(loader) == 0
+    assert list(loader) == []
+
+
+def _length_costs(rows: np.ndarray) -> np.ndarray:
+    """Two costs of a sequence length (1-D features): the length and three times it plus one."""
+    lengths = rows.reshape(len(rows), -1)[:, 0]
+    return np.stack([lengths, 3 * lengths + 1], axis=1)
+
+
+@pytest.mark.parametrize("caps", [[60, 200], 100])
+@pytest.mark.parametrize("group_size", [None, 7])
+def test_loader_pads_features_into_other_cost_columns(caps: list[int] | int, group_size: int | None) -> None:
+    # one feature column, two cost columns: the caps are checked against the costs, not the features
+    lengths = np.random.default_rng(1).integers(1, 20, size=60)
+    loader = FastSizeAwareLoader(
+        torch.arange(60), _length_costs, caps, features=lengths, cost="padded", shuffle=False, group_size=group_size
+    )
+    rows = [(int(length),) for length in lengths]
+    expected, skipped = greedy_loop(
+        range(60),
+        rows,
+        caps if isinstance(caps, list) else [caps] * 2,
+        cost="padded",
+        feature_cost=_row_cost(_length_costs),
+    )
+    assert _loader_batches(loader) == expected and len(loader) == len(expected) and not skipped
+
+
+def test_oversize_error_names_the_fixed_cost() -> None:
+    loader = FastSizeAwareLoader(
+        torch.arange(3), torch.tensor([1, 4, 2]), 10, fixed_cost=8, oversize="error", shuffle=False
+    )
+    with pytest.raises(ValueError, match=r"item 1 has cost 4 \(plus fixed_cost 8\) above max_total_size 10"):
+        len(loader)

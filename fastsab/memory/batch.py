@@ -29,7 +29,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from fastsab._checks import as_real_array, check_choice
+from fastsab._checks import as_real_array, as_real_number, check_choice
 from fastsab.memory.batch_design import design_row, exponents, nonnegative_least_squares, per_item_model
 from fastsab.memory.measure import collect_peak_alloc
 from fastsab.memory.model import PolynomialRegression
@@ -132,9 +132,12 @@ class BatchMemoryModel:
         Pass the items' features too: ``FastSizeAwareLoader(data, features=x, **options)``.
 
         Raises:
-            ValueError: If ``budget`` is not a finite number above the fixed cost.
+            TypeError: If ``budget`` is not a real number (a 0-d array or tensor is one).
+            ValueError: If ``budget`` is not finite or not above the fixed cost.
         """
-        if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not math.isfinite(budget):
+        # NOTE: a numpy or 0-d tensor budget is taken as the Python number it holds
+        budget = as_real_number("budget", budget)
+        if not math.isfinite(budget):
             raise ValueError(f"budget must be a finite number, got {budget!r}.")
         if budget <= self.fixed:
             raise ValueError(f"budget must exceed the model's fixed cost per batch ({self.fixed:.0f}), got {budget!r}.")
