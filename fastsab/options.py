@@ -97,15 +97,6 @@ class LoaderOptions:
             check_nonnegative_int("prefetch", self.prefetch)
 
     @classmethod
-    def pick(cls, arguments: Mapping[str, object]) -> LoaderOptions:
-        """The options among ``arguments``, e.g. a constructor's ``locals()`` (its other names are left out).
-
-        Raises:
-            ValueError: If ``prefetch`` is not None or a non-negative integer.
-        """
-        return cls(**{field.name: arguments[field.name] for field in dataclasses.fields(cls)})  # type: ignore[arg-type]
-
-    @classmethod
     def given_to(cls, owner: str, keywords: Mapping[str, object]) -> LoaderOptions:
         """The options given to ``owner``'s constructor as ``keywords``; the others take their defaults.
 
