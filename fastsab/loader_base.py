@@ -191,8 +191,15 @@ class LoaderBase(EpochCursor, Generic[T], metaclass=TakesDataLoaderKeywords):
         A lowering applies right after the batch last handed out (or, to retry, in its
         place): the batches ``source`` prepared ahead under the old limit are planned again.
         """
-        # NOTE: the per-batch loop, kept to what each batch needs (a run's batches are made
-        # in one call where they are views of one gather: see Run).
+        # NOTE: the per-batch loop, kept to what each batch needs: a run's batches are made in
+        # one torch.split where they are views of one gather (see Run), and a batch costs here
+        # two counters, the step, the batch to take back on a retry and one test for a lowering.
+        # Where a batch's microseconds go (FastLoader, torch.arange(240_000), batch size 64,
+        # one CPU thread, 1.5 us in all against 0.8 us for numpy's permutation + reshape):
+        # 0.5 us the grouped permutation (torch.randperm per group), 0.1 us the gather of the
+        # chunk's rows (index_select), 0.53 us making the batch's tensor view (torch's floor
+        # per view), about 0.35 us this loop and the generators around it. FastSizeAwareLoader
+        # adds about 1 us per batch of planning, most of it the greedy split's search.
         lowering = None
         try:
             for sizes, batch_ids, batches in source:

@@ -161,7 +161,7 @@ class _TensorFloor:
 
     def __iter__(self) -> Iterator[torch.Tensor]:
         order = torch.randperm(len(self.data), generator=self.generator)[: self.usable]
-        return iter(self.data[order].view(-1, self.batch_size).unbind(0))
+        return iter(torch.index_select(self.data, 0, order).view(-1, self.batch_size).unbind(0))
 
 
 def _loader_workload(name: str) -> str:
