@@ -68,7 +68,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.fidelity_only:
         update(VARLEN, varlen_section())
     if not (args.varlen_only or args.fidelity_only):
-        update(BENCH, bench("--suite", "all", "--epochs", "10"))
+        update(BENCH, bench("--suite", "all", "--epochs", "10", "--batch-sizes", "64,256,1024"))
     if not args.varlen_only:
         update(FIDELITY, bench("--suite", "fidelity"))
     return 0

@@ -10,7 +10,7 @@ rows fit in ``chunk_bytes``): the same batches as gathering batch by batch, at n
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, Generic
+from typing import Any, Generic, NamedTuple
 
 import numpy as np
 import torch
@@ -22,13 +22,27 @@ from fastsab.plans import PlanChunk
 from fastsab.pytree import tree_map_arrays
 from fastsab.transfer import Transfer
 
-__all__ = ["BatchMaker", "IndexArray"]
+__all__ = ["BatchMaker", "IndexArray", "Run"]
 
 #: A batch as the loader hands it out (``Any`` where the loader cannot know it).
 B = TypeVar("B", default=Any)
 
 #: Dataset indices: a 1-D int64 array.
 IndexArray = np.ndarray
+
+
+class Run(NamedTuple):
+    """Consecutive batches of a plan chunk, as :meth:`BatchMaker.runs` makes them.
+
+    Attributes:
+        sizes: The number of items of each batch.
+        ids: The indices of each batch (``None`` when they were not asked for).
+        batches: The batches, in order (made as they are read where making one costs more than a view).
+    """
+
+    sizes: list[int]
+    ids: list[IndexArray] | None
+    batches: Iterable[Any]
 
 
 class BatchMaker(Generic[B]):
@@ -83,6 +97,31 @@ class BatchMaker(Generic[B]):
         for part_ids, part in zip(batch_ids, _slices(rows, chunk)):
             batch: B = part if fetcher.collate_fn is None else self.transfer(fetcher.collate(part))
             yield part_ids, batch
+
+    def runs(self, ids: IndexArray, offsets: IndexArray, with_indices: bool, per_batch: bool) -> Iterator[Run]:
+        """The batches ``ids[offsets[b]:offsets[b + 1]]`` of a plan chunk as runs of batches, in order.
+
+        A chunk gathered at once is one run (unless ``per_batch``); otherwise every batch is
+        a run of its own, made when the run is taken.
+
+        Examples:
+            >>> make = BatchMaker(Fetcher(torch.arange(10) * 10, None), Transfer(), chunk_bytes=2**20)
+            >>> [run] = make.runs(np.array([4, 1, 7]), np.array([0, 2, 3]), with_indices=False, per_batch=False)
+            >>> run.sizes, [batch.tolist() for batch in run.batches]
+            ([2, 1], [[40, 10], [70]])
+        """
+        offsets = np.asarray(offsets, dtype=np.int64)
+        if per_batch or not self._gathers_chunk(len(ids)) or self.fetcher.collate_fn is not None:
+            for part_ids, batch in self.batches(ids, offsets):
+                yield Run([len(part_ids)], [part_ids] if with_indices else None, (batch,))
+            return
+        sizes: list[int] = np.diff(offsets).tolist()
+        chunk = PlanChunk(ids, offsets)
+        # NOTE: without a collate_fn a batch is its rows, and moving commutes with slicing:
+        # the whole chunk is gathered and moved in one copy, and the batches are its views
+        rows = self.transfer(self.fetcher.take(ids))
+        batches = torch.split(rows, sizes) if isinstance(rows, torch.Tensor) else _slices(rows, chunk)
+        yield Run(sizes, chunk.batches() if with_indices else None, batches)
 
     def _gathers_chunk(self, size: int) -> bool:
         return self.fetcher.kind == "gather" and self.fetcher.row_bytes * size <= self.chunk_bytes

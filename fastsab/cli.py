@@ -15,6 +15,7 @@ from pathlib import Path
 
 from fastsab import bench
 from fastsab._checks import positive_int_argument
+from fastsab.bench.loaders import PER_BATCH_SAMPLES, PER_BATCH_SIZES, per_batch_rows
 from fastsab.bench.varlen import VARLEN_SAMPLES
 from fastsab.cli_fit_memory import add_fit_memory_parser, run_fit_memory
 
@@ -40,6 +41,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="samples per epoch (default 300000; the varlen suite: 50000 sequences)",
     )
     run.add_argument("--batch-size", type=positive_int_argument, default=300, help="batch size (default 300)")
+    run.add_argument(
+        "--batch-sizes",
+        type=batch_sizes_argument,
+        default=PER_BATCH_SIZES,
+        metavar="SIZES",
+        help="batch sizes of the loaders suite's per-batch sweep, comma-separated (default 64,256,1024; "
+        "240000 samples unless --samples)",
+    )
     run.add_argument("--epochs", type=positive_int_argument, default=5, help="timed epochs per method (default 5)")
     run.add_argument(
         "--suite",
@@ -65,6 +74,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def batch_sizes_argument(text: str) -> tuple[int, ...]:
+    """A command-line argument ``text`` as comma-separated positive integers (an ``argparse`` type)."""
+    return tuple(positive_int_argument(part.strip()) for part in text.split(","))
+
+
 def run_bench(args: argparse.Namespace) -> list[bench.Row]:
     suites = [suite for suite in args.suite or ["loaders"] if suite != "fidelity"]
     if "all" in suites:
@@ -79,6 +93,12 @@ def run_bench(args: argparse.Namespace) -> list[bench.Row]:
                 rows += bench.loader_rows(
                     args.samples or 300_000,
                     args.batch_size,
+                    args.epochs,
+                    progress=lambda name: bar.set_postfix_str(name),
+                )
+                rows += per_batch_rows(
+                    args.samples or PER_BATCH_SAMPLES,
+                    args.batch_sizes,
                     args.epochs,
                     progress=lambda name: bar.set_postfix_str(name),
                 )

@@ -22,6 +22,7 @@ from fastsab._checks import check_nonnegative_int, check_positive_int
 __all__ = ["GroupedPermutation", "grouped_permutation"]
 
 DEFAULT_GROUP_SIZE = 2**16
+_INT32_MAX = 2**31 - 1
 
 
 class GroupedPermutation:
@@ -81,17 +82,21 @@ class GroupedPermutation:
         """Write the shuffled indices of ``group`` into ``out`` (of the group's size)."""
         generator = torch.Generator()
         generator.manual_seed(seed)
-        # NOTE: torch's CPU randperm writing into preallocated memory is the fastest
-        # Fisher-Yates at hand (about 2x numpy's Generator.permutation per group), and a
-        # group of 2**16 int64 stays in cache while it is shuffled.
-        torch.randperm(len(out), generator=generator, out=torch.from_numpy(out))
         first = group * self.group_size + shift
         if first >= self.n:
-            out -= self.n - first
+            first -= self.n
+        # NOTE: torch's CPU randperm is the fastest Fisher-Yates at hand (about 2x numpy's
+        # Generator.permutation per group), and a group of 2**16 stays in cache while it is
+        # shuffled. It draws the same numbers whatever the dtype, so a group is shuffled in
+        # int32 (a fifth faster) and widened to int64 in the pass that adds its first index.
+        if len(out) <= _INT32_MAX:
+            order = torch.randperm(len(out), generator=generator, dtype=torch.int32).numpy()
+            np.add(order, first, out=out, dtype=np.int64)
         else:
+            torch.randperm(len(out), generator=generator, out=torch.from_numpy(out))
             out += first
-            if first + len(out) > self.n:
-                out[out >= self.n] -= self.n
+        if first + len(out) > self.n:
+            out[out >= self.n] -= self.n
         return out
 
     def groups(self, epoch: int, start: int = 0) -> Iterator[np.ndarray]:

@@ -97,3 +97,19 @@ def test_a_chunk_too_large_for_chunk_bytes_is_gathered_batch_by_batch():
 def test_chunk_bytes_is_checked():
     with pytest.raises(TypeError, match=r"chunk_bytes must be an integer, got 1\.5 of type float\."):
         BatchMaker(Fetcher(torch.arange(3), None), Transfer(), 1.5)  # type: ignore[arg-type]
+
+
+def test_a_gathered_chunk_is_one_run_of_views_and_the_others_a_run_per_batch():
+    ids, offsets = np.array([4, 1, 7, 0, 9]), np.array([0, 2, 3, 5])
+    data = torch.arange(N) * 10
+    make = BatchMaker(Fetcher(data, None), Transfer(), chunk_bytes=2**20)
+    expected = [(part.tolist(), batch.tolist()) for part, batch in make.batches(ids, offsets)]
+    [run] = make.runs(ids, offsets, with_indices=True, per_batch=False)
+    assert run.sizes == [2, 1, 2] and [(p.tolist(), b.tolist()) for p, b in zip(run.ids, run.batches)] == expected
+    assert all(batch._base is not None for batch in run.batches)  # views of one gather
+    [unindexed] = make.runs(ids, offsets, with_indices=False, per_batch=False)
+    assert unindexed.ids is None and [b.tolist() for b in unindexed.batches] == [b for _, b in expected]
+    for maker, per_batch in [(make, True), (BatchMaker(Fetcher(data, None), Transfer(), chunk_bytes=0), False)]:
+        runs = list(maker.runs(ids, offsets, with_indices=True, per_batch=per_batch))
+        assert [run.sizes for run in runs] == [[2], [1], [2]]
+        assert [(r.ids[0].tolist(), next(iter(r.batches)).tolist()) for r in runs] == expected

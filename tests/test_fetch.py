@@ -310,3 +310,22 @@ def test_a_packed_batch_counts_its_sequences_by_cu_seqlens():
         ValueError, match=r"returned a packed batch of 3 sequences \(len\(cu_seqlens\) - 1\) for 2 indices"
     ):
         Fetcher(PackedSequences([3, 1, 2], extra=1), None)(np.array([2, 0]))
+
+
+@pytest.mark.parametrize(
+    "leaf",
+    [
+        torch.arange(12) * 3,
+        torch.arange(24, dtype=torch.float64).reshape(12, 2),
+        torch.arange(36).reshape(3, 12).T,  # not contiguous
+        torch.arange(12) % 3 == 0,
+        torch.arange(12, dtype=torch.float32).requires_grad_(),
+    ],
+    ids=["int64", "float64 rows", "transposed", "bool", "requires_grad"],
+)
+def test_gathered_rows_are_those_of_indexing_whatever_the_tensor(leaf):
+    index = np.array([5, 0, 11, 5, 2])
+    rows = Fetcher(leaf, None)(index)
+    expected = leaf[torch.from_numpy(index)]
+    assert rows.dtype == expected.dtype and rows.requires_grad == expected.requires_grad
+    assert torch.equal(rows.detach(), expected.detach())

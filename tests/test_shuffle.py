@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -111,3 +112,27 @@ def test_function_form_and_empty():
     assert np.array_equal(
         grouped_permutation(50, group_size=8, seed=2, epoch=1), GroupedPermutation(50, 8, 2).permutation(1)
     )
+
+
+def _reference_permutation(perm: GroupedPermutation, epoch: int) -> np.ndarray:
+    """The epoch order drawn group by group with int64 randperm and offsets taken modulo ``n``."""
+    order, seeds, shift = perm._plan(epoch)
+    parts = []
+    for group in order.tolist():
+        size = min(perm.group_size, perm.n - group * perm.group_size)
+        generator = torch.Generator().manual_seed(int(seeds[group]))
+        shuffled = torch.randperm(size, generator=generator, dtype=torch.int64).numpy()
+        parts.append((shuffled + group * perm.group_size + shift) % perm.n)
+    return np.concatenate(parts)
+
+
+@pytest.mark.parametrize(
+    ("n", "group_size", "rotate"), [(10, 4, True), (1000, 64, True), (300_000, 2**16, True), (7, 3, False)]
+)
+def test_the_order_is_torch_randperm_per_group_whatever_the_dtype_it_is_drawn_in(n, group_size, rotate):
+    perm = GroupedPermutation(n, group_size, seed=3, rotate=rotate)
+    for epoch in range(3):
+        order = perm.permutation(epoch)
+        assert order.dtype == np.int64
+        np.testing.assert_array_equal(order, _reference_permutation(perm, epoch))
+        np.testing.assert_array_equal(np.concatenate(list(perm.groups(epoch))), order)

@@ -1,5 +1,5 @@
-"""The loader workloads of ``fastsab bench``: the seed loop and its size-aware version per epoch, and the time
-to the first batch, against DataLoader and the numpy floor."""
+"""The loader workloads of ``fastsab bench``: the seed loop and its size-aware version per epoch, the per-batch
+overhead over a sweep of batch sizes, and the time to the first batch, against DataLoader and the numpy floor."""
 
 from __future__ import annotations
 
@@ -11,13 +11,20 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, RandomSampler
 
-from fastsab.bench.epochs import Case, Progress, floor_rows
+from fastsab.bench.epochs import Case, Progress, epoch_times, floor_rows
 from fastsab.bench.report import Row, time_best
 from fastsab.bench.workloads import lognormal_lengths
 from fastsab.loader import FastLoader, FastSizeAwareLoader
 from fastsab.samplers import SizeAwareBatchSampler
 
-__all__ = ["BatchedDataset", "PerItemDataset", "first_batch_rows", "loader_rows"]
+__all__ = ["PER_BATCH_SAMPLES", "BatchedDataset", "PerItemDataset", "first_batch_rows", "loader_rows", "per_batch_rows"]
+
+#: Items per epoch of the per-batch sweep.
+PER_BATCH_SAMPLES = 240_000
+#: Batch sizes of the per-batch sweep.
+PER_BATCH_SIZES = (64, 256, 1024)
+NUMPY_FLOOR = "numpy permutation+reshape (floor)"
+TENSOR_FLOOR = "torch permutation + gather + unbind (tensor floor)"
 
 
 class PerItemDataset(Dataset[torch.Tensor]):
@@ -76,7 +83,7 @@ def loader_rows(
         return DataLoader(BatchedDataset(data), batch_sampler=sampler, collate_fn=_identity)
 
     cases: list[Case] = [
-        ("numpy permutation+reshape (floor)", numpy_floor),
+        (NUMPY_FLOOR, numpy_floor),
         ("DataLoader, __getitem__ per item", lambda: DataLoader(PerItemDataset(data), batch_size, shuffle=True)),
         (
             "DataLoader + __getitems__",
@@ -92,6 +99,69 @@ def loader_rows(
     for row in rows:
         row.speedup = (size_aware_baseline if row.workload == "size-aware" else per_item) / row.seconds
     return rows
+
+
+def per_batch_rows(
+    samples: int = PER_BATCH_SAMPLES,
+    batch_sizes: Iterable[int] = PER_BATCH_SIZES,
+    epochs: int = 5,
+    progress: Progress | None = None,
+) -> list[Row]:
+    """The loaders' cost per batch over ``batch_sizes``, against the numpy floor and the tensor floor.
+
+    Per batch size: the numpy floor (permutation + reshape, batches of indices), the tensor
+    floor (the least work that yields tensor batches: ``torch.randperm``, one gather, one
+    view per batch), ``FastLoader`` on ``torch.arange(samples)`` and ``FastSizeAwareLoader``
+    on log-normal lengths with a budget of the batch size x mean length. Ratios are to the
+    numpy floor; the note gives each row's overhead per batch over both floors in microseconds,
+    ``(time - floor time) / batches``.
+    """
+    data = torch.arange(samples)
+    lengths = lognormal_lengths(samples)
+    rows: list[Row] = []
+    for batch_size in batch_sizes:
+        cases: list[Case] = [
+            (NUMPY_FLOOR, partial(_NumpyFloor, samples, batch_size)),
+            (TENSOR_FLOOR, partial(_TensorFloor, data, batch_size)),
+            ("FastLoader", partial(FastLoader, data, batch_size)),
+            ("FastSizeAwareLoader", partial(FastSizeAwareLoader, data, lengths, batch_size * int(lengths.mean()))),
+        ]
+        measured = epoch_times(cases, epochs, progress)
+        floors = [measured[NUMPY_FLOOR][0], measured[TENSOR_FLOOR][0]]
+        for name, (seconds, batches) in measured.items():
+            over = [(seconds - floor) / max(batches, 1) * 1e6 for floor in floors]
+            note = f"{batches:,} batches; {over[0]:+.2f} us/batch over the numpy floor, "
+            note += f"{over[1]:+.2f} over the tensor floor"
+            workload = f"batch size {batch_size}"
+            rows.append(Row("per-batch", workload, name, seconds, NUMPY_FLOOR, seconds / floors[0], note))
+    return rows
+
+
+class _NumpyFloor:
+    """Epochs of the numpy floor: a permutation of an ``int64`` arange, reshaped into rows of indices."""
+
+    def __init__(self, samples: int, batch_size: int) -> None:
+        self.rng = np.random.default_rng(0)
+        self.numbers = np.arange(samples)
+        self.usable = samples // batch_size * batch_size
+        self.batch_size = batch_size
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.rng.permutation(self.numbers)[: self.usable].reshape(-1, self.batch_size))
+
+
+class _TensorFloor:
+    """Epochs of the tensor floor: ``torch.randperm``, one gather of the data, a view per batch."""
+
+    def __init__(self, data: torch.Tensor, batch_size: int) -> None:
+        self.generator = torch.Generator().manual_seed(0)
+        self.data = data
+        self.usable = len(data) // batch_size * batch_size
+        self.batch_size = batch_size
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        order = torch.randperm(len(self.data), generator=self.generator)[: self.usable]
+        return iter(torch.index_select(self.data, 0, order).view(-1, self.batch_size).unbind(0))
 
 
 def _loader_workload(name: str) -> str:

@@ -1,0 +1,35 @@
+from __future__ import annotations
+
+import pytest
+
+from fastsab.bench.loaders import NUMPY_FLOOR, TENSOR_FLOOR, per_batch_rows
+from fastsab.cli import main
+
+
+def test_per_batch_rows_sweep_the_batch_sizes_against_both_floors():
+    rows = per_batch_rows(samples=3000, batch_sizes=(16, 64), epochs=1)
+    assert [row.workload for row in rows] == ["batch size 16"] * 4 + ["batch size 64"] * 4
+    assert [row.method for row in rows[:4]] == [NUMPY_FLOOR, TENSOR_FLOOR, "FastLoader", "FastSizeAwareLoader"]
+    assert all(row.suite == "per-batch" and row.baseline == NUMPY_FLOOR and row.seconds > 0 for row in rows)
+    assert rows[0].ratio == 1.0 and rows[4].ratio == 1.0
+    assert rows[2].note.startswith("188 batches; ") and rows[6].note.startswith("47 batches; ")
+    assert all("us/batch over the numpy floor" in row.note and "over the tensor floor" in row.note for row in rows)
+    assert "+0.00 us/batch over the numpy floor" in rows[0].note and rows[1].note.endswith(
+        "+0.00 over the tensor floor"
+    )
+
+
+def test_the_loaders_suite_prints_the_per_batch_sweep(capsys):
+    argv = ["bench", "--suite", "loaders", "--samples", "2000", "--batch-size", "20", "--epochs", "1", "--quiet"]
+    assert main([*argv, "--batch-sizes", "16, 64", "--markdown"]) == 0
+    printed = capsys.readouterr().out
+    assert "**per-batch**" in printed and "| batch size 16 | FastLoader |" in printed
+    assert "| batch size 64 | FastSizeAwareLoader |" in printed and "batch size 1024" not in printed
+
+
+@pytest.mark.parametrize("sizes", ["16,0", "x", "16,,64"])
+def test_bad_batch_sizes_exit_with_usage(sizes, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "--batch-sizes", sizes])
+    assert exit_info.value.code == 2
+    assert "expected a positive integer" in capsys.readouterr().err
