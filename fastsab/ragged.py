@@ -233,12 +233,18 @@ class RaggedDataset:
         index = index.astype(np.int64, copy=False)
         self._check_range(index)
         lengths = self.lengths[index]
+        starts = np.asarray(self.offsets[index], dtype=np.int64)
+        scalars = {name: as_tensor(_take(values, index)) for name, values in self.per_sequence.items()}
+        if isinstance(self.collator, PadCollator):
+            padded = self.collator.gather(self.values, starts, lengths, scalars)
+            if padded is not None:
+                return padded
         cu, positions = pack_positions(lengths)
         # NOTE: the flat position of every token of the batch: its sequence's start plus its
         # position in the sequence; one gather per key reads them in batch order
-        source = np.repeat(np.asarray(self.offsets[index], dtype=np.int64), lengths) + positions
+        source = np.repeat(starts, lengths)
+        source += positions
         tokens = {name: _take(values, source) for name, values in self.values.items()}
-        scalars = {name: as_tensor(_take(values, index)) for name, values in self.per_sequence.items()}
         return self.collator.from_flat(tokens, lengths, scalars, positions=(cu, positions))
 
     def _check_range(self, index: np.ndarray) -> None:
