@@ -15,8 +15,9 @@ forms models of sequences take:
 Scalars are stacked into ``(B,)`` tensors in both forms. Both collators work as the
 ``collate_fn`` of the fastsab loaders and of ``torch.utils.data.DataLoader``, and they are
 the layouts of :class:`~fastsab.ragged.RaggedDataset`, which makes the same batches by
-gathering straight from flat values: both paths end in :meth:`Collator.from_flat`
-(:mod:`fastsab.collator`).
+gathering straight from flat values: through :meth:`Collator.from_flat` (:mod:`fastsab.collator`)
+like the collators, or, for a padded batch of mostly real tokens, :meth:`PadCollator.gather`,
+one gather straight into its rows.
 """
 
 from __future__ import annotations

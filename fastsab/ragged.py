@@ -5,7 +5,8 @@ such as ``input_ids`` and ``labels``, sharing one ``offsets`` index of ``n + 1``
 sequence ``i`` is ``values[offsets[i]:offsets[i + 1]]``), plus optional per-sequence values
 (a class label). Its :attr:`~RaggedDataset.lengths` are the ``sizeof`` of the size-aware
 loader, and ``__getitems__`` gathers a whole batch with index arithmetic (one ``repeat``, one
-``arange`` minus offsets, one gather) straight into the layout of its collator: padded
+``arange`` minus offsets, one gather; a padded batch of mostly real tokens: one gather over a
+``(B, L)`` matrix of positions) straight into the layout of its collator: padded
 ``(B, L)`` + ``attention_mask`` (:class:`~fastsab.collate.PadCollator`) or packed ``(T,)`` +
 ``cu_seqlens`` (:class:`~fastsab.collate.PackCollator`), the same batches as the collator
 gives over ``[dataset[i] for i in indices]``.
