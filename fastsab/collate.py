@@ -16,7 +16,7 @@ Scalars are stacked into ``(B,)`` tensors in both forms. Both collators work as 
 ``collate_fn`` of the fastsab loaders and of ``torch.utils.data.DataLoader``, and they are
 the layouts of :class:`~fastsab.ragged.RaggedDataset`, which makes the same batches by
 gathering straight from flat values: through :meth:`Collator.from_flat` (:mod:`fastsab.collator`)
-like the collators, or, for a padded batch of mostly real tokens, :meth:`PadCollator.gather`,
+like the collators, or, for a padded batch of mostly real tokens, :meth:`PadCollator._gather_rows`,
 one gather straight into its rows.
 """
 
@@ -100,7 +100,7 @@ class PadCollator(Collator):
         mask.reshape(-1)[cells] = 1
         return made, {"attention_mask": torch.from_numpy(mask)}
 
-    def gather(
+    def _gather_rows(
         self,
         values: Mapping[str, Flat],
         starts: np.ndarray,
@@ -124,7 +124,7 @@ class PadCollator(Collator):
 
         Examples:
             >>> flat = {"input_ids": np.array([5, 6, 7, 8, 9])}
-            >>> batch = PadCollator(-1).gather(flat, np.array([3, 0]), np.array([2, 3]), {})
+            >>> batch = PadCollator(-1)._gather_rows(flat, np.array([3, 0]), np.array([2, 3]), {})
             >>> batch["input_ids"].tolist(), batch["attention_mask"].tolist()
             ([[8, 9, -1], [5, 6, 7]], [[1, 1, 0], [1, 1, 1]])
         """

@@ -237,7 +237,7 @@ class RaggedDataset:
         starts = np.asarray(self.offsets[index], dtype=np.int64)
         scalars = {name: as_tensor(_take(values, index)) for name, values in self.per_sequence.items()}
         if isinstance(self.collator, PadCollator):
-            padded = self.collator.gather(self.values, starts, lengths, scalars)
+            padded = self.collator._gather_rows(self.values, starts, lengths, scalars)
             if padded is not None:
                 return padded
         cu, positions = pack_positions(lengths)

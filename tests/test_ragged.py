@@ -79,14 +79,14 @@ def test_a_mostly_full_padded_batch_is_the_collated_samples(shortest, data, coll
 def test_padded_gather_reads_rows_only_of_mostly_full_batches_of_numpy_values():
     collator = PadCollator(-1)
     flat = {"input_ids": np.arange(10)}
-    batch = collator.gather(flat, np.array([2, 8, 10]), np.array([3, 2, 0]), {"id": torch.tensor([4, 5, 6])})
+    batch = collator._gather_rows(flat, np.array([2, 8, 10]), np.array([3, 2, 0]), {"id": torch.tensor([4, 5, 6])})
     assert batch is not None and list(batch) == ["input_ids", "id", "attention_mask"]
     assert batch["input_ids"].tolist() == [[2, 3, 4], [8, 9, -1], [-1, -1, -1]]
     assert batch["attention_mask"].tolist() == [[1, 1, 1], [1, 1, 0], [0, 0, 0]] and batch["id"].tolist() == [4, 5, 6]
-    assert collator.gather(flat, np.array([0, 9, 9]), np.array([4, 0, 0]), {}) is None  # 4 tokens in 12 cells
-    assert collator.gather({"input_ids": torch.arange(10.0).bfloat16()}, np.array([0]), np.array([4]), {}) is None
+    assert collator._gather_rows(flat, np.array([0, 9, 9]), np.array([4, 0, 0]), {}) is None  # 4 tokens in 12 cells
+    assert collator._gather_rows({"input_ids": torch.arange(10.0).bfloat16()}, np.array([0]), np.array([4]), {}) is None
     with pytest.raises(ValueError, match=r"pad_value -1 of key 'input_ids' does not fit its dtype uint8"):
-        collator.gather({"input_ids": np.arange(10, dtype=np.uint8)}, np.array([0]), np.array([4]), {})
+        collator._gather_rows({"input_ids": np.arange(10, dtype=np.uint8)}, np.array([0]), np.array([4]), {})
 
 
 def test_items_are_the_sequences():
