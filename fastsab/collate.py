@@ -15,8 +15,9 @@ forms models of sequences take:
 Scalars are stacked into ``(B,)`` tensors in both forms. Both collators work as the
 ``collate_fn`` of the fastsab loaders and of ``torch.utils.data.DataLoader``, and they are
 the layouts of :class:`~fastsab.ragged.RaggedDataset`, which makes the same batches by
-gathering straight from flat values: both paths end in :meth:`Collator.from_flat`
-(:mod:`fastsab.collator`).
+gathering straight from flat values: through :meth:`Collator.from_flat` (:mod:`fastsab.collator`)
+like the collators, or, for a padded batch of mostly real tokens, :meth:`PadCollator._gather_rows`,
+one gather straight into its rows.
 """
 
 from __future__ import annotations
@@ -87,13 +88,7 @@ class PadCollator(Collator):
         self, tokens: Mapping[str, Flat], lengths: np.ndarray, positions: tuple[np.ndarray, np.ndarray], keys: list[str]
     ) -> tuple[dict[str, Any], dict[str, Any]]:
         """Every per-token key padded to ``(B, L)``; ``attention_mask`` unless the batch holds one."""
-        if isinstance(self.pad_value, Mapping):
-            unknown = sorted(set(self.pad_value) - set(tokens))
-            if unknown:
-                raise ValueError(
-                    f"pad_value names {unknown!r}, which are not per-token keys of the batch "
-                    f"(those are {sorted(tokens)!r}): a misspelt key would be padded with 0."
-                )
+        self._check_pad_keys(tokens)
         shape = (len(lengths), self.width(lengths))
         # NOTE: the cell of every token in the flat (B, L) batch: its row's start plus its
         # position; one scatter of the T tokens, where a boolean mask would scan all B * L cells
@@ -104,6 +99,72 @@ class PadCollator(Collator):
         mask = np.zeros(shape, dtype=np.int64)
         mask.reshape(-1)[cells] = 1
         return made, {"attention_mask": torch.from_numpy(mask)}
+
+    def _gather_rows(
+        self,
+        values: Mapping[str, Flat],
+        starts: np.ndarray,
+        lengths: np.ndarray,
+        scalars: Mapping[str, torch.Tensor],
+    ) -> dict[str, Any] | None:
+        """The batch of the sequences ``values[key][starts[b]:starts[b] + lengths[b]]``, read straight into ``(B, L)``.
+
+        One gather per key over the position matrix ``starts[:, None] + arange(L)``, the
+        padding cells then set to the key's pad value, and the mask a broadcast compare of
+        ``arange(L)`` against ``lengths``: the batch :meth:`from_flat` makes of the
+        concatenated sequences, without the flat copy and its scatter. ``None`` where this does
+        not pay or cannot run: a batch of fewer real tokens than padding (its ``B * L`` reads
+        would cost more than the scatter of its tokens), or values that are not numpy arrays.
+
+        Args:
+            values: Per-token key -> the flat values the sequences are read from (one length).
+            starts: Where each sequence of the batch starts in the values (int64, ``B``).
+            lengths: Length of each sequence (int64, ``B``).
+            scalars: Key -> one value per sequence (``B``).
+
+        Examples:
+            >>> flat = {"input_ids": np.array([5, 6, 7, 8, 9])}
+            >>> batch = PadCollator(-1)._gather_rows(flat, np.array([3, 0]), np.array([2, 3]), {})
+            >>> batch["input_ids"].tolist(), batch["attention_mask"].tolist()
+            ([[8, 9, -1], [5, 6, 7]], [[1, 1, 0], [1, 1, 1]])
+        """
+        shape = (len(lengths), self.width(lengths))
+        real_tokens = int(lengths.sum())
+        if 2 * real_tokens < shape[0] * shape[1] or not all(isinstance(v, np.ndarray) for v in values.values()):
+            return None
+        self._check_pad_keys(values)
+        columns = np.arange(shape[1], dtype=np.int64)
+        real = columns < lengths[:, None]
+        cells = starts[:, None] + columns
+        size = len(next(iter(values.values()))) if values else 0
+        if cells.size and int(cells[:, -1].max()) >= size:
+            # NOTE: a padding cell past the end of the values reads the last value, then gets the pad
+            np.minimum(cells, size - 1, out=cells)
+        padding = None if real_tokens == cells.size else ~real
+        made: dict[str, Any] = {}
+        for key, flat in values.items():
+            fill = _fitting_pad(key, self._pad_for(key), flat.dtype)
+            # NOTE: asarray: a memory map's gather is a memmap instance that maps no file
+            out = np.asarray(flat[cells])
+            if padding is not None:
+                np.copyto(out, fill, where=padding, casting="unsafe")  # exact: _fitting_pad checked it
+            made[key] = torch.from_numpy(out)
+        made.update(scalars)
+        keys = list(dict.fromkeys([*values, *scalars]))
+        batch = {key: made[key] for key in keys}
+        if "attention_mask" not in keys:
+            batch["attention_mask"] = torch.from_numpy(real.astype(np.int64))
+        return batch
+
+    def _check_pad_keys(self, tokens: Mapping[str, Flat]) -> None:
+        """Refuse a ``pad_value`` mapping that names a key the batch has no per-token values of."""
+        if isinstance(self.pad_value, Mapping):
+            unknown = sorted(set(self.pad_value) - set(tokens))
+            if unknown:
+                raise ValueError(
+                    f"pad_value names {unknown!r}, which are not per-token keys of the batch "
+                    f"(those are {sorted(tokens)!r}): a misspelt key would be padded with 0."
+                )
 
     def _pad_for(self, key: str) -> int | float:
         if isinstance(self.pad_value, Mapping):

@@ -34,7 +34,8 @@ def pack_positions(lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """
     cu = np.zeros(len(lengths) + 1, dtype=np.int64)
     np.cumsum(lengths, out=cu[1:])
-    positions = np.arange(cu[-1], dtype=np.int64) - np.repeat(cu[:-1], lengths)
+    positions = np.arange(cu[-1], dtype=np.int64)
+    positions -= np.repeat(cu[:-1], lengths)
     return cu, positions
 
 

@@ -5,7 +5,8 @@ such as ``input_ids`` and ``labels``, sharing one ``offsets`` index of ``n + 1``
 sequence ``i`` is ``values[offsets[i]:offsets[i + 1]]``), plus optional per-sequence values
 (a class label). Its :attr:`~RaggedDataset.lengths` are the ``sizeof`` of the size-aware
 loader, and ``__getitems__`` gathers a whole batch with index arithmetic (one ``repeat``, one
-``arange`` minus offsets, one gather) straight into the layout of its collator: padded
+``arange`` minus offsets, one gather; a padded batch of mostly real tokens: one gather over a
+``(B, L)`` matrix of positions) straight into the layout of its collator: padded
 ``(B, L)`` + ``attention_mask`` (:class:`~fastsab.collate.PadCollator`) or packed ``(T,)`` +
 ``cu_seqlens`` (:class:`~fastsab.collate.PackCollator`), the same batches as the collator
 gives over ``[dataset[i] for i in indices]``.
@@ -233,12 +234,18 @@ class RaggedDataset:
         index = index.astype(np.int64, copy=False)
         self._check_range(index)
         lengths = self.lengths[index]
+        starts = np.asarray(self.offsets[index], dtype=np.int64)
+        scalars = {name: as_tensor(_take(values, index)) for name, values in self.per_sequence.items()}
+        if isinstance(self.collator, PadCollator):
+            padded = self.collator._gather_rows(self.values, starts, lengths, scalars)
+            if padded is not None:
+                return padded
         cu, positions = pack_positions(lengths)
         # NOTE: the flat position of every token of the batch: its sequence's start plus its
         # position in the sequence; one gather per key reads them in batch order
-        source = np.repeat(np.asarray(self.offsets[index], dtype=np.int64), lengths) + positions
+        source = np.repeat(starts, lengths)
+        source += positions
         tokens = {name: _take(values, source) for name, values in self.values.items()}
-        scalars = {name: as_tensor(_take(values, index)) for name, values in self.per_sequence.items()}
         return self.collator.from_flat(tokens, lengths, scalars, positions=(cu, positions))
 
     def _check_range(self, index: np.ndarray) -> None:

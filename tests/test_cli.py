@@ -104,12 +104,13 @@ def test_varlen_suite_prints_efficiencies_and_plots_them(tmp_path, capsys):
     assert "DataLoader(batch_size=32)" in printed and "packing eff." in printed and "padded eff." in printed
     # the ragged dataset's epochs against fixed-shape rows and a list of tensors, in the same run
     assert "**ragged**" in printed and "RaggedDataset, packed" in printed and "list of tensors" in printed
+    assert "| RaggedDataset, padded, sort_window=2,048 |" in printed and "the floor is " in printed
     assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_varlen_rows_compare_each_method_with_the_loader_without_window():
     rows = bench.varlen_rows(n=3000, epochs=1)
-    windowed = [row for row in rows if "sort_window" in row.method]
+    windowed = [row for row in rows if row.suite == "varlen" and "sort_window" in row.method]
     assert len(windowed) == 4
     assert all(row.baseline.startswith("FastSizeAwareLoader") and "sort_window" not in row.baseline for row in windowed)
     assert all(row.seconds > 0 and row.ratio > 0 for row in rows)

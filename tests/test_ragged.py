@@ -54,6 +54,41 @@ def test_a_gathered_batch_is_the_collated_samples(lengths, data, collator):
     assert_same_batch(dataset.__getitems__(indices), collator([dataset[i] for i in indices]))
 
 
+@given(
+    shortest=st.integers(1, 15),
+    data=st.data(),
+    collator=st.sampled_from([PadCollator(), PadCollator({"labels": -1.5, "input_ids": 7}), PadCollator(3, 4)]),
+    own_mask=st.booleans(),
+)
+def test_a_mostly_full_padded_batch_is_the_collated_samples(shortest, data, collator, own_mask):
+    # lengths within a factor of two: at least half the cells of a batch are tokens (without a multiple)
+    lengths = data.draw(st.lists(st.integers(shortest, 2 * shortest), min_size=1, max_size=30))
+    sequences = make_sequences(lengths)
+    columns = {
+        "input_ids": [(s % 60_000).astype(np.uint16) for s in sequences],
+        "labels": [s.astype(np.float32) / 2 for s in sequences],
+    }
+    if own_mask:
+        columns["attention_mask"] = [np.ones(len(s), dtype=np.int8) for s in sequences]
+    dataset = RaggedDataset.from_sequences(columns, collator=collator, per_sequence={"index": np.arange(len(lengths))})
+    indices = data.draw(st.lists(st.integers(0, len(lengths) - 1), min_size=1, max_size=12))
+    indices.append(len(lengths) - 1)  # the last sequence: the cells after it lie past the end of the values
+    assert_same_batch(dataset.__getitems__(indices), collator([dataset[i] for i in indices]))
+
+
+def test_padded_gather_reads_rows_only_of_mostly_full_batches_of_numpy_values():
+    collator = PadCollator(-1)
+    flat = {"input_ids": np.arange(10)}
+    batch = collator._gather_rows(flat, np.array([2, 8, 10]), np.array([3, 2, 0]), {"id": torch.tensor([4, 5, 6])})
+    assert batch is not None and list(batch) == ["input_ids", "id", "attention_mask"]
+    assert batch["input_ids"].tolist() == [[2, 3, 4], [8, 9, -1], [-1, -1, -1]]
+    assert batch["attention_mask"].tolist() == [[1, 1, 1], [1, 1, 0], [0, 0, 0]] and batch["id"].tolist() == [4, 5, 6]
+    assert collator._gather_rows(flat, np.array([0, 9, 9]), np.array([4, 0, 0]), {}) is None  # 4 tokens in 12 cells
+    assert collator._gather_rows({"input_ids": torch.arange(10.0).bfloat16()}, np.array([0]), np.array([4]), {}) is None
+    with pytest.raises(ValueError, match=r"pad_value -1 of key 'input_ids' does not fit its dtype uint8"):
+        collator._gather_rows({"input_ids": np.arange(10, dtype=np.uint8)}, np.array([0]), np.array([4]), {})
+
+
 def test_items_are_the_sequences():
     dataset = ragged([3, 0, 2])
     assert dataset[0]["input_ids"].tolist() == [0, 1, 2] and dataset[0]["labels"].tolist() == [1, 2, 3]
