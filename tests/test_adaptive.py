@@ -123,7 +123,7 @@ def test_host_memory_is_read_once_per_interval(monkeypatch):
     clock[0] += 1.0
     assert HOST_AVAILABLE_MEMORY() == 2000 * 1024  # an older one is read again
     assert meminfo.reads == 2
-    clock[0] -= 10.0  # a clock that went back (another process's reading after a fork) reads again too
+    clock[0] -= 10.0  # a reading from the future (a clock that went back) is not trusted either
     meminfo.kib = 3000
     assert HOST_AVAILABLE_MEMORY() == 3000 * 1024
 

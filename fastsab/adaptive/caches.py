@@ -122,8 +122,8 @@ def _cuda_initialized() -> bool:
 
 
 # NOTE: the kernel writes all of /proc/meminfo on each read (several us), more than the rest of a call
-# through a decorated function; the host's reading is reused for this long, much shorter than the time
-# memory takes to move by a bucket of a StackMemoryCache
+# through a decorated function; the host's reading is reused for this long, so a call is keyed by the
+# memory bucket of a reading at most this old (a loop of short calls reads it a few times a second)
 _HOST_READING_SECONDS = 0.05
 _host_reading: tuple[float, int] = (float("-inf"), 0)  # (time.monotonic() of the reading, bytes)
 
