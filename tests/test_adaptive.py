@@ -2,10 +2,12 @@ from __future__ import annotations
 
 import functools
 import gc
+import io
 import resource
 import subprocess
 import sys
 import textwrap
+import types
 import warnings
 import weakref
 
@@ -17,6 +19,8 @@ from fastsab import FastLoader, FastSizeAwareLoader, adaptive
 from fastsab.adaptive import AdaptiveOOMError, GlobalCache, NoCache, StackMemoryCache
 
 OOM = torch.OutOfMemoryError
+# NOTE: taken before the autouse fixture below holds the available memory still
+HOST_AVAILABLE_MEMORY = adaptive.caches.available_memory
 
 
 class Workload:
@@ -82,6 +86,46 @@ def test_stack_memory_cache_is_per_call_site_and_memory(monkeypatch):
     assert work.sizes[:5] == [512, 256, 128, 64, 64]
     assert work.sizes[5:9] == [512, 256, 128, 64]  # another call site starts over
     assert work.sizes[9:] == [512, 256, 128, 64]  # another memory bucket starts over
+
+
+def test_stack_memory_cache_keeps_two_lines_of_a_loop_apart():
+    work, fn = make("default")
+    for _ in range(3):
+        fn()  # one call site, every iteration
+        fn()  # another call site
+    # NOTE: each line shrinks once to 64, then starts there in the next iterations
+    assert work.sizes == [512, 256, 128, 64] * 2 + [64, 64] * 2
+
+
+class FakeMeminfo:
+    """Stands for ``open`` in the caches module: serves /proc/meminfo with a given MemAvailable, counting reads."""
+
+    def __init__(self) -> None:
+        self.kib = 1000
+        self.reads = 0
+
+    def __call__(self, path, mode="r"):
+        assert path == "/proc/meminfo"
+        self.reads += 1
+        return io.BytesIO(b"MemTotal: 9999999 kB\nMemAvailable: " + str(self.kib).encode() + b" kB\n")
+
+
+def test_host_memory_is_read_once_per_interval(monkeypatch):
+    meminfo, clock = FakeMeminfo(), [1000.0]
+    monkeypatch.setattr(adaptive.caches, "open", meminfo, raising=False)
+    monkeypatch.setattr(adaptive.caches, "time", types.SimpleNamespace(monotonic=lambda: clock[0]), raising=False)
+    monkeypatch.setattr(adaptive.caches, "_host_reading", (float("-inf"), 0), raising=False)
+    monkeypatch.setattr(adaptive.caches, "_cuda_initialized", lambda: False)
+    assert [HOST_AVAILABLE_MEMORY() for _ in range(100)] == [1000 * 1024] * 100
+    assert meminfo.reads == 1
+    meminfo.kib, clock[0] = 2000, clock[0] + 0.01
+    assert HOST_AVAILABLE_MEMORY() == 1000 * 1024  # a reading 10 ms old is reused
+    clock[0] += 1.0
+    assert HOST_AVAILABLE_MEMORY() == 2000 * 1024  # an older one is read again
+    assert meminfo.reads == 2
+    clock[0] -= 10.0  # a reading from the future (a clock that went back) is not trusted either
+    meminfo.kib = 3000
+    assert HOST_AVAILABLE_MEMORY() == 3000 * 1024
 
 
 def test_default_cache_can_be_changed_at_run_time():

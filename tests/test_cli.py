@@ -74,11 +74,12 @@ def test_loader_rows_report_speedups():
 
 
 def test_the_bench_module_keeps_its_names():
-    from fastsab.bench import loaders, report, varlen, workloads
+    from fastsab.bench import end_to_end, loaders, report, varlen, workloads
 
     assert bench.__all__ == [
         "Row",
         "adaptive_rows",
+        "end_to_end_rows",
         "first_batch_rows",
         "kernel_rows",
         "loader_rows",
@@ -90,7 +91,7 @@ def test_the_bench_module_keeps_its_names():
         "to_markdown",
         "varlen_rows",
     ]
-    parts = {**vars(report), **vars(workloads), **vars(loaders), **vars(varlen)}
+    parts = {**vars(report), **vars(workloads), **vars(loaders), **vars(varlen), **vars(end_to_end)}
     for name in [*bench.__all__, "PerItemDataset", "BatchedDataset"]:
         assert getattr(bench, name) is parts[name]
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import os
 import threading
+import time
 import types
 import weakref
 from collections import OrderedDict
@@ -116,13 +117,36 @@ def call_site(frame: Any, depth: int = 16) -> tuple[tuple[str, int], ...]:
 def _cuda_initialized() -> bool:
     """Whether torch has initialized CUDA (asking does not initialize it)."""
     initialized: Callable[[], bool] = torch.cuda.is_initialized  # NOTE: torch leaves it unannotated
-    return torch.cuda.is_available() and initialized()
+    # NOTE: is_initialized first: it reads a flag, while is_available asks the driver (about 1 us a call)
+    return initialized() and torch.cuda.is_available()
+
+
+# NOTE: the kernel writes all of /proc/meminfo on each read (several us), more than the rest of a call
+# through a decorated function; the host's reading is reused for this long, so a call is keyed by the
+# memory bucket of a reading at most this old (a loop of short calls reads it a few times a second)
+_HOST_READING_SECONDS = 0.05
+_host_reading: tuple[float, int] = (float("-inf"), 0)  # (time.monotonic() of the reading, bytes)
 
 
 def available_memory() -> int:
-    """Free bytes of the current CUDA device if CUDA is initialized, else of the host."""
+    """Free bytes of the current CUDA device if CUDA is initialized, else of the host.
+
+    The host's figure is read at most once every ``_HOST_READING_SECONDS`` (50 ms) and reused
+    in between.
+    """
     if _cuda_initialized():
         return int(torch.cuda.mem_get_info()[0])
+    global _host_reading
+    now = time.monotonic()
+    read_at, free = _host_reading
+    if not 0 <= now - read_at < _HOST_READING_SECONDS:
+        free = _read_host_available()
+        _host_reading = (now, free)  # NOTE: one tuple, swapped whole: threads see an old or a new reading
+    return free
+
+
+def _read_host_available() -> int:
+    """The host's ``MemAvailable`` in bytes (else its free pages, else 0), read now."""
     try:
         with open("/proc/meminfo", "rb") as meminfo:
             for line in meminfo:

@@ -10,11 +10,13 @@ noisy shared machines.
 - :mod:`~fastsab.bench.epochs`: epoch timings of cases, as rows against a floor.
 - :mod:`~fastsab.bench.loaders`: the loaders per epoch and the time to the first batch.
 - :mod:`~fastsab.bench.varlen`: variable-length batches: padded and packing efficiency, steps and time.
+- :mod:`~fastsab.bench.end_to_end`: the loaders feeding a small model's training step.
 """
 
 from __future__ import annotations
 
 # NOTE: the datasets of the loader workloads stay reachable here, as before the split, outside __all__
+from fastsab.bench.end_to_end import end_to_end_rows
 from fastsab.bench.loaders import BatchedDataset, PerItemDataset, first_batch_rows, loader_rows  # noqa: F401
 from fastsab.bench.report import Row, machine_info, time_best, to_markdown
 from fastsab.bench.varlen import plot_varlen, varlen_rows
@@ -23,6 +25,7 @@ from fastsab.bench.workloads import adaptive_rows, kernel_rows, lognormal_length
 __all__ = [
     "Row",
     "adaptive_rows",
+    "end_to_end_rows",
     "first_batch_rows",
     "kernel_rows",
     "loader_rows",
