@@ -81,7 +81,9 @@ class Stream:
                 self.stats.add(chunk)
             start = self.position
             end = start + chunk.num_batches
-            while self._replay and self._replay[0][0] <= end:
+            # NOTE: one lowering per chunk: the chunk ends where it applies, and another one of
+            # that position re-plans what the plan hands out next, as it did in the run
+            if self._replay and self._replay[0][0] <= end:
                 position, limit = self._replay.popleft()
                 cut = position - start
                 self.plan.lower(chunk.ids[chunk.offsets[cut] :], limit)
