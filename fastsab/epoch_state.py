@@ -42,6 +42,8 @@ STATE_KEYS = ("format", "seed", "epoch", "history", "fingerprint")
 
 
 #: ``(position, limit)`` records: from the ``position``-th batch of a stream on, ``limit`` applied.
+#: Positions never decrease; entries of one position are lowerings applied there one after the
+#: other (a batch retried, then a part of it retried again), each re-planning what the previous left.
 Lowered: TypeAlias = list[tuple[int, Limit]]
 
 
@@ -53,9 +55,9 @@ class Segment:
         world_size: Ranks that ran it.
         steps: Steps run (each rank ran one batch per step).
         even_batches, balance: How the batches were dealt (``None`` for one rank).
-        lowered: ``(position, limit)`` for each limit lowered in this stretch: from the
-            ``position``-th batch of its stream on, the rest was re-planned under ``limit``
-            (one rank only).
+        lowered: ``(position, limit)`` for each limit lowered in this stretch, in the order
+            applied: from the ``position``-th batch of its stream on, the rest was re-planned
+            under ``limit`` (one rank only). Several entries may share a position.
     """
 
     world_size: int
@@ -80,13 +82,20 @@ class Segment:
 
 
 def lowered_at(lowered: Lowered, position: int, limit: Limit) -> Lowered:
-    """The record ``lowered`` with ``limit`` from ``position`` on (replacing later entries).
+    """The record ``lowered`` with ``limit`` lowered at ``position`` after its entries (later ones replaced).
+
+    An entry of the same position is kept: the rest was planned under it before ``limit``
+    re-planned it again, and a resume must plan it the same way twice.
 
     Examples:
         >>> lowered_at([(2, 50), (6, 40)], 4, 30)
         [(2, 50), (4, 30)]
+        >>> lowered_at([(2, 50), (4, 30)], 4, 20)
+        [(2, 50), (4, 30), (4, 20)]
     """
-    return [(at, old) for at, old in lowered if at < position] + [(position, limit)]
+    # NOTE: a lowering is applied at the position reached, after every recorded one, so no
+    # entry lies after it; those that would are dropped to keep the positions non-decreasing
+    return [(at, old) for at, old in lowered if at <= position] + [(position, limit)]
 
 
 def check_steps(segment: Segment, steps: int, epoch: int) -> None:
@@ -181,8 +190,8 @@ def _parse_lowered(lowered: object, world: int, check_limit: Callable[[Any], Lim
         if not isinstance(entry, list) or len(entry) != 2:
             raise ValueError(f"each of state['lowered'] must be [position, limit], got {entry!r}.")
         position = _state_int("lowered position", entry[0])
-        if entries and position <= entries[-1][0]:
-            raise ValueError(f"state['lowered'] positions must increase, got {lowered!r}.")
+        if entries and position < entries[-1][0]:
+            raise ValueError(f"state['lowered'] positions must not decrease, got {lowered!r}.")
         try:
             limit = check_limit(entry[1])
         except (TypeError, ValueError) as error:

@@ -70,6 +70,9 @@ class Stream:
         self.position = 0  # batches of the stream before the next chunk
         self.stats: EpochStats | None = None
         self._returned: deque[tuple[int, int, PlanChunk]] = deque()  # (first, end position, chunk) not released
+        # (position, count): the first `count` chunks returned ended at or before `position`,
+        # where a replayed lowering applied after them
+        self._cut: tuple[int, int] = (0, 0)
 
     def __iter__(self) -> Stream:
         return self
@@ -81,7 +84,10 @@ class Stream:
                 self.stats.add(chunk)
             start = self.position
             end = start + chunk.num_batches
-            while self._replay and self._replay[0][0] <= end:
+            # NOTE: one lowering per chunk: the chunk ends where it applies, and another one of
+            # that position re-plans what the plan hands out next, as it did in the run
+            replayed = bool(self._replay) and self._replay[0][0] <= end
+            if replayed:
                 position, limit = self._replay.popleft()
                 cut = position - start
                 self.plan.lower(chunk.ids[chunk.offsets[cut] :], limit)
@@ -90,10 +96,14 @@ class Stream:
             if self.skip >= end and self.skip > start:  # ran before the state was saved
                 # NOTE: a chunk without batches at the stream's start is returned, not passed
                 # over: what it skipped is reported by those who read the chunks
+                if replayed:
+                    self._cut = (end, len(self._returned))
                 continue
             if self.skip > start:
                 chunk, start = chunk.tail(self.skip - start), self.skip
             self._returned.append((start, end, chunk))
+            if replayed:
+                self._cut = (end, len(self._returned))
             return chunk
 
     def release(self, position: int) -> None:
@@ -101,6 +111,7 @@ class Stream:
         returned = self._returned
         while returned and returned[0][1] <= position:
             returned.popleft()
+            self._cut = (self._cut[0], max(self._cut[1] - 1, 0))
 
     def lower(self, position: int, limit: Limit) -> None:
         """Plan the batches from ``position`` on again under ``limit``.
@@ -116,6 +127,7 @@ class Stream:
             if end > position
         ]
         self._returned.clear()
+        self._cut = (0, 0)
         self.plan.lower(np.concatenate(pending) if pending else np.empty(0, dtype=np.int64), limit)
         self.position = position
         self.lowered = lowered_at(self.lowered, position, limit)
@@ -125,13 +137,24 @@ class Stream:
         # NOTE: a replayed lowering applies to the first chunk ending at or after its position,
         # with nothing returned after it; the chunks returned after that one (planned ahead) go
         # back, so that a run and its resume plan the rest of the epoch alike
+        # NOTE: the chunks returned before a replayed lowering at this same position are not
+        # current: in the run, that lowering took them back and what the plan handed out next is
         returned = list(self._returned)
-        current = next((i for i, (_, end, _) in enumerate(returned) if end >= position), len(returned))
+        cut_at, before = self._cut
+        current = next(
+            (
+                i
+                for i, (_, end, _) in enumerate(returned)
+                if end > position or (end == position and not (end == cut_at and i < before))
+            ),
+            len(returned),
+        )
         pending = np.empty(0, dtype=np.int64)
         if current < len(returned):
             start, _, chunk = returned[current]
             pending = chunk.ids[chunk.offsets[max(position - start, 0)] :]
         self._returned.clear()
+        self._cut = (0, 0)
         plan.lower_giving_back(pending, limit, max(len(returned) - current - 1, 0))
         self.position = position
         self.lowered = lowered_at(self.lowered, position, limit)

@@ -3,6 +3,7 @@ from __future__ import annotations
 import functools
 import gc
 import io
+import json
 import resource
 import subprocess
 import sys
@@ -1143,3 +1144,46 @@ def test_a_configured_cap_of_zero_survives_oom_by_halving(world_size, no_collect
     seen = [i for part in adaptive.run(loader, step) for i in part]
     assert seen == expected
     assert len(set(seen)) == len(seen) > 0
+
+
+_SIZES = np.random.default_rng(1).integers(1, 10, 30)
+
+
+@pytest.mark.parametrize(
+    ("make", "fails"),
+    [
+        (
+            lambda: FastSizeAwareLoader(torch.arange(30), _SIZES, 40, seed=0, group_size=6, sort_window=5),
+            lambda ids: _SIZES[ids].sum() > 9,
+        ),
+        (
+            lambda: FastSizeAwareLoader(torch.arange(30), _SIZES, 40, seed=0, group_size=6),
+            lambda ids: _SIZES[ids].sum() > 9,
+        ),
+        (lambda: FastLoader(torch.arange(30), 16, seed=0, group_size=6), lambda ids: len(ids) > 3),
+    ],
+    ids=["sort_window", "size_aware", "fixed_size"],
+)
+def test_a_state_saved_after_a_batch_split_twice_resumes_with_the_same_batches(make, fails, no_collection):
+    # the first batch fails, and so does the first part of it: the limit is lowered twice at
+    # the same position (caps 40 -> 20 -> 7.5 for the sizes), and a resume replays both lowerings
+    def step(batch):
+        ids = batch.tolist()
+        if len(ids) > 1 and fails(ids):
+            raise OOM("CUDA out of memory (fake)")
+        return ids
+
+    loader = make()
+    full = list(adaptive.run(loader, step))
+    changes = loader.stats.limit_changes
+    assert len(changes) >= 2 and changes[0][0] == changes[1][0] == 0  # two lowerings before the first result
+    for k in range(1, len(full)):
+        loader = make()
+        run = adaptive.run(loader, step)
+        done = [next(run) for _ in range(k)]
+        state = json.loads(json.dumps(loader.state_dict()))
+        run.close()
+        resumed = make()
+        resumed.load_state_dict(state)
+        # invariant: the resumed loader yields exactly the batches the uninterrupted run had left
+        assert done + list(adaptive.run(resumed, step)) == full, f"resumed after {k} results"

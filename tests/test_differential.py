@@ -1138,6 +1138,118 @@ def test_resume_after_lowering(lowered: tuple[Case, Plan, list[tuple[int, tuple[
     assert remaining == len(whole) - stop
 
 
+#: What is asked after a received batch: ``("lower", limit)`` (lower_limit) or ``("retry", limit)``.
+Action = tuple[str, tuple[Any, ...]]
+
+
+def draw_retry_limit(case: Case, current: Sequence[Any], data: Any) -> tuple[Any, ...]:
+    """A limit for a retry: the one in force (a batch retried as it was) or one below it."""
+    if (case.kind == "fixed" and current[0] < 2) or data.draw(st.booleans(), label="retry at the same limit"):
+        return tuple(current)
+    return draw_lower(case, current, data)
+
+
+@st.composite
+def repeated_lowerings(draw: Any) -> tuple[Case, dict[int, Action]]:
+    """A one-process case and lowerings, several of them at one position, keyed by received batch.
+
+    A lowering (or retry) after the ``k``-th batch received, then retries after each of the
+    next batches: the retries apply where the first did, one after the other (a batch split,
+    then its first part split again). Maybe another such run of lowerings later.
+    """
+    case = draw(cases(min_n=2, windows=WINDOWS))
+    assume(case.kind == "sized" or case.batch_size >= 2)
+    total = len(single_process(case).batches)
+    assume(total >= 1)
+    drawer = _Drawer(draw)
+    actions: dict[int, Action] = {}
+    current: tuple[Any, ...] = case.limit
+    received = 0
+    for _ in range(draw(st.integers(1, 2), label="runs of lowerings")):
+        received += draw(st.integers(1, max(total - received, 1)), label="received before the run")
+        first = "retry" if draw(st.booleans(), label="first retries") else "lower"
+        if first == "lower" and case.kind == "fixed" and current[0] < 2:
+            break
+        current = draw_lower(case, current, drawer) if first == "lower" else draw_retry_limit(case, current, drawer)
+        actions[received] = (first, current)
+        for _ in range(draw(st.integers(1, 3), label="retries at the same position")):
+            received += 1
+            current = draw_retry_limit(case, current, drawer)
+            actions[received] = ("retry", current)
+    return case, actions
+
+
+def run_actions(
+    case: Case,
+    stack: ExitStack,
+    actions: dict[int, Action],
+    stop: int | None = None,
+    state: dict[str, Any] | None = None,
+) -> tuple[Any, list[list[int]], int]:
+    """Run an epoch (or its first ``stop`` batches received), asking ``actions`` after the batches.
+
+    With ``state`` the loader resumes from it first. Returns the loader, the batches run (a
+    retried batch is taken back) and the batches received.
+    """
+    loader = make_loader(case, stack)
+    if state is not None:
+        loader.load_state_dict(state)
+    source = start(loader, stack)
+    kept: list[list[int]] = []
+    received = 0
+    while stop is None or received < stop:
+        got = batches_of(source, case, True, 1)
+        if not got:
+            break
+        received += 1
+        kept += got
+        assert received <= 2 * bound(case), "the lowered epoch did not end"
+        if received in actions:
+            kind, limit = actions[received]
+            if kind == "retry":
+                loader.retry_last_batch(limit_argument(case, limit))
+                kept.pop()
+            else:
+                loader.lower_limit(limit_argument(case, limit))
+    return loader, kept, received
+
+
+@settings(max_examples=examples(40))
+@given(lowered=repeated_lowerings(), data=st.data())
+def test_resume_after_several_lowerings_at_one_position(lowered: tuple[Case, dict[int, Action]], data: Any) -> None:
+    case, actions = lowered
+    with ExitStack() as stack:
+        loader, whole, received = run_actions(case, stack, actions)
+        changes = [change[0] for change in loader.stats.limit_changes]
+    note(f"limit changes at {changes}")
+    for stop in resume_points(received, data):
+        with ExitStack() as stack:
+            loader, done, _ = run_actions(case, stack, actions, stop)
+            state = json.loads(json.dumps(loader.state_dict()))
+        # invariant: the same lowerings after the same batches give the same batches
+        assert done == whole[: len(done)]
+        if len(done) == len(whole):
+            with ExitStack() as stack:
+                fresh = make_loader(case, stack)
+                fresh.load_state_dict(state)
+                # invariant: a state saved after the lowered epoch's last step starts the next epoch
+                assert epoch(fresh, case) == single_process(case, 1).batches
+            continue
+        later = {at - stop: action for at, action in actions.items() if at > stop}
+        with ExitStack() as stack:
+            fresh = make_loader(case, stack)
+            fresh.load_state_dict(state)
+            remaining = len(fresh)
+            # (the loader resumed gets the lowerings the uninterrupted run got after the state)
+            _, rest, _ = run_actions(case, stack, later, state=state)
+        # invariant: the resumed loader yields exactly the batches the uninterrupted run had
+        # left, however many lowerings applied at one position
+        assert rest == whole[len(done) :], f"resumed after {stop} batches received (state {state['lowered']})"
+        if not later:
+            # invariant: len() after loading the state is the number of batches left
+            assert remaining == len(rest)
+
+
 @settings(max_examples=examples(60))
 @given(lowered=lowered_cases())
 def test_lower_limit_with_sorted_windows(lowered: tuple[Case, Plan, list[tuple[int, tuple[Any, ...]]]]) -> None:

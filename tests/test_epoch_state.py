@@ -71,7 +71,8 @@ def test_one_rank_ignores_the_dealing_options():
         ),
         (state(lowered=[[1]]), ValueError, r"each of state\['lowered'\] must be \[position, limit\], got \[1\]"),
         (state(lowered=[[-1, 2]]), ValueError, r"state\['lowered position'\] must be a non-negative integer"),
-        (state(lowered=[[2, 4], [2, 3]]), ValueError, r"state\['lowered'\] positions must increase"),
+        (state(lowered=[[2, 4], [1, 3]]), ValueError, r"state\['lowered'\] positions must not decrease"),
+        (state(lowered=[[1, 8], [2, 4], [2, 3], [1, 2]]), ValueError, r"positions must not decrease, got \[\[1, 8\]"),
         (
             state(lowered=[[2, 0]]),
             ValueError,
@@ -92,9 +93,19 @@ def test_a_missing_entry_is_named(key):
         parse(raw)
 
 
-def test_lowered_at_keeps_the_earlier_entries_and_replaces_the_later_ones():
+def test_several_lowerings_at_one_position_parse_in_their_order():
+    # invariant: lowerings applied one after the other at one position (a batch retried, then
+    # its first part retried again) are all kept, in the order applied
+    assert parse(state(lowered=[[1, 8], [1, 4], [1, 4], [3, 2]]))[1] == [
+        Segment(1, 3, None, None, [(1, 8), (1, 4), (1, 4), (3, 2)])
+    ]
+
+
+def test_lowered_at_keeps_the_earlier_entries_and_those_of_its_position_and_replaces_the_later_ones():
     assert lowered_at([], 3, 8) == [(3, 8)]
-    assert lowered_at([(1, 9), (3, 8), (6, 4)], 3, 2) == [(1, 9), (3, 2)]
+    assert lowered_at([(1, 9), (3, 8), (6, 4)], 3, 2) == [(1, 9), (3, 8), (3, 2)]
+    assert lowered_at([(1, 9), (3, 8), (3, 5)], 3, 2) == [(1, 9), (3, 8), (3, 5), (3, 2)]
+    assert lowered_at([(1, 9), (3, 8)], 5, 2) == [(1, 9), (3, 8), (5, 2)]
 
 
 def test_check_steps_refuses_steps_past_the_end_naming_the_ranks():

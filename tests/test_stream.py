@@ -63,6 +63,41 @@ def test_a_second_lowering_replaces_the_record_from_its_position_on():
     assert stream.lowered == [(1, 3), (2, 1)]
 
 
+class Recorded:
+    """A plan that records what each lowering re-plans: ``(pending ids, limit)``."""
+
+    def __init__(self, plan):
+        self.plan = plan
+        self.lowerings = []
+
+    def __next__(self):
+        return next(self.plan)
+
+    def lower(self, pending, limit):
+        self.lowerings.append((pending.tolist(), limit))
+        self.plan.lower(pending, limit)
+
+
+def test_lowerings_at_one_position_are_recorded_and_replayed_in_turn():
+    # a live stream lowered twice at batch 1: the second lowering re-plans what the first planned
+    live = Stream(Recorded(plan()))
+    next(live)
+    live.lower(1, 3)
+    next(live)
+    live.lower(1, 2)
+    rest = batches(live)
+    assert live.lowered == [(1, 3), (1, 2)]
+    # invariant: a stream replaying the record re-plans the same items under each limit in turn
+    replayed = Stream(Recorded(plan()), lowered=live.lowered)
+    assert batches(replayed)[1:] == rest
+    assert (
+        replayed.plan.lowerings
+        == live.plan.lowerings
+        == [([4, 5, 6, 7], 3), ([4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15], 2)]
+    )
+    assert not replayed.lowered_past_end
+
+
 def test_release_lets_go_only_of_chunks_wholly_before_the_position():
     stream = Stream(plan())
     next(stream), next(stream)  # batches 0-1, then 2-3
