@@ -460,9 +460,7 @@ def test_padded_float_products_at_the_cap_equal_greedy_loop(problem):
 def padded_block_problems(draw):
     # many short and long batches: steady costs, spikes, zeros and oversize items in k columns
     k = draw(st.integers(1, 3))
-    cost = st.one_of(
-        st.integers(0, 3), st.integers(4, 40), st.sampled_from([0, 100, 250, 1000]), st.integers(0, 1200)
-    )
+    cost = st.one_of(st.integers(0, 3), st.integers(4, 40), st.sampled_from([0, 100, 250, 1000]), st.integers(0, 1200))
     rows = [tuple(draw(cost) for _ in range(k)) for _ in range(draw(st.integers(0, 300)))]
     caps = tuple(draw(st.sampled_from([0, 1, 99, 250, 1000, 3001])) for _ in range(k))
     options = {

@@ -37,7 +37,8 @@ def kernel_rows(sizes: Iterable[int], repeat: int = 5) -> list[Row]:
     """Split kernel vs one ``np.cumsum`` over the same costs (int and float, sum and padded, 1 to 3 columns).
 
     Budget is 300 x the mean length, as in the size-aware loader workload; ``(n, k)`` costs
-    hold the lengths and ``k - 1`` shifted copies of them, each column under that budget.
+    hold the lengths and ``k - 1`` shifted copies of them, each column under that budget, and
+    their floor is one ``np.cumsum`` over all ``n * k`` costs.
 
     Examples:
         >>> [row.method for row in kernel_rows([1000], repeat=1)][:3]
@@ -63,7 +64,7 @@ def kernel_rows(sizes: Iterable[int], repeat: int = 5) -> list[Row]:
 def _kernel_case(work: str, kind: str, costs: np.ndarray, cap: Any, repeat: int) -> list[Row]:
     """The floor and the sum and padded splits of one kind of costs."""
     base = f"np.cumsum {kind} (floor)"
-    floor = time_best(partial(np.cumsum, costs, axis=0), repeat)
+    floor = time_best(partial(np.cumsum, costs), repeat)  # one pass over all the n * k costs
     rows = [Row("split kernel", work, base, floor, base, 1.0)]
     modes: tuple[Literal["sum", "padded"], ...] = ("sum", "padded")
     for mode in modes:
