@@ -1,11 +1,12 @@
-"""The greedy counters behind :func:`~fastsab.batching.split_batches`.
+"""The greedy walks behind :func:`~fastsab.batching.split_batches`.
 
 :func:`_greedy_ends` walks a split's batches, one counter call per batch; a counter says how
 many items from a position fit the cap: :func:`_sum_counter` for ``cost="sum"`` (prefix sums
 and a galloping binary search, exact for integer and float costs; Python integers where int64
-sums would overflow) and :func:`_padded_counter` for ``cost="padded"`` (a running-max window,
-``len * max`` against the cap), or :func:`_padded_feature_counter` when features are padded
-(``len * f(running max row)``). The caps come converted by
+sums would overflow) or :func:`_padded_feature_counter` when features are padded
+(``len * f(running max row)``). For ``cost="padded"`` over costs, :func:`_padded_split` finds
+the end of a batch starting at every position at once (from each item's bound on a batch's
+length, ``cap // cost``) and walks them one lookup per batch. The caps come converted by
 :meth:`~fastsab.costs.BatchCost.kernel_caps` (less any fixed cost).
 """
 
@@ -86,19 +87,15 @@ def _sum_counter(
     ``caps`` are the caps of :meth:`~fastsab.costs.BatchCost.caps_for_dtype`, ``exact_caps``
     those given; ``unbounded`` says that some items (``own_batch`` ones) may cost more than the cap.
     """
-    m, k = c.shape
+    k = c.shape[1]
     counters = []
     for j in range(k):
         column = c[:, j]
         cap = caps[j].item()
         if c.dtype == np.float64:
-            prefix = np.zeros(m + 1, dtype=c.dtype)
-            np.cumsum(column, out=prefix[1:])
-            counters.append(_float_column_counter(prefix.data, column, cap))
+            counters.append(_float_column_counter(_prefix_sums(column).data, column, cap))
         elif _int64_prefix_fits(column, cap, unbounded):
-            prefix = np.zeros(m + 1, dtype=c.dtype)
-            np.cumsum(column, out=prefix[1:])
-            counters.append(_int_column_counter(prefix.data, cap))
+            counters.append(_int_column_counter(_prefix_sums(column).data, cap))
         else:
             # NOTE: the prefix sums of this call pass int64 (batches may too, under a cap past
             # int64): exact Python ints, only for costs this large
@@ -113,6 +110,15 @@ def _sum_counter(
         return hi - i
 
     return count
+
+
+def _prefix_sums(column: np.ndarray) -> np.ndarray:
+    """``0`` and the running sums of ``column``."""
+    # NOTE: empty, not zeros: writing into fresh zeroed pages costs a page fault each
+    prefix = np.empty(len(column) + 1, dtype=column.dtype)
+    prefix[0] = 0
+    np.cumsum(column, out=prefix[1:])
+    return prefix
 
 
 def _int64_prefix_fits(column: np.ndarray, cap: int, unbounded: bool) -> bool:
@@ -297,7 +303,8 @@ def _padded_ends(q: np.ndarray) -> np.ndarray:
     reach = np.maximum.accumulate(positions - q)  # non-decreasing, below each position
     np.clip(reach, -1, m - 1, out=reach)
     first = np.cumsum(np.bincount(reach + 1, minlength=m + 1)[:m])  # K[i]: how many reach below i
-    offsets = np.zeros(m, dtype=np.int64)
+    offsets = np.empty(m, dtype=np.int64)
+    offsets.fill(0)
     offsets[_chain(first)] = m + 1
     # NOTE: offsets growing by m + 1 (above every q) per block keep each accumulated minimum
     # inside its block

@@ -61,8 +61,9 @@ def split_batches(
     integer costs (exact ``int64`` sums; padded costs exact for every ``int64`` cost, never
     wrapped around) and float costs (``float64`` sums accumulated in item order from the
     batch start, as the loop does, so values right at the cap agree).
-    The work is a prefix sum and one binary search per batch (``sum`` mode) or a short
-    running-max window per batch (``padded`` mode); there is no Python loop per item.
+    The work is a prefix sum and one binary search per batch (``sum`` mode), or a few
+    vectorized passes that give every position the end of a batch starting there and one
+    lookup per batch (``padded`` mode); there is no Python loop per item.
 
     Args:
         costs: Per-item costs in order: 1-D, or ``(n, k)`` for ``k`` limits at once (e.g.
