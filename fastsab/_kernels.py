@@ -207,19 +207,25 @@ def _padded_split(
     # other batch as a bound of 0 would (they stop before it either way)
     ends = _padded_ends(np.maximum(lengths, 1, out=lengths))
     if multiple > 1:
-        positions = np.arange(m, dtype=np.int64)
-        # a batch is full unless it stops at an own-batch item or at the end of the items
-        hi = np.where(is_over, positions, m)
-        np.minimum.accumulate(hi[::-1], out=hi[::-1])
-        size = ends - positions
-        cut = (ends < hi) & (size > multiple)
-        ends[cut] -= size[cut] % multiple
+        _cut_to_multiple(ends, is_over, multiple)
     walked = _walk(ends)
     open_start = m
     if not final and walked and not is_over[walked[-2] if len(walked) > 1 else 0]:
         walked.pop()
         open_start = walked[-1] if walked else 0
     return walked, open_start
+
+
+def _cut_to_multiple(ends: np.ndarray, is_over: np.ndarray, multiple: int) -> None:
+    """Cut each full batch of ``ends`` longer than ``multiple`` down to a multiple of it, in place."""
+    m = len(ends)
+    positions = np.arange(m, dtype=np.int64)
+    # a batch is full unless it stops at an own-batch item or at the end of the items
+    hi = np.where(is_over, positions, m)
+    np.minimum.accumulate(hi[::-1], out=hi[::-1])
+    size = ends - positions
+    cut = (ends < hi) & (size > multiple)
+    ends[cut] -= size[cut] % multiple
 
 
 def _walk(ends: np.ndarray) -> list[int]:
