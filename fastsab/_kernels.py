@@ -1,11 +1,12 @@
-"""The greedy counters behind :func:`~fastsab.batching.split_batches`.
+"""The greedy walks behind :func:`~fastsab.batching.split_batches`.
 
 :func:`_greedy_ends` walks a split's batches, one counter call per batch; a counter says how
 many items from a position fit the cap: :func:`_sum_counter` for ``cost="sum"`` (prefix sums
 and a galloping binary search, exact for integer and float costs; Python integers where int64
-sums would overflow) and :func:`_padded_counter` for ``cost="padded"`` (a running-max window,
-``len * max`` against the cap), or :func:`_padded_feature_counter` when features are padded
-(``len * f(running max row)``). The caps come converted by
+sums would overflow) or :func:`_padded_feature_counter` when features are padded
+(``len * f(running max row)``). For ``cost="padded"`` over costs, :func:`_padded_split` finds
+the end of a batch starting at every position at once (from each item's bound on a batch's
+length, ``cap // cost``) and walks them one lookup per batch. The caps come converted by
 :meth:`~fastsab.costs.BatchCost.kernel_caps` (less any fixed cost).
 """
 
@@ -86,19 +87,15 @@ def _sum_counter(
     ``caps`` are the caps of :meth:`~fastsab.costs.BatchCost.caps_for_dtype`, ``exact_caps``
     those given; ``unbounded`` says that some items (``own_batch`` ones) may cost more than the cap.
     """
-    m, k = c.shape
+    k = c.shape[1]
     counters = []
     for j in range(k):
         column = c[:, j]
         cap = caps[j].item()
         if c.dtype == np.float64:
-            prefix = np.zeros(m + 1, dtype=c.dtype)
-            np.cumsum(column, out=prefix[1:])
-            counters.append(_float_column_counter(prefix.data, column, cap))
+            counters.append(_float_column_counter(_prefix_sums(column).data, column, cap))
         elif _int64_prefix_fits(column, cap, unbounded):
-            prefix = np.zeros(m + 1, dtype=c.dtype)
-            np.cumsum(column, out=prefix[1:])
-            counters.append(_int_column_counter(prefix.data, cap))
+            counters.append(_int_column_counter(_prefix_sums(column).data, cap))
         else:
             # NOTE: the prefix sums of this call pass int64 (batches may too, under a cap past
             # int64): exact Python ints, only for costs this large
@@ -113,6 +110,15 @@ def _sum_counter(
         return hi - i
 
     return count
+
+
+def _prefix_sums(column: np.ndarray) -> np.ndarray:
+    """``0`` and the running sums of ``column``."""
+    # NOTE: empty, not zeros: writing into fresh zeroed pages costs a page fault each
+    prefix = np.empty(len(column) + 1, dtype=column.dtype)
+    prefix[0] = 0
+    np.cumsum(column, out=prefix[1:])
+    return prefix
 
 
 def _int64_prefix_fits(column: np.ndarray, cap: int, unbounded: bool) -> bool:
@@ -169,108 +175,159 @@ def _float_column_counter(prefix: memoryview, column: np.ndarray, cap: float) ->
     return count
 
 
-def _padded_counter(c: np.ndarray, caps: np.ndarray, exact_caps: list[int | float]) -> Callable[[int, int, int], int]:
-    """Counter for ``cost="padded"``: ``len * running max`` is monotone, so count the fits.
+def _padded_split(
+    c: np.ndarray,
+    caps: np.ndarray,
+    exact_caps: list[int | float],
+    max_items: int | None,
+    multiple: int,
+    over: np.ndarray | None,
+    final: bool,
+) -> tuple[list[int], int]:
+    """Batch ends and the open start for ``cost="padded"``, the rules of :func:`_greedy_ends` vectorized.
 
-    ``caps`` are the caps of :meth:`~fastsab.costs.BatchCost.caps_for_dtype`, ``exact_caps`` those given.
+    Every position gets the end of a batch that would start there (:func:`_padded_ends`), then
+    the batches are walked from position 0, one list lookup per batch.
     """
-    single = c.shape[1] == 1
-    column = np.ascontiguousarray(c[:, 0]) if single else c
-    if c.dtype == np.float64:
-        fits = _padded_float_fits(len(c), caps, single)
-    else:
-        fits = _padded_int_fits(c, [math.floor(cap) for cap in exact_caps], single)
-
-    def count(i: int, hi: int, guess: int) -> int:
-        width = max(2 * guess, 16)
-        while True:
-            stop = min(i + width, hi)
-            n_fit = fits(np.maximum.accumulate(column[i:stop], axis=0))
-            if n_fit < stop - i or stop == hi:
-                return n_fit
-            width *= 2
-
-    return count
-
-
-def _padded_float_fits(m: int, caps: np.ndarray, single: bool) -> Callable[[np.ndarray], int]:
-    """How many leading lengths of a window have ``len * running max <= cap`` (float costs).
-
-    The function takes the window's running max (and overwrites it).
-    """
-    # NOTE: the product is rounded as the loop's Python float product is; past the float
-    # range it is inf, above every cap, as in the loop.
-    steps = np.arange(1, m + 1, dtype=np.float64)
-    if single:
-        cap = caps[0]
-
-        def fits(running: np.ndarray) -> int:
-            running *= steps[: len(running)]
-            return int(running.searchsorted(cap, side="right"))  # non-decreasing padded costs
-
-        return fits
-    lengths = steps[:, None]
-
-    def fits_all(running: np.ndarray) -> int:
-        running *= lengths[: len(running)]
-        return int(np.count_nonzero((running <= caps).all(axis=1)))  # the fits are a prefix
-
-    return fits_all
+    m = len(c)
+    lengths = _padded_lengths(c, caps, exact_caps)
+    if max_items is not None:
+        # NOTE: `L <= max_items` is one more bound on the length, as `L <= q` is for an item
+        np.minimum(lengths, max_items, out=lengths)
+    is_over = np.zeros(m, dtype=bool) if over is None else over
+    stuck = (lengths == 0) & ~is_over
+    if stuck.any():
+        # NOTE: only a carry from a split under a larger cap can hold an item that fits
+        # in no batch; every walk reaches the first such item as a batch start
+        raise ValueError(
+            f"item at position {int(np.argmax(stuck))} of this split costs more than max_total_size and came in "
+            "the carry; split a carry's chunk again under the cap it was made with."
+        )
+    # NOTE: a bound of 1 for an oversize item gives it a batch of its own and leaves every
+    # other batch as a bound of 0 would (they stop before it either way)
+    ends = _padded_ends(np.maximum(lengths, 1, out=lengths))
+    if multiple > 1:
+        _cut_to_multiple(ends, is_over, multiple)
+    walked = _walk(ends)
+    open_start = m
+    if not final and walked and not is_over[walked[-2] if len(walked) > 1 else 0]:
+        walked.pop()
+        open_start = walked[-1] if walked else 0
+    return walked, open_start
 
 
-def _padded_int_fits(c: np.ndarray, caps: list[int], single: bool) -> Callable[[np.ndarray], int]:
-    """How many leading lengths of a window have ``len * running max <= cap`` (integer costs).
-
-    Tested as ``running max <= cap // len``, exact for every int64 cost and every cap: the
-    product can pass int64 (and so can the caps), the quotients that matter cannot. The
-    function takes the window's running max (and overwrites it).
-    """
-    tops = [int(top) for top in c.max(axis=0)] if len(c) else [0] * len(caps)
-    limits = np.empty((0, len(caps)), dtype=np.int64)
-    column_limits = limits[:, 0]
-
-    def grow(length: int) -> None:
-        # NOTE: the limits grow with the longest window so far, not with the whole call.
-        nonlocal limits, column_limits
-        limits = _padded_limits(caps, tops, min(max(length, 2 * len(limits)), len(c)))
-        if single:
-            column_limits = np.ascontiguousarray(limits[:, 0])
-
-    def fits(running: np.ndarray) -> int:
-        length = len(running)
-        if length > len(limits):
-            grow(length)
-        # running max - limit is non-decreasing (no overflow: both are in [0, 2**63))
-        np.subtract(running, column_limits[:length], out=running)
-        return int(running.searchsorted(0, side="right"))
-
-    def fits_all(running: np.ndarray) -> int:
-        length = len(running)
-        if length > len(limits):
-            grow(length)
-        return int(np.count_nonzero((running <= limits[:length]).all(axis=1)))  # the fits are a prefix
-
-    return fits if single else fits_all
+def _cut_to_multiple(ends: np.ndarray, is_over: np.ndarray, multiple: int) -> None:
+    """Cut each full batch of ``ends`` longer than ``multiple`` down to a multiple of it, in place."""
+    m = len(ends)
+    positions = np.arange(m, dtype=np.int64)
+    # a batch is full unless it stops at an own-batch item or at the end of the items
+    hi = np.where(is_over, positions, m)
+    np.minimum.accumulate(hi[::-1], out=hi[::-1])
+    size = ends - positions
+    cut = (ends < hi) & (size > multiple)
+    ends[cut] -= size[cut] % multiple
 
 
-def _padded_limits(caps: list[int], tops: list[int], size: int) -> np.ndarray:
-    """``out[L - 1, j]``: the largest running max with which ``L`` items fit cap ``j``.
-
-    That is ``cap // L``; lengths up to ``cap // top`` (``top``: the column's largest cost)
-    fit whatever the items, and get the largest int64 instead.
-    """
-    out = np.full((size, len(caps)), _INT64_MAX, dtype=np.int64)
-    for j, (cap, top) in enumerate(zip(caps, tops, strict=True)):
-        free = cap // top if top else size
-        if free >= size:
-            continue
-        if cap <= _INT64_MAX:
-            out[free:, j] = cap // np.arange(free + 1, size + 1, dtype=np.int64)
-        else:
-            # NOTE: past `free` the quotients are below `top`, but the cap does not fit int64:
-            # Python ints, only for costs so large that a few of them pass int64.
-            out[free:, j] = [cap // length for length in range(free + 1, size + 1)]
+def _walk(ends: np.ndarray) -> list[int]:
+    """The batch ends met from position 0, given the end of a batch starting at each position."""
+    table = ends.data
+    m = len(ends)
+    out: list[int] = []
+    append = out.append
+    i = 0
+    while i < m:
+        i = table[i]
+        append(i)
     return out
+
+
+def _chain(ends: np.ndarray) -> list[int]:
+    """The positions met from position 0 (itself excluded) stepping to ``ends[i]``, below ``len(ends)``."""
+    return _walk(ends)[:-1]
+
+
+def _padded_lengths(c: np.ndarray, caps: np.ndarray, exact_caps: list[int | float]) -> np.ndarray:
+    """``q[i]``: the most items a batch holding item ``i`` may have (``L * c[i] <= cap`` in every column).
+
+    Clipped to ``len(c)``; 0 for an item above the cap. A batch of ``L`` items fits iff ``L <= q``
+    for each of its items, since ``L * max`` is the largest of the items' ``L * c``.
+    """
+    m = len(c)
+    q = None
+    for j in range(c.shape[1]):
+        if c.dtype == np.float64:
+            column = _float_lengths(c[:, j], float(caps[j]), m)
+        else:
+            column = _int_lengths(c[:, j], math.floor(exact_caps[j]), m)
+        q = column if q is None else np.minimum(q, column, out=q)
+    assert q is not None  # costs have at least one column
+    return q
+
+
+def _int_lengths(column: np.ndarray, cap: int, m: int) -> np.ndarray:
+    """``min(cap // c, m)`` for integer costs (``m`` for a cost of 0), exact for every cap."""
+    if cap < 0:
+        return np.zeros(len(column), dtype=np.int64)
+    if cap <= _INT64_MAX:
+        q: np.ndarray = np.int64(cap) // np.maximum(column, 1)
+        q[column == 0] = m
+        np.clip(q, 0, m, out=q)
+        return q
+    # NOTE: a cap past int64 fits `m` items of every cost up to int64_max // m; the few larger
+    # costs get exact Python quotients
+    q = np.full(len(column), m, dtype=np.int64)
+    large = np.flatnonzero(column > _INT64_MAX // max(m, 1))
+    q[large] = [min(cap // value, m) for value in column[large].tolist()]
+    return q
+
+
+def _float_lengths(column: np.ndarray, cap: float, m: int) -> np.ndarray:
+    """The largest ``L <= m`` with ``float(L) * c <= cap`` as float64 rounds the product (float costs)."""
+    # NOTE: with r = cap / c (exact), the rounded quotient's floor and the answer are each
+    # floor(r) or one off it: one below when r is just above an integer, one above when r is
+    # just below one, never both (the lengths are far below 2**52). One step down and one up
+    # make it exact; inf and 0 / 0 (a cost of 0) clip to m.
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        q = np.fmax(np.fmin(np.floor(cap / column), m), 0).astype(np.int64)
+    q -= (q > 0) & (q * column > cap)
+    q += (q < m) & ((q + 1) * column <= cap)
+    return q
+
+
+def _padded_ends(q: np.ndarray) -> np.ndarray:
+    """``e[i]``: the end of the greedy batch starting at ``i``, given the items' length bounds ``q >= 1``.
+
+    A batch from ``i`` first fails at the length where some item ``k`` in it has ``q[k]`` below
+    it, so ``e[i] = min over k >= i of max(k, i + q[k])`` (at most ``len(q)``). With
+    ``K[i]``, the first ``k`` with ``k - q[k] >= i``, this is ``min(K[i], i + min(q[i:K[i]]))``.
+    ``K`` is non-decreasing, so the windows ``[i, K[i])`` starting in a block between two steps
+    of the chain ``0, K[0], K[K[0]], ...`` end in the next block: each window minimum is a
+    suffix minimum of one block and a prefix minimum of the next, all found in a few passes.
+    """
+    m = len(q)
+    positions = np.arange(m, dtype=np.int64)
+    reach = np.maximum.accumulate(positions - q)  # non-decreasing, below each position
+    np.clip(reach, -1, m - 1, out=reach)
+    first = np.cumsum(np.bincount(reach + 1, minlength=m + 1)[:m])  # K[i]: how many reach below i
+    offsets = np.empty(m, dtype=np.int64)
+    offsets.fill(0)
+    offsets[_chain(first)] = m + 1
+    # NOTE: offsets growing by m + 1 (above every q) per block keep each accumulated minimum
+    # inside its block
+    np.cumsum(offsets, out=offsets)
+    suffix: np.ndarray = np.add(q, offsets)
+    np.minimum.accumulate(suffix[::-1], out=suffix[::-1])
+    suffix -= offsets
+    prefix = np.subtract(q, offsets)
+    np.minimum.accumulate(prefix, out=prefix)
+    # the next block's prefix ending at K[i] - 1; above every q when that is still i's own block
+    ahead = np.take(prefix, first - 1)
+    ahead += offsets
+    ahead += m + 1
+    np.minimum(suffix, ahead, out=suffix)
+    suffix += positions
+    np.minimum(suffix, first, out=suffix)
+    return suffix
 
 
 def _padded_feature_counter(

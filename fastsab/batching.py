@@ -27,7 +27,7 @@ from typing import Any, Literal, cast
 import numpy as np
 
 from fastsab._checks import as_numeric_array, check_choice
-from fastsab._kernels import _greedy_ends, _padded_counter, _padded_feature_counter, _sum_counter
+from fastsab._kernels import _greedy_ends, _padded_feature_counter, _padded_split, _sum_counter
 from fastsab.costs import BatchCost
 from fastsab.costs import CostMode as CostMode
 from fastsab.plans import Carry, PlanChunk
@@ -61,8 +61,9 @@ def split_batches(
     integer costs (exact ``int64`` sums; padded costs exact for every ``int64`` cost, never
     wrapped around) and float costs (``float64`` sums accumulated in item order from the
     batch start, as the loop does, so values right at the cap agree).
-    The work is a prefix sum and one binary search per batch (``sum`` mode) or a short
-    running-max window per batch (``padded`` mode); there is no Python loop per item.
+    The work is a prefix sum and one binary search per batch (``sum`` mode), or a few
+    vectorized passes that give every position the end of a batch starting there and one
+    lookup per batch (``padded`` mode); there is no Python loop per item.
 
     Args:
         costs: Per-item costs in order: 1-D, or ``(n, k)`` for ``k`` limits at once (e.g.
@@ -177,8 +178,8 @@ def split_with(
 
     over: np.ndarray | None = None
     skipped = np.empty(0, dtype=np.int64 if item_ids is None else item_ids.dtype)
-    if n and (c.max(axis=0) > caps).any():
-        over = np.asarray((c > caps).any(axis=1))
+    if n and any(column.max() > cap for column, cap in zip(c.T, caps, strict=True)):
+        over = _above(c, caps)
         if policy == "error":
             pos = int(np.argmax(over))
             item = start + pos if item_ids is None else item_ids[pos].item()
@@ -208,13 +209,15 @@ def split_with(
         if over is not None:
             over = np.concatenate([np.zeros(len(carry), dtype=bool), over])
 
+    max_items, multiple = rule.max_batch_size, rule.batch_size_multiple
     if rule.cost == "sum":
         count = _sum_counter(c, caps, cap_values, over is not None)
+        ends, open_start = _greedy_ends(len(c), count, max_items, multiple, over, final)
     elif features is not None:
         count = _padded_feature_counter(features, partial(_feature_item_costs, rule), caps, cap_values, float_mode)
+        ends, open_start = _greedy_ends(len(c), count, max_items, multiple, over, final)
     else:
-        count = _padded_counter(c, caps, cap_values)
-    ends, open_start = _greedy_ends(len(c), count, rule.max_batch_size, rule.batch_size_multiple, over, final)
+        ends, open_start = _padded_split(c, caps, cap_values, max_items, multiple, over, final)
     offsets = np.zeros(len(ends) + 1, dtype=np.int64)
     offsets[1:] = ends
     next_carry = None
@@ -224,6 +227,15 @@ def split_with(
         next_carry = Carry(rest, kept[open_start:], start + n)
     batched = range(start, start + open_start) if item_ids is None else item_ids[:open_start]
     return PlanChunk(batched, offsets, skipped, carry=next_carry)  # type: ignore[arg-type]
+
+
+def _above(c: np.ndarray, caps: np.ndarray) -> np.ndarray:
+    """Whether each row of ``c`` is above its cap in some column."""
+    # NOTE: column by column: numpy reduces across the short rows of an (n, k) array many times slower
+    over: np.ndarray = c[:, 0] > caps[0]
+    for j in range(1, c.shape[1]):
+        over |= c[:, j] > caps[j]
+    return over
 
 
 def _row(c: np.ndarray, pos: int) -> Any:

@@ -432,6 +432,76 @@ def test_long_runs_of_equal_padded_costs_equal_greedy_loop(problem):
     split_like_the_loop(problem)
 
 
+@st.composite
+def padded_float_cap_problems(draw):
+    # float costs whose products with a batch length land on the cap, one float below or above it
+    base = draw(st.sampled_from([0.1, 0.2, 0.3, 1 / 3, 2 / 3, 0.7, 1.1, 3.0000000000000004, 1e-3, 123.456]))
+    length = draw(st.integers(1, 60))
+    cap = float(np.nextafter(length * base, draw(st.sampled_from([-np.inf, 0.0, np.inf]))))
+    value = st.one_of(st.just(base), st.sampled_from([0.0, base / 2, base * 0.999999, float(np.nextafter(base, 2))]))
+    rows = [(draw(value),) for _ in range(draw(st.integers(0, 150)))]
+    options = {
+        "max_batch_size": draw(st.sampled_from([None, None, 7, 40])),
+        "cost": "padded",
+        "multiple": draw(st.sampled_from([1, 1, 2, 8])),
+        "oversize": draw(st.sampled_from(["skip", "own_batch"])),
+    }
+    return rows, (cap if draw(st.booleans()) else cap * (1 + 2**-52),), options
+
+
+@settings(max_examples=300, deadline=None)
+@given(padded_float_cap_problems())
+def test_padded_float_products_at_the_cap_equal_greedy_loop(problem):
+    # invariant: lengths where float64 rounds `len * max` onto or past the cap are the loop's
+    split_like_the_loop(problem)
+
+
+@st.composite
+def padded_block_problems(draw):
+    # many short and long batches: steady costs, spikes, zeros and oversize items in k columns
+    k = draw(st.integers(1, 3))
+    cost = st.one_of(st.integers(0, 3), st.integers(4, 40), st.sampled_from([0, 100, 250, 1000]), st.integers(0, 1200))
+    rows = [tuple(draw(cost) for _ in range(k)) for _ in range(draw(st.integers(0, 300)))]
+    caps = tuple(draw(st.sampled_from([0, 1, 99, 250, 1000, 3001])) for _ in range(k))
+    options = {
+        "max_batch_size": draw(st.sampled_from([None, None, 1, 5, 64])),
+        "cost": "padded",
+        "multiple": draw(st.sampled_from([1, 1, 2, 3, 8])),
+        "oversize": draw(st.sampled_from(["skip", "own_batch"])),
+    }
+    return rows, caps, options
+
+
+@settings(max_examples=300, deadline=None)
+@given(padded_block_problems(), st.booleans(), st.lists(st.integers(0, 300), max_size=5))
+def test_padded_blocks_equal_greedy_loop_whole_and_in_chunks(problem, as_float, cuts):
+    # invariant: padded batches equal the loop's, in one call and chunk by chunk with carries
+    split = split_like_the_loop(problem, as_float=as_float)
+    rows, caps, options = problem
+    costs, cap, kwargs = kernel_args(rows, caps, options)
+    if as_float:
+        costs = costs.astype(np.float64)
+    bounds = sorted({min(c, len(rows)) for c in cuts} | {0, len(rows)})
+    batches, carry = [], None
+    for lo, hi in itertools.pairwise(bounds):
+        part = split_batches(costs[lo:hi], cap, carry=carry, final=False, **kwargs)
+        batches += as_lists(part)
+        carry = part.carry
+    batches += as_lists(split_batches(costs[len(rows) :], cap, carry=carry, **kwargs))
+    assert batches == as_lists(split)
+
+
+def test_padded_carry_item_above_the_cap_names_its_position():
+    first = split_batches([1, 1, 9], 20, cost="padded", final=False)
+    with pytest.raises(ValueError, match=r"item at position 0 of this split costs more than max_total_size"):
+        split_batches([1, 1], 5, cost="padded", carry=first.carry)
+
+
+def test_padded_nan_costs_are_refused_before_splitting():
+    with pytest.raises(ValueError, match=r"costs must be finite, got nan at position 2\."):
+        split_batches([1.0, 2.0, float("nan")], 10.0, cost="padded")
+
+
 INT64_MAX = 2**63 - 1
 
 

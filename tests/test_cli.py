@@ -115,3 +115,16 @@ def test_varlen_rows_compare_each_method_with_the_loader_without_window():
     assert len(windowed) == 4
     assert all(row.baseline.startswith("FastSizeAwareLoader") and "sort_window" not in row.baseline for row in windowed)
     assert all(row.seconds > 0 and row.ratio > 0 for row in rows)
+
+
+def test_kernel_suite_times_sum_and_padded_splits_of_one_to_three_columns():
+    rows = bench.kernel_rows([3000], repeat=1)
+    kinds = ["int", "float", "int (n, 2)", "int (n, 3)"]
+    expected = [
+        m
+        for kind in kinds
+        for m in (f"np.cumsum {kind} (floor)", *(f"split_batches {kind} {x}" for x in ("sum", "padded")))
+    ]
+    assert [row.method for row in rows] == expected
+    assert all(row.workload == "n=3,000" and row.seconds > 0 and row.ratio > 0 for row in rows)
+    assert all(row.note.endswith(" batches") for row in rows if row.method.startswith("split_batches"))

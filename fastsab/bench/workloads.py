@@ -34,28 +34,44 @@ def lognormal_lengths(n: int, seed: int = 0, mean: float = 150.0, sigma: float =
 
 
 def kernel_rows(sizes: Iterable[int], repeat: int = 5) -> list[Row]:
-    """Split kernel vs one ``np.cumsum`` over the same costs (int and float, sum and padded).
+    """Split kernel vs one ``np.cumsum`` over the same costs (int and float, sum and padded, 1 to 3 columns).
 
-    Budget is 300 x the mean length, as in the size-aware loader workload.
+    Budget is 300 x the mean length, as in the size-aware loader workload; ``(n, k)`` costs
+    hold the lengths and ``k - 1`` shifted copies of them, each column under that budget, and
+    their floor is one ``np.cumsum`` over all ``n * k`` costs.
+
+    Examples:
+        >>> [row.method for row in kernel_rows([1000], repeat=1)][:3]
+        ['np.cumsum int (floor)', 'split_batches int sum', 'split_batches int padded']
     """
     rows = []
     for n in sizes:
         lengths = lognormal_lengths(n)
         budget = 300 * int(lengths.mean())
         floats = lengths * 1.0009765625  # non-integer float costs, exact in binary
-        work = f"n={n:,}"
-        for kind, costs, cap in (("int", lengths, budget), ("float", floats, float(budget))):
-            base = f"np.cumsum {kind} (floor)"
-            floor = time_best(partial(np.cumsum, costs), repeat)
-            rows.append(Row("split kernel", work, base, floor, base, 1.0))
-            modes: tuple[Literal["sum", "padded"], ...] = ("sum", "padded") if kind == "int" else ("sum",)
-            for mode in modes:
-                fn = partial(split_batches, costs, cap, cost=mode)
-                seconds = time_best(fn, repeat)
-                note = f"{fn().num_batches:,} batches"
-                rows.append(
-                    Row("split kernel", work, f"split_batches {kind} {mode}", seconds, base, seconds / floor, note)
-                )
+        columns = np.stack([np.roll(lengths, 7 * j) for j in range(3)], axis=1)
+        cases: list[tuple[str, np.ndarray, Any]] = [
+            ("int", lengths, budget),
+            ("float", floats, float(budget)),
+            ("int (n, 2)", columns[:, :2], [budget] * 2),
+            ("int (n, 3)", columns, [budget] * 3),
+        ]
+        for kind, costs, cap in cases:
+            rows += _kernel_case(f"n={n:,}", kind, costs, cap, repeat)
+    return rows
+
+
+def _kernel_case(work: str, kind: str, costs: np.ndarray, cap: Any, repeat: int) -> list[Row]:
+    """The floor and the sum and padded splits of one kind of costs."""
+    base = f"np.cumsum {kind} (floor)"
+    floor = time_best(partial(np.cumsum, costs), repeat)  # one pass over all the n * k costs
+    rows = [Row("split kernel", work, base, floor, base, 1.0)]
+    modes: tuple[Literal["sum", "padded"], ...] = ("sum", "padded")
+    for mode in modes:
+        fn = partial(split_batches, costs, cap, cost=mode)
+        seconds = time_best(fn, repeat)
+        note = f"{fn().num_batches:,} batches"
+        rows.append(Row("split kernel", work, f"split_batches {kind} {mode}", seconds, base, seconds / floor, note))
     return rows
 
 
