@@ -30,7 +30,7 @@ from fastsab.epoch_state import STATE_FORMAT, Limit, Segment, lowered_at, parse_
 from fastsab.epochs import EpochStats
 from fastsab.plans import PlanChunk
 from fastsab.plans import Planner as _Planner
-from fastsab.shares import EpochShares
+from fastsab.shares import DealtShare, EpochShares
 from fastsab.stream import Stream
 
 __all__ = ["STATE_FORMAT", "EpochCursor", "Segment", "Stream", "plan_fingerprint"]
@@ -158,7 +158,7 @@ class EpochCursor:
             return self._shares.remaining(self.epoch, self._history, self._segment)
         if self.world_size == 1:
             return int(self.planner.num_batches(self.epoch))
-        return self._shares.dealt(self.epoch, [], self._new_segment())[1].num_steps
+        return self._shares.remaining(self.epoch, [], self._new_segment())
 
     def _start_epoch(self, stats: EpochStats | None = None) -> tuple[int, Stream]:
         """Begin the next epoch: its number and this rank's stream (resumed if loaded)."""
@@ -169,7 +169,9 @@ class EpochCursor:
         self.epoch = epoch + 1
         stream, assignment = self._shares.stream(epoch, self._history, self._segment)
         stream.stats = stats
-        if assignment is not None:
+        if isinstance(assignment, DealtShare):  # reports its counts as it deals
+            assignment.stats = stats
+        elif assignment is not None:
             self.assignment = assignment
             if stats is not None:
                 stats.num_padded = assignment.num_padded

@@ -10,21 +10,22 @@ its steps. This is the one place where a state of another world size is resumed.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from fastsab.distributed import StepAssignment, assign_steps
-from fastsab.epoch_state import Segment, check_steps
-from fastsab.epochs import EpochOrder
+from fastsab.distributed import DealtWindow, StepAssignment, StepDealer, assign_steps, count_steps
+from fastsab.epoch_state import Limit, Segment, check_steps
+from fastsab.epochs import EpochOrder, EpochStats
 from fastsab.plans import ExplicitPlan, PlanChunk
 from fastsab.stream import Plan, Stream
 
 if TYPE_CHECKING:
     from fastsab.cursor import Planner
 
-__all__ = ["EpochShares"]
+__all__ = ["DealtShare", "EpochShares"]
 
 
 class EpochShares:
@@ -39,14 +40,23 @@ class EpochShares:
         self.rank = rank
         self._cache: tuple[str, tuple[PlanChunk, StepAssignment]] | None = None
 
-    def stream(self, epoch: int, history: list[Segment], segment: Segment) -> tuple[Stream, StepAssignment | None]:
+    def stream(
+        self, epoch: int, history: list[Segment], segment: Segment
+    ) -> tuple[Stream, StepAssignment | DealtShare | None]:
         """This rank's stream of ``epoch`` after ``history``, ``segment.steps`` batches in.
 
         Returns:
-            The stream and, for several ranks, how the batches were dealt (``None`` for one).
+            The stream and, for several ranks, how the batches were dealt: the dealing of the
+            whole rest of the epoch after a history, else the share that deals the plan's
+            chunks as they come (``None`` for one rank).
         """
         if segment.world_size == 1:
             return Stream(self._plan_after(epoch, history), skip=segment.steps, lowered=segment.lowered), None
+        if not history:
+            # NOTE: dealt window by window as the plan comes, so a rank holds a window's
+            # batches, not the epoch's; the steps run before a save are dealt again and skipped
+            dealt = DealtShare(self.planner.chunks(epoch), self.planner, self.rank, self._dealer(segment, epoch), epoch)
+            return Stream(dealt, skip=segment.steps), dealt
         whole, assignment = self.dealt(epoch, history, segment)
         check_steps(segment, assignment.num_steps, epoch)
         mine = assignment.batches[:, self.rank]
@@ -65,7 +75,9 @@ class EpochShares:
         Raises:
             ValueError: If a stretch names steps or lowered positions past the end of the epoch.
         """
-        if segment.world_size > 1:
+        if segment.world_size > 1 and not history:
+            steps = count_steps(int(self.planner.num_batches(epoch)), segment.world_size, segment.even_batches or "pad")
+        elif segment.world_size > 1:
             steps = self.dealt(epoch, history, segment)[1].num_steps
         elif not history and not segment.lowered:
             steps = int(self.planner.num_batches(epoch))
@@ -109,6 +121,15 @@ class EpochShares:
             spans=whole.spans,
         )
 
+    def _dealer(self, segment: Segment, epoch: int) -> StepDealer:
+        return StepDealer(
+            segment.world_size,
+            even_batches=segment.even_batches or "pad",
+            balance=bool(segment.balance),
+            seed=self.planner.order.seed,
+            epoch=epoch,
+        )
+
     def _left_after(self, epoch: int, history: list[Segment]) -> PlanChunk | None:
         """The global batches not run by the stretches of ``history`` (``None``: no history)."""
         left: PlanChunk | None = None
@@ -131,6 +152,110 @@ class EpochShares:
         return left
 
 
+class DealtShare:
+    """One rank's share of a plan's batches, dealt to the ranks window by window as the chunks come.
+
+    Each chunk of the plan gives the rank's batches of the windows it completes (the
+    :class:`~fastsab.distributed.StepDealer` deals exactly as
+    :func:`~fastsab.distributed.assign_steps` over the whole plan), with the indices the chunk
+    skipped and dropped; the last chunk adds the surplus dropped, or the padding's repeats.
+    Only the batches of the window being filled and the epoch's first ``world_size``
+    batches (which padding repeats) are held.
+
+    Args:
+        plan: The global plan's chunks.
+        planner: Gives the batches' costs for balancing.
+        rank: The rank whose batches are returned.
+        dealer: Deals the global batches (its world size and options).
+        epoch: The epoch (with unrotated groups, the order the batches' groups are read in).
+    """
+
+    def __init__(self, plan: Iterator[PlanChunk], planner: Planner, rank: int, dealer: StepDealer, epoch: int) -> None:
+        self.plan = plan
+        self.planner = planner
+        self.rank = rank
+        self.dealer = dealer
+        self.stats: EpochStats | None = None  # receives the padding and spread counts as they are known
+        self._place = _group_places(planner.order, epoch)
+        self._held = _EMPTY_CHUNK  # the global batches from _start on, not dealt yet
+        self._start = 0
+        self._first = _EMPTY_CHUNK  # the epoch's first world_size batches
+        self._done = False
+
+    def __iter__(self) -> DealtShare:
+        return self
+
+    def __next__(self) -> PlanChunk:
+        if self._done:
+            raise StopIteration
+        try:
+            chunk = next(self.plan)
+        except StopIteration:
+            self._done = True
+            return self._share(self.dealer.finish(), _EMPTY_CHUNK, last=True)
+        costs = self.planner.batch_costs(chunk.ids, chunk.offsets)
+        spans = None if self._place is None else _spans(chunk, self._place, self.planner.order.group_size)
+        self._hold(chunk)
+        return self._share(self.dealer.push(costs, spans), chunk, last=False)
+
+    def lower(self, pending: np.ndarray, limit: Limit) -> None:
+        """Refused: under several ranks the limit is kept, so that the ranks run equal steps."""
+        raise RuntimeError(f"a rank's dealt share is not planned again under a lowered limit {limit!r}.")
+
+    def _hold(self, chunk: PlanChunk) -> None:
+        batches = PlanChunk(chunk.ids, chunk.offsets)  # (its reports go out with it, once)
+        if self._first.num_batches < self.dealer.world_size:
+            self._first = PlanChunk.concat([self._first, batches]).head(self.dealer.world_size)
+        self._held = PlanChunk.concat([self._held, batches])
+
+    def _share(self, windows: list[DealtWindow], chunk: PlanChunk, *, last: bool) -> PlanChunk:
+        """The rank's batches of ``windows``; ``chunk``'s reports, and at the ``last`` the dealing's."""
+        mine = np.concatenate([w.batches[:, self.rank] for w in windows]) if windows else _NO_BATCHES
+        repeat = np.concatenate([w.padding[:, self.rank] for w in windows]) if windows else _NO_FLAGS
+        source, which = self._held, mine - self._start
+        if repeat.any():
+            # NOTE: padding repeats the epoch's first batches, which may no longer be held
+            source = PlanChunk.concat([self._first, self._held])
+            which = np.where(mine < self._start, mine, mine - self._start + self._first.num_batches)
+        share = source.select(which)
+        dropped = chunk.dropped
+        if last and len(self.dealer.dropped):
+            dropped = np.concatenate([dropped, self._held.select(self.dealer.dropped - self._start).ids])
+        padded = source.select(which[repeat]).ids if repeat.any() else _EMPTY_CHUNK.ids
+        done = min(self.dealer.start, self._start + self._held.num_batches) - self._start
+        self._held, self._start = self._held.tail(done), self._start + done
+        self._report()
+        return PlanChunk(share.ids, share.offsets, chunk.skipped, dropped, padded)
+
+    def _report(self) -> None:
+        stats = self.stats
+        if stats is not None:
+            stats.num_padded = self.dealer.num_padded
+            stats.spread_before, stats.spread_after = self.dealer.spread_before, self.dealer.spread_after
+
+
+_EMPTY_CHUNK = PlanChunk(np.empty(0, dtype=np.int64), np.zeros(1, dtype=np.int64))
+_NO_BATCHES = np.empty(0, dtype=np.int64)
+_NO_FLAGS = np.empty(0, dtype=np.bool_)
+
+
+def _group_places(order: EpochOrder, epoch: int) -> np.ndarray | None:
+    """Each group's place in ``epoch``'s order of groups; ``None`` for rotated groups (no spans)."""
+    if order.rotate:
+        return None
+    place = np.empty(order.permutation.num_groups, dtype=np.int64)
+    place[order.group_order(epoch)] = np.arange(len(place))
+    return place
+
+
+def _spans(chunk: PlanChunk, place: np.ndarray, group_size: int) -> np.ndarray:
+    """The places of the groups of each batch's first and last item."""
+    if not chunk.num_batches:
+        return np.empty((0, 2), dtype=np.int64)
+    ends = np.stack([chunk.ids[chunk.offsets[:-1]], chunk.ids[chunk.offsets[1:] - 1]], axis=1)
+    return place[ends // group_size]  # type: ignore[no-any-return]
+
+
 def _with_spans(chunks: list[PlanChunk], order: EpochOrder, epoch: int) -> PlanChunk:
     """The chunks as one; with unrotated groups, each batch labelled with the groups it spans.
 
@@ -138,9 +263,7 @@ def _with_spans(chunks: list[PlanChunk], order: EpochOrder, epoch: int) -> PlanC
     its first and of its last item's group.
     """
     whole = PlanChunk.concat(chunks)
-    if order.rotate or not whole.num_batches:
+    place = _group_places(order, epoch)
+    if place is None or not whole.num_batches:
         return whole
-    place = np.empty(order.permutation.num_groups, dtype=np.int64)
-    place[order.group_order(epoch)] = np.arange(len(place))
-    ends = np.stack([whole.ids[whole.offsets[:-1]], whole.ids[whole.offsets[1:] - 1]], axis=1)
-    return replace(whole, spans=place[ends // order.group_size])
+    return replace(whole, spans=_spans(whole, place, order.group_size))
