@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from fastsab import bench
-from fastsab.cli import main
+from fastsab.cli import SUITES, main
 
 
 def test_bench_small_run_writes_json_plot_and_table(tmp_path, capsys):
@@ -113,3 +113,12 @@ def test_varlen_rows_compare_each_method_with_the_loader_without_window():
     assert len(windowed) == 4
     assert all(row.baseline.startswith("FastSizeAwareLoader") and "sort_window" not in row.baseline for row in windowed)
     assert all(row.seconds > 0 and row.ratio > 0 for row in rows)
+
+
+def test_scale_suite_reports_a_ranks_first_batch_and_its_memory(capsys):
+    # the suite `--suite all` (and so the README's tables) includes: both loaders, rank 7 of 8
+    assert "scale" in SUITES
+    assert main(["bench", "--suite", "scale", "--samples", "100000", "--quiet", "--markdown"]) == 0
+    printed = capsys.readouterr().out
+    assert "**scale**" in printed and "n=100,000, rank 7 of 8" in printed and "peak RSS +" in printed
+    assert "FastLoader first batch" in printed and "FastSizeAwareLoader first batch" in printed
