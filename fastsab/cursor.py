@@ -25,12 +25,12 @@ from typing import Any
 import numpy as np
 
 from fastsab._checks import check_choice, check_nonnegative_int
-from fastsab.distributed import EvenBatches, StepAssignment
+from fastsab.distributed import EvenBatches
 from fastsab.epoch_state import STATE_FORMAT, Limit, Segment, lowered_at, parse_state
 from fastsab.epochs import EpochStats
 from fastsab.plans import PlanChunk
 from fastsab.plans import Planner as _Planner
-from fastsab.shares import DealtShare, EpochShares
+from fastsab.shares import EpochShares
 from fastsab.stream import Stream
 
 __all__ = ["STATE_FORMAT", "EpochCursor", "Segment", "Stream", "plan_fingerprint"]
@@ -128,7 +128,6 @@ class EpochCursor:
         self._run: _Run | None = None  # the epoch last started: its stretches and stream
         self._fingerprint: str | None = None
         self._shares = EpochShares(planner, rank)
-        self.assignment: StepAssignment | None = None
 
     def _new_segment(self) -> Segment:
         if self.world_size == 1:
@@ -167,15 +166,10 @@ class EpochCursor:
             self._history, self._segment = [], self._new_segment()
         self._resuming, self._finished = False, None
         self.epoch = epoch + 1
-        stream, assignment = self._shares.stream(epoch, self._history, self._segment)
+        stream, dealt = self._shares.stream(epoch, self._history, self._segment)
         stream.stats = stats
-        if isinstance(assignment, DealtShare):  # reports its counts as it deals
-            assignment.stats = stats
-        elif assignment is not None:
-            self.assignment = assignment
-            if stats is not None:
-                stats.num_padded = assignment.num_padded
-                stats.spread_before, stats.spread_after = assignment.spread_before, assignment.spread_after
+        if dealt is not None:  # reports its padding and spreads as it deals
+            dealt.stats = stats
         self._run = _Run(epoch, list(self._history), self._segment, stream)
         self._progress = [epoch, self._segment.steps]
         return epoch, stream

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from fastsab import FastLoader, FastSizeAwareLoader, distributed
 from fastsab.distributed import StepDealer, assign_steps, resolve_rank
-from fastsab.shares import _with_spans
+from fastsab.plans import PlanChunk
 
 N = 1000
 LENGTHS = np.random.default_rng(0).lognormal(np.log(40), 0.8, N).clip(1, 400).astype(np.int64)
@@ -461,7 +461,13 @@ def test_spans_given_for_some_batches_only_are_refused():
 def _whole_plan_shares(loader, epoch):
     """Each rank's batches, padded and dropped ids as the whole plan dealt at once gives them."""
     planner = loader.planner
-    whole = _with_spans(list(planner.chunks(epoch)), planner.order, epoch)
+    whole = PlanChunk.concat(list(planner.chunks(epoch)))
+    spans = None
+    if not planner.order.rotate and whole.num_batches:  # each batch's first and last item's group, by place
+        place = np.empty(planner.order.permutation.num_groups, dtype=np.int64)
+        place[planner.order.group_order(epoch)] = np.arange(len(place))
+        ends = np.stack([whole.ids[whole.offsets[:-1]], whole.ids[whole.offsets[1:] - 1]], axis=1)
+        spans = place[ends // planner.order.group_size]
     assignment = assign_steps(
         planner.batch_costs(whole.ids, whole.offsets),
         loader.world_size,
@@ -469,7 +475,7 @@ def _whole_plan_shares(loader, epoch):
         balance=loader.balance,
         seed=planner.order.seed,
         epoch=epoch,
-        spans=whole.spans,
+        spans=spans,
     )
     mine = assignment.batches[:, loader.rank]
     batches = [tuple(b.tolist()) for b in whole.select(mine).batches()]
@@ -520,11 +526,19 @@ class Lazy:
     def __getitems__(self, indices):
         return torch.as_tensor(np.asarray(indices))
 
+def make(rank, world_size):
+    if {sized}:
+        return FastSizeAwareLoader(Lazy(), lambda i: np.asarray(i) % 97 + 1, 4096, rank=rank, world_size=world_size)
+    return FastLoader(Lazy(), 256, rank=rank, world_size=world_size)
+
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-if {sized}:
-    loader = FastSizeAwareLoader(Lazy(), lambda i: np.asarray(i) % 97 + 1, 4096, rank=7, world_size=8)
-else:
-    loader = FastLoader(Lazy(), 256, rank=7, world_size=8)
+loader = make(7, 8)
+if {resume}:  # from a state of 4 ranks, 3 steps in
+    other = make(1, 4)
+    steps = iter(other)
+    for _ in range(3):
+        next(steps)
+    loader.load_state_dict(other.state_dict())
 batch = next(iter(loader))
 print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024, len(batch))
 """
@@ -535,7 +549,39 @@ print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024, len(
 def test_a_rank_of_a_huge_epoch_gets_its_first_batch_without_holding_the_plan(sized):
     # invariant: rank 7 of 8 over 10^8 items plans chunk by chunk: its first batch comes
     # within a small memory growth (the whole plan would take gigabytes, and a minute)
-    script = _FIRST_BATCH_MEMORY.format(n=10**8, sized=sized)
+    script = _FIRST_BATCH_MEMORY.format(n=10**8, sized=sized, resume=False)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
     growth, size = done.stdout.split()
     assert float(growth) < 256 and int(size) > 0, done.stdout
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="ru_maxrss is in KiB on Linux")
+@pytest.mark.parametrize("sized", [False, True])
+def test_a_resume_from_another_world_size_does_not_hold_the_plan(sized):
+    # invariant: the rest of an epoch after a stretch on 4 ranks is dealt to 8 chunk by chunk
+    # (len() counts it in one pass): 10^7 items resume within a small memory growth (the
+    # whole plan takes some 300 MiB)
+    script = _FIRST_BATCH_MEMORY.format(n=10**7, sized=sized, resume=True)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True)
+    growth, size = done.stdout.split()
+    assert float(growth) < 128 and int(size) > 0, done.stdout
+
+
+@pytest.mark.parametrize(
+    ("stretch", "message"),
+    [
+        (
+            {"world_size": 1, "steps": 10**6, "even_batches": None, "balance": None, "lowered": []},
+            r"state has steps=1000000 on one rank, past the \d+ batches of epoch 0\.$",
+        ),
+        (
+            {"world_size": 3, "steps": 10**6, "even_batches": "pad", "balance": True, "lowered": []},
+            r"state has steps=1000000, past the \d+ steps of epoch 0 on 3 ranks\.$",
+        ),
+    ],
+)
+def test_a_history_stretch_past_the_end_of_its_epoch_is_refused(stretch, message):
+    state = sized(0, 2).state_dict()
+    state["history"] = [stretch]
+    with pytest.raises(ValueError, match=message):
+        sized(0, 2).load_state_dict(state)
