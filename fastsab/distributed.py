@@ -280,6 +280,7 @@ class StepDealer:
         self._group: int | None = None  # first group of the last batch pushed
         self._spans = False
         self._sum_before = self._sum_after = 0.0
+        self._step_costs: list[tuple[np.ndarray, np.ndarray]] = []  # of the windows dealt, not counted yet
         self.num_steps = 0
         self.num_padded = 0
         self.dropped = np.empty(0, dtype=np.int64)
@@ -318,6 +319,7 @@ class StepDealer:
         while True:
             end = self._window_end(self.seen)
             if end > self.seen:
+                self._count_spreads()
                 return windows
             windows.append(self._deal(end, self.seen))
 
@@ -335,7 +337,18 @@ class StepDealer:
         windows: list[DealtWindow] = []
         while self.start < n_slots:
             windows.append(self._deal(self._window_end(n_slots), n))
+        self._count_spreads()
         return windows
+
+    def _count_spreads(self) -> None:
+        """Add the spreads of the windows just dealt (at once: one window's steps are few)."""
+        if not self._step_costs:
+            return
+        before, after = (np.concatenate(costs) for costs in zip(*self._step_costs))
+        self._step_costs = []
+        self._sum_before += _spread(before) * len(before)
+        self._sum_after += _spread(after) * len(after)
+        self.num_steps += len(before)
 
     def _take_spans(self, spans: npt.NDArray[np.int64] | None, count: int) -> None:
         if self.seen and (spans is not None) != self._spans:
@@ -377,11 +390,9 @@ class StepDealer:
                 ranked = ranked[np.argsort(lasts[ranked].max(axis=1), kind="stable")]
             # NOTE: rotated by the epoch's step number, as assign_steps rotates the whole epoch's steps
             shift = np.arange(first_step, first_step + len(ranked))[:, None] + np.arange(world)[None, :]
-            positions = np.take_along_axis(ranked, shift % world, axis=1)
+            positions = ranked[np.arange(len(ranked))[:, None], shift % world]
             dealt = slots[positions]
-        self._sum_before += _spread(naive) * len(naive)
-        self._sum_after += _spread(costs[dealt - self.start]) * len(naive)
-        self.num_steps += len(naive)
+        self._step_costs.append((naive, costs[dealt - self.start]))
         done = min(end, self.seen) - self.start
         self._costs = self._costs[done:]
         if self._spans:
