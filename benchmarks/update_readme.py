@@ -1,7 +1,7 @@
 """Regenerate the benchmark sections of README.md from runs of ``fastsab bench``.
 
-Usage: ``python benchmarks/update_readme.py`` (takes a few minutes: it runs every suite, the end-to-end one
-included), or
+Usage: ``python benchmarks/update_readme.py`` (takes a few minutes: it runs every suite of
+``--suite all``, the end-to-end suite and the scale suite's rank of a 10**9-item epoch included), or
 with ``--varlen-only`` (under a minute: the "Padding and packing" table alone) or
 ``--fidelity-only`` (the memory fidelity table alone). The sections between the
 ``<!-- bench:start -->`` / ``<!-- bench:end -->``, ``<!-- varlen:start -->`` /

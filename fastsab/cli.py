@@ -16,13 +16,13 @@ from pathlib import Path
 from fastsab import bench
 from fastsab._checks import positive_int_argument
 from fastsab.bench.end_to_end import END_TO_END_MAX_EPOCHS, END_TO_END_SAMPLES
-from fastsab.bench.loaders import PER_BATCH_SAMPLES, PER_BATCH_SIZES, per_batch_rows
+from fastsab.bench.loaders import PER_BATCH_SAMPLES, PER_BATCH_SIZES, per_batch_rows, scale_rows
 from fastsab.bench.varlen import VARLEN_SAMPLES
 from fastsab.cli_fit_memory import add_fit_memory_parser, run_fit_memory
 
 __all__ = ["main"]
 
-SUITES = ("loaders", "kernels", "permutation", "first-batch", "adaptive", "varlen", "end-to-end")
+SUITES = ("loaders", "kernels", "permutation", "first-batch", "adaptive", "varlen", "end-to-end", "scale")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -39,7 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--samples",
         type=positive_int_argument,
-        help="samples per epoch (default 300000; the varlen suite: 50000 sequences; the end-to-end suite: 60000)",
+        help="samples per epoch (default 300000; the varlen suite: 50000 sequences; the end-to-end suite: 60000; "
+        "the scale suite: 10**9 items)",
     )
     run.add_argument("--batch-size", type=positive_int_argument, default=300, help="batch size (default 300)")
     run.add_argument(
@@ -57,8 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         help="what to run (repeatable; default: loaders). 'all' adds the kernel, permutation and "
         "first-batch suites at 10**6 to 10**8 items, the adaptive overhead and the varlen suite (padded and "
-        "packing efficiency of variable-length batches with and without sort_window) and the end-to-end suite (the "
-        "loaders feeding a small model's training step on one thread, at most 3 timed epochs), a few minutes in all. "
+        "packing efficiency of variable-length batches with and without sort_window), the end-to-end suite (the "
+        "loaders feeding a small model's training step on one thread, at most 3 timed epochs) and the scale suite "
+        "(rank 7 of 8 over 10**9 items: time and peak memory to the first batch of each loader), a few minutes in all. "
         "'fidelity' (not in 'all') measures memory budgets on small CPU models: per kind, the "
         "batches run, the batches over budget, and the mean and smallest use of the budget.",
     )
@@ -121,6 +123,8 @@ def run_bench(args: argparse.Namespace) -> list[bench.Row]:
                     min(args.epochs, END_TO_END_MAX_EPOCHS),
                     progress=lambda name: bar.set_postfix_str(name),
                 )
+            elif suite == "scale":
+                rows += scale_rows(args.samples or 10**9)
             else:
                 rows += bench.first_batch_rows(10**8)
             bar.update()

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from fastsab._checks import check_choice, check_nonnegative_int
-from fastsab.distributed import EvenBatches, StepAssignment
+from fastsab.distributed import EvenBatches
 from fastsab.epoch_state import STATE_FORMAT, Limit, Segment, lowered_at, parse_state
 from fastsab.epochs import EpochStats
 from fastsab.plans import PlanChunk
@@ -128,7 +128,6 @@ class EpochCursor:
         self._run: _Run | None = None  # the epoch last started: its stretches and stream
         self._fingerprint: str | None = None
         self._shares = EpochShares(planner, rank)
-        self.assignment: StepAssignment | None = None
 
     def _new_segment(self) -> Segment:
         if self.world_size == 1:
@@ -158,7 +157,7 @@ class EpochCursor:
             return self._shares.remaining(self.epoch, self._history, self._segment)
         if self.world_size == 1:
             return int(self.planner.num_batches(self.epoch))
-        return self._shares.dealt(self.epoch, [], self._new_segment())[1].num_steps
+        return self._shares.remaining(self.epoch, [], self._new_segment())
 
     def _start_epoch(self, stats: EpochStats | None = None) -> tuple[int, Stream]:
         """Begin the next epoch: its number and this rank's stream (resumed if loaded)."""
@@ -167,13 +166,10 @@ class EpochCursor:
             self._history, self._segment = [], self._new_segment()
         self._resuming, self._finished = False, None
         self.epoch = epoch + 1
-        stream, assignment = self._shares.stream(epoch, self._history, self._segment)
+        stream, dealt = self._shares.stream(epoch, self._history, self._segment)
         stream.stats = stats
-        if assignment is not None:
-            self.assignment = assignment
-            if stats is not None:
-                stats.num_padded = assignment.num_padded
-                stats.spread_before, stats.spread_after = assignment.spread_before, assignment.spread_after
+        if dealt is not None:  # reports its padding and spreads as it deals
+            dealt.stats = stats
         self._run = _Run(epoch, list(self._history), self._segment, stream)
         self._progress = [epoch, self._segment.steps]
         return epoch, stream

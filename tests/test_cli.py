@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from fastsab import bench
-from fastsab.cli import main
+from fastsab.cli import SUITES, main
 
 
 def test_bench_small_run_writes_json_plot_and_table(tmp_path, capsys):
@@ -128,3 +128,12 @@ def test_kernel_suite_times_sum_and_padded_splits_of_one_to_three_columns():
     assert [row.method for row in rows] == expected
     assert all(row.workload == "n=3,000" and row.seconds > 0 and row.ratio > 0 for row in rows)
     assert all(row.note.endswith(" batches") for row in rows if row.method.startswith("split_batches"))
+
+
+def test_scale_suite_reports_a_ranks_first_batch_and_its_memory(capsys):
+    # the suite `--suite all` (and so the README's tables) includes: both loaders, rank 7 of 8
+    assert "scale" in SUITES
+    assert main(["bench", "--suite", "scale", "--samples", "100000", "--quiet", "--markdown"]) == 0
+    printed = capsys.readouterr().out
+    assert "**scale**" in printed and "n=100,000, rank 7 of 8" in printed and "peak RSS +" in printed
+    assert "FastLoader first batch" in printed and "FastSizeAwareLoader first batch" in printed

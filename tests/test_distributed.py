@@ -11,9 +11,12 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from fastsab import FastLoader, FastSizeAwareLoader
-from fastsab.distributed import assign_steps, resolve_rank
+from fastsab import FastLoader, FastSizeAwareLoader, distributed
+from fastsab.distributed import StepDealer, assign_steps, resolve_rank
+from fastsab.plans import PlanChunk
 
 N = 1000
 LENGTHS = np.random.default_rng(0).lognormal(np.log(40), 0.8, N).clip(1, 400).astype(np.int64)
@@ -389,3 +392,196 @@ def test_the_dealing_defaults_to_seed_0_and_epoch_0():
     expected = [[8, 6], [7, 9], [2, 0], [3, 5], [10, 0], [4, 1]]
     assert assign_steps(costs, 2).batches.tolist() == expected
     assert assign_steps(costs, 2, seed=0, epoch=0).batches.tolist() == expected
+
+
+@st.composite
+def _dealings(draw):
+    n = draw(st.integers(0, 200))
+    costs = draw(st.lists(st.sampled_from([0.0, 1.0, 2.5, 3.0, 7.0]), min_size=n, max_size=n))
+    spans = None
+    if n and draw(st.booleans()):
+        firsts = np.cumsum(draw(st.lists(st.integers(0, 1), min_size=n, max_size=n)))
+        lasts = np.maximum.accumulate(firsts + np.array(draw(st.lists(st.integers(0, 1), min_size=n, max_size=n))))
+        spans = np.stack([firsts, np.maximum(lasts, firsts)], axis=1).astype(np.int64)
+    cuts = sorted(draw(st.lists(st.integers(0, n), max_size=5)))
+    return np.array(costs, dtype=np.float64), spans, cuts
+
+
+@given(
+    dealing=_dealings(),
+    world_size=st.integers(1, 9),
+    window_steps=st.integers(1, 5),
+    even_batches=st.sampled_from(["pad", "drop"]),
+    balance=st.booleans(),
+    epoch=st.integers(0, 3),
+)
+@settings(max_examples=300 * settings().max_examples // 100)
+def test_dealing_chunk_by_chunk_is_the_dealing_of_the_whole_plan(
+    dealing, world_size, window_steps, even_batches, balance, epoch
+):
+    # invariant: the batches fed chunk by chunk (cut anywhere) are dealt exactly as the whole
+    # plan at once, with the same padding, surplus dropped and spreads
+    costs, spans, cuts = dealing
+    whole = _assign_in_windows(
+        window_steps, costs, world_size, even_batches=even_batches, balance=balance, seed=5, epoch=epoch, spans=spans
+    )
+    dealer = StepDealer(
+        world_size, even_batches=even_batches, balance=balance, seed=5, epoch=epoch, window_steps=window_steps
+    )
+    windows = []
+    for start, end in zip([0, *cuts], [*cuts, len(costs)]):
+        windows += dealer.push(costs[start:end], None if spans is None else spans[start:end])
+    windows += dealer.finish()
+    batches = np.concatenate([w.batches for w in windows]) if windows else np.empty((0, world_size), np.int64)
+    padding = np.concatenate([w.padding for w in windows]) if windows else np.empty((0, world_size), bool)
+    assert np.array_equal(batches, whole.batches) and np.array_equal(padding, whole.padding)
+    assert [w.first_step for w in windows] == np.cumsum([0, *[len(w.batches) for w in windows]])[:-1].tolist()
+    assert dealer.num_padded == whole.num_padded and dealer.dropped.tolist() == whole.dropped.tolist()
+    assert dealer.spread_before == pytest.approx(whole.spread_before)
+    assert dealer.spread_after == pytest.approx(whole.spread_after)
+
+
+def _assign_in_windows(window_steps, *args, **options):
+    """assign_steps with balancing windows of ``window_steps`` steps."""
+    saved = distributed.WINDOW_STEPS
+    distributed.WINDOW_STEPS = window_steps
+    try:
+        return assign_steps(*args, **options)
+    finally:
+        distributed.WINDOW_STEPS = saved
+
+
+def test_spans_given_for_some_batches_only_are_refused():
+    dealer = StepDealer(2)
+    dealer.push(np.ones(3), np.zeros((3, 2), dtype=np.int64))
+    with pytest.raises(ValueError, match=r"spans must be given for all batches or for none, got None"):
+        dealer.push(np.ones(2))
+
+
+def _whole_plan_shares(loader, epoch):
+    """Each rank's batches, padded and dropped ids as the whole plan dealt at once gives them."""
+    planner = loader.planner
+    whole = PlanChunk.concat(list(planner.chunks(epoch)))
+    spans = None
+    if not planner.order.rotate and whole.num_batches:  # each batch's first and last item's group, by place
+        place = np.empty(planner.order.permutation.num_groups, dtype=np.int64)
+        place[planner.order.group_order(epoch)] = np.arange(len(place))
+        ends = np.stack([whole.ids[whole.offsets[:-1]], whole.ids[whole.offsets[1:] - 1]], axis=1)
+        spans = place[ends // planner.order.group_size]
+    assignment = assign_steps(
+        planner.batch_costs(whole.ids, whole.offsets),
+        loader.world_size,
+        even_batches=loader.even_batches,
+        balance=loader.balance,
+        seed=planner.order.seed,
+        epoch=epoch,
+        spans=spans,
+    )
+    mine = assignment.batches[:, loader.rank]
+    batches = [tuple(b.tolist()) for b in whole.select(mine).batches()]
+    padded = whole.select(mine[assignment.padding[:, loader.rank]]).ids.tolist()
+    dropped = [*whole.dropped.tolist(), *whole.select(assignment.dropped).ids.tolist()]
+    return batches, padded, dropped, assignment
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 8])
+@pytest.mark.parametrize("even_batches", ["pad", "drop"])
+@pytest.mark.parametrize("kind", ["fixed", "size-aware", "out-of-core"])
+def test_a_rank_streams_exactly_its_share_of_the_whole_plan(world_size, even_batches, kind):
+    # invariant: the plan dealt chunk by chunk gives every rank the batches, repeats, drops
+    # and spreads of the whole plan dealt at once (several chunks and windows per epoch)
+    from fastsab import OutOfCoreDataset
+
+    n = 3000
+    sizes = np.random.default_rng(2).integers(1, 60, n)
+    for rank in range(world_size):
+        data = torch.arange(n)
+        if kind == "out-of-core":
+            data = OutOfCoreDataset(range(n), lambda i: np.array([i]), cpu_memory_limit=8 * 300, read_ahead=False)
+        options = dict(rank=rank, world_size=world_size, seed=4, even_batches=even_batches, chunk_bytes=4000)
+        if kind == "fixed":
+            loader = FastLoader(data, 5, **options)
+        else:
+            loader = FastSizeAwareLoader(data, sizes, 150, **options)
+        loader.set_epoch(1)
+        batches, padded, dropped, assignment = _whole_plan_shares(loader, 1)
+        steps = len(loader)
+        got = [tuple(np.asarray(b).ravel().tolist()) for b in loader]
+        assert got == batches and steps == len(got) == assignment.num_steps
+        stats = loader.stats
+        assert sorted(stats.padded) == sorted(padded) and sorted(stats.dropped) == sorted(dropped)
+        assert stats.num_padded == assignment.num_padded
+        assert stats.spread_before == pytest.approx(assignment.spread_before)
+        assert stats.spread_after == pytest.approx(assignment.spread_after)
+
+
+_FIRST_BATCH_MEMORY = """
+import resource, sys
+import numpy as np, torch
+from fastsab import FastLoader, FastSizeAwareLoader
+
+class Lazy:
+    def __len__(self):
+        return {n}
+    def __getitems__(self, indices):
+        return torch.as_tensor(np.asarray(indices))
+
+def make(rank, world_size):
+    if {sized}:
+        return FastSizeAwareLoader(Lazy(), lambda i: np.asarray(i) % 97 + 1, 4096, rank=rank, world_size=world_size)
+    return FastLoader(Lazy(), 256, rank=rank, world_size=world_size)
+
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+loader = make(7, 8)
+if {resume}:  # from a state of 4 ranks, 3 steps in
+    other = make(1, 4)
+    steps = iter(other)
+    for _ in range(3):
+        next(steps)
+    loader.load_state_dict(other.state_dict())
+batch = next(iter(loader))
+print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024, len(batch))
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="ru_maxrss is in KiB on Linux")
+@pytest.mark.parametrize("sized", [False, True])
+def test_a_rank_of_a_huge_epoch_gets_its_first_batch_without_holding_the_plan(sized):
+    # invariant: rank 7 of 8 over 10^8 items plans chunk by chunk: its first batch comes
+    # within a small memory growth (the whole plan would take gigabytes, and a minute)
+    script = _FIRST_BATCH_MEMORY.format(n=10**8, sized=sized, resume=False)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
+    growth, size = done.stdout.split()
+    assert float(growth) < 256 and int(size) > 0, done.stdout
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="ru_maxrss is in KiB on Linux")
+@pytest.mark.parametrize("sized", [False, True])
+def test_a_resume_from_another_world_size_does_not_hold_the_plan(sized):
+    # invariant: the rest of an epoch after a stretch on 4 ranks is dealt to 8 chunk by chunk
+    # (len() counts it in one pass): 10^7 items resume within a small memory growth (the
+    # whole plan takes some 300 MiB)
+    script = _FIRST_BATCH_MEMORY.format(n=10**7, sized=sized, resume=True)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True)
+    growth, size = done.stdout.split()
+    assert float(growth) < 128 and int(size) > 0, done.stdout
+
+
+@pytest.mark.parametrize(
+    ("stretch", "message"),
+    [
+        (
+            {"world_size": 1, "steps": 10**6, "even_batches": None, "balance": None, "lowered": []},
+            r"state has steps=1000000 on one rank, past the \d+ batches of epoch 0\.$",
+        ),
+        (
+            {"world_size": 3, "steps": 10**6, "even_batches": "pad", "balance": True, "lowered": []},
+            r"state has steps=1000000, past the \d+ steps of epoch 0 on 3 ranks\.$",
+        ),
+    ],
+)
+def test_a_history_stretch_past_the_end_of_its_epoch_is_refused(stretch, message):
+    state = sized(0, 2).state_dict()
+    state["history"] = [stretch]
+    with pytest.raises(ValueError, match=message):
+        sized(0, 2).load_state_dict(state)

@@ -1,8 +1,14 @@
 """The loader workloads of ``fastsab bench``: the seed loop and its size-aware version per epoch, the per-batch
-overhead over a sweep of batch sizes, and the time to the first batch, against DataLoader and the numpy floor."""
+overhead over a sweep of batch sizes, and the time to the first batch, against DataLoader and the numpy floor; at
+scale, one rank's first batch and its memory."""
 
 from __future__ import annotations
 
+import json
+import resource
+import subprocess
+import sys
+import time
 from collections.abc import Iterable, Iterator
 from functools import partial
 from typing import Any
@@ -17,7 +23,15 @@ from fastsab.bench.workloads import lognormal_lengths
 from fastsab.loader import FastLoader, FastSizeAwareLoader
 from fastsab.samplers import SizeAwareBatchSampler
 
-__all__ = ["PER_BATCH_SAMPLES", "BatchedDataset", "PerItemDataset", "first_batch_rows", "loader_rows", "per_batch_rows"]
+__all__ = [
+    "PER_BATCH_SAMPLES",
+    "BatchedDataset",
+    "PerItemDataset",
+    "first_batch_rows",
+    "loader_rows",
+    "per_batch_rows",
+    "scale_rows",
+]
 
 #: Items per epoch of the per-batch sweep.
 PER_BATCH_SAMPLES = 240_000
@@ -25,6 +39,9 @@ PER_BATCH_SAMPLES = 240_000
 PER_BATCH_SIZES = (64, 256, 1024)
 NUMPY_FLOOR = "numpy permutation+reshape (floor)"
 TENSOR_FLOOR = "torch permutation + gather + unbind (tensor floor)"
+#: What a rank of a huge epoch may take to its first batch (the ``scale`` suite's targets).
+SCALE_SECONDS = 0.5
+SCALE_MIB = 512
 
 
 class PerItemDataset(Dataset[torch.Tensor]):
@@ -183,3 +200,74 @@ def first_batch_rows(n: int = 10**8, repeat: int = 3) -> list[Row]:
 
 def _first_batch(loader: FastLoader) -> Any:
     return next(iter(loader))
+
+
+class IndexDataset:
+    """``n`` items that are their own indices, made on demand: a dataset of any length without its data."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitems__(self, indices: Any) -> torch.Tensor:
+        return torch.as_tensor(np.asarray(indices, dtype=np.int64))
+
+
+def index_sizes(indices: np.ndarray) -> np.ndarray:
+    """Sizes 1..97 computed from the indices, vectorized: a ``sizeof`` for any number of items."""
+    return np.asarray(indices, dtype=np.int64) % 97 + 1
+
+
+def scale_rows(n: int = 10**9, rank: int = 7, world_size: int = 8, repeat: int = 3) -> list[Row]:
+    """Time to the first batch and peak RSS growth of rank ``rank`` of ``world_size`` over ``n`` items.
+
+    Each loader runs in a fresh process (its peak RSS is its own): the memory is the growth
+    of the peak to the first batch of the first loader; the time is the best of ``repeat``
+    loaders made and started one after the other. The ratio is to the targets, 0.5 s and
+    512 MiB: below 1 meets them.
+    """
+    rows = []
+    target = f"target {SCALE_SECONDS} s, {SCALE_MIB} MiB"
+    for name in ("FastLoader", "FastSizeAwareLoader"):
+        seconds, mib = _first_batch_in_process(name, n, rank, world_size, repeat)
+        rows.append(
+            Row(
+                "scale",
+                f"n={n:,}, rank {rank} of {world_size}",
+                f"{name} first batch",
+                seconds,
+                target,
+                seconds / SCALE_SECONDS,
+                note=f"peak RSS +{mib:.0f} MiB ({mib / SCALE_MIB:.2f} of the target)",
+            )
+        )
+    return rows
+
+
+def _first_batch_in_process(name: str, n: int, rank: int, world_size: int, repeat: int) -> tuple[float, float]:
+    call = f"_first_batch_here({name!r}, {n}, {rank}, {world_size}, {repeat})"
+    script = f"from fastsab.bench.loaders import _first_batch_here; {call}"
+    done = subprocess.run([sys.executable, "-c", script], check=True, capture_output=True, text=True)
+    seconds, mib = json.loads(done.stdout.strip().splitlines()[-1])
+    return float(seconds), float(mib)
+
+
+def _first_batch_here(name: str, n: int, rank: int, world_size: int, repeat: int) -> None:
+    """Print ``[best seconds, peak RSS growth in MiB]`` of this process's first batches of ``name``."""
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    best, growth = float("inf"), 0.0
+    for run in range(repeat):
+        start = time.perf_counter()
+        if name == "FastLoader":
+            loader: Any = FastLoader(IndexDataset(n), 256, rank=rank, world_size=world_size)
+        else:
+            loader = FastSizeAwareLoader(IndexDataset(n), index_sizes, 4096, rank=rank, world_size=world_size)
+        next(iter(loader))
+        best = min(best, time.perf_counter() - start)
+        if run == 0:
+            # NOTE: ru_maxrss is in KiB on Linux (bytes on macOS)
+            scale = 1 if sys.platform == "darwin" else 1024
+            growth = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * scale / 2**20
+    print(json.dumps([best, growth]))
