@@ -93,7 +93,7 @@ def worker_batches(
     Raises:
         RuntimeError: If a worker dies (e.g. killed), or with a worker's exception and its traceback.
     """
-    loader = DataLoader(
+    loader: DataLoader[tuple[np.ndarray, Any]] = DataLoader(
         BatchFetch(fetcher),  # type: ignore[arg-type]  # a map-style dataset without the Dataset base
         batch_sampler=_PlanBatches(stream),  # type: ignore[arg-type]  # yields index arrays
         collate_fn=_whole,
