@@ -16,11 +16,12 @@ from pathlib import Path
 from fastsab import bench
 from fastsab._checks import positive_int_argument
 from fastsab.bench.varlen import VARLEN_SAMPLES
+from fastsab.bench.workers import WORKERS_SAMPLES
 from fastsab.cli_fit_memory import add_fit_memory_parser, run_fit_memory
 
 __all__ = ["main"]
 
-SUITES = ("loaders", "kernels", "permutation", "first-batch", "adaptive", "varlen")
+SUITES = ("loaders", "kernels", "permutation", "first-batch", "adaptive", "varlen", "workers")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -37,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--samples",
         type=positive_int_argument,
-        help="samples per epoch (default 300000; the varlen suite: 50000 sequences)",
+        help="samples per epoch (default 300000; the varlen suite: 50000 sequences; the workers suite: 10000 texts)",
     )
     run.add_argument("--batch-size", type=positive_int_argument, default=300, help="batch size (default 300)")
     run.add_argument("--epochs", type=positive_int_argument, default=5, help="timed epochs per method (default 5)")
@@ -47,7 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         help="what to run (repeatable; default: loaders). 'all' adds the kernel, permutation and "
         "first-batch suites at 10**6 to 10**8 items, the adaptive overhead and the varlen suite (padded and "
-        "packing efficiency of variable-length batches with and without sort_window), a few minutes in all. "
+        "packing efficiency of variable-length batches with and without sort_window), the workers suite (a dataset "
+        "whose __getitems__ tokenizes texts in Python: one process, 2 worker processes, and a DataLoader with 2 "
+        "workers over the same plan), a few minutes in all. "
         "'fidelity' (not in 'all') measures memory budgets on small CPU models: per kind, the "
         "batches run, the batches over budget, and the mean and smallest use of the budget.",
     )
@@ -92,6 +95,10 @@ def run_bench(args: argparse.Namespace) -> list[bench.Row]:
                 rows += bench.permutation_rows([10**6, 10**8])
             elif suite == "adaptive":
                 rows += bench.adaptive_rows()
+            elif suite == "workers":
+                rows += bench.workers_rows(
+                    args.samples or WORKERS_SAMPLES, epochs=args.epochs, progress=lambda name: bar.set_postfix_str(name)
+                )
             else:
                 rows += bench.first_batch_rows(10**8)
             bar.update()

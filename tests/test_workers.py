@@ -12,7 +12,8 @@ import psutil
 import pytest
 import torch
 
-from fastsab import FastLoader, FastSizeAwareLoader, adaptive
+from fastsab import FastLoader, FastSizeAwareLoader, adaptive, bench
+from fastsab.cli import main
 from fastsab.options import LoaderOptions
 
 pytestmark = pytest.mark.timeout(60)
@@ -273,3 +274,18 @@ def test_a_loop_left_unfinished_at_exit_ends_without_error_or_orphans(tmp_path):
     while any(psutil.pid_exists(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not any(psutil.pid_exists(pid) for pid in pids)
+
+
+def test_the_workers_bench_suite_runs(capsys):
+    assert main(["bench", "--suite", "workers", "--samples", "400", "--epochs", "1", "--quiet", "--markdown"]) == 0
+    printed = capsys.readouterr().out
+    assert "**workers**" in printed and "FastLoader(num_workers=2)" in printed
+    assert "DataLoader(num_workers=2, batch_sampler=FastSizeAwareLoader.batch_sampler())" in printed
+    rows = bench.workers_rows(samples=300, batch_size=16, epochs=1)
+    assert [row.method for row in rows][:3] == [
+        "FastLoader(prefetch=2), one process",
+        "FastLoader(num_workers=2)",
+        "DataLoader(num_workers=2, batch_sampler=FastLoader.batch_sampler())",
+    ]
+    assert [row.ratio for row in rows][::3] == [1.0, 1.0] and all(row.seconds > 0 for row in rows)
+    assert len({row.note for row in rows[:3]}) == 1 and len({row.note for row in rows[3:]}) == 1  # the same batches
