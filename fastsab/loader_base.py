@@ -270,8 +270,11 @@ class LoaderBase(EpochCursor, Generic[T], metaclass=TakesDataLoaderKeywords):
     def _produce_in_workers(self, stream: Stream, depth: int) -> Generator[tuple[IndexArray, T], None, None]:
         """The batches of ``stream`` fetched and collated in worker processes, moved in this one."""
         options = self.options
+        epoch = self._progress[0] if self._progress is not None else 0
+        # NOTE: the workers' seeds depend on (seed, epoch, rank, where the stream starts), not on global state
+        seed = int(np.random.default_rng([options.seed, epoch, self.rank, stream.position]).integers(2**62))
         batches = worker_batches(
-            self.fetcher, stream, self.num_workers, depth, options.worker_init_fn, options.multiprocessing_context
+            self.fetcher, stream, self.num_workers, depth, options.worker_init_fn, options.multiprocessing_context, seed
         )
         try:
             for ids, batch in batches:

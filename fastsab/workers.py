@@ -15,6 +15,7 @@ from collections.abc import Callable, Generator, Iterator
 from typing import Any
 
 import numpy as np
+import torch
 from torch.utils.data import DataLoader
 
 from fastsab.fetch import Fetcher
@@ -73,6 +74,7 @@ def worker_batches(
     prefetch: int,
     worker_init_fn: Callable[[int], None] | None = None,
     multiprocessing_context: Any = None,
+    seed: int = 0,
 ) -> Generator[tuple[np.ndarray, Any], None, None]:
     """``(ids, batch)`` for every batch of ``stream``, fetched in ``num_workers`` processes, in plan order.
 
@@ -89,6 +91,8 @@ def worker_batches(
         worker_init_fn: Called in each worker with its id, as by ``DataLoader``.
         multiprocessing_context: How workers start (``"fork"``, ``"spawn"``, ...; ``None``:
             the platform's default, as for ``DataLoader``).
+        seed: Decides the workers' seeds (``torch.initial_seed()`` in each): the same seed,
+            the same worker seeds.
 
     Raises:
         RuntimeError: If a worker dies (e.g. killed), or with a worker's exception and its traceback.
@@ -101,6 +105,9 @@ def worker_batches(
         prefetch_factor=prefetch,
         worker_init_fn=worker_init_fn,
         multiprocessing_context=multiprocessing_context,
+        # NOTE: a generator of its own, so that starting workers does not draw from the global
+        # torch generator of this process (the training loop's): DataLoader draws the workers' seed from it
+        generator=torch.Generator().manual_seed(seed),
     )
     batches: Any = iter(loader)
     try:

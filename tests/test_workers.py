@@ -32,6 +32,11 @@ class Items:
         return [{"x": torch.tensor([i, 10 * i]), "pid": torch.tensor(os.getpid())} for i in ids]
 
 
+class Seeds(Items):
+    def __getitems__(self, ids: list[int]) -> list[dict[str, torch.Tensor]]:
+        return [{**item, "seed": torch.tensor(torch.initial_seed())} for item in super().__getitems__(ids)]
+
+
 class Failing(Items):
     def __getitems__(self, ids: list[int]) -> list[dict[str, torch.Tensor]]:
         if 13 in ids:
@@ -101,6 +106,20 @@ def test_workers_fetch_with_the_collate_fn_and_the_batches_are_moved_here():
     assert os.getpid() not in {int(pid[0]) for _, pid in batches}
 
 
+def test_worker_seeds_follow_the_loader_seed_and_leave_the_global_generator_alone():
+    def seeds(seed: int, epoch: int) -> set[int]:
+        loader = FastLoader(Seeds(), 8, seed=seed, num_workers=2)
+        loader.set_epoch(epoch)
+        return {int(batch["seed"][0]) for batch in loader}
+
+    torch.manual_seed(5)
+    state = torch.get_rng_state()
+    first = seeds(0, 0)
+    assert torch.equal(torch.get_rng_state(), state)  # the training loop's draws are its own
+    assert len(first) == 2 and seeds(0, 0) == first
+    assert seeds(0, 1) != first and seeds(1, 0) != first
+
+
 def test_a_state_taken_mid_epoch_with_workers_counts_the_batches_received():
     expected = ids_of(sized())
     loader = sized(num_workers=2)
@@ -158,6 +177,10 @@ def test_leaving_the_loop_leaves_no_worker_process(make):
     with pytest.raises(KeyError):
         for _ in make(num_workers=2):
             raise KeyError("stop")
+    assert no_children_left()
+    with pytest.raises(KeyboardInterrupt):
+        for _ in make(num_workers=2):
+            raise KeyboardInterrupt
     assert no_children_left()
 
 
