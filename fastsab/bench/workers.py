@@ -96,7 +96,8 @@ def workers_rows(
     :class:`~fastsab.FastSizeAwareLoader` (a budget of ``batch_size`` x the mean length in
     tokens), over :class:`TokenizedTexts`. The ``DataLoader`` takes the loader's own plan
     (``batch_sampler=loader.batch_sampler()``) and its ``collate_fn``. Ratios are to one
-    process in the same run; the time includes starting the workers, once per epoch for both.
+    process in the same run, speed-ups the ``DataLoader``'s time over a row's; the time includes
+    starting the workers, once per epoch for both.
     """
     texts = TokenizedTexts(samples)
     budget = batch_size * int(texts.lengths.mean())
@@ -134,5 +135,7 @@ def workers_rows(
             seconds, batches = measured[name]
             workload = f"{'fixed size' if start == 0 else 'size-aware'}, {samples:,} texts"
             ratio = seconds / measured[baseline][0]
-            rows.append(Row("workers", workload, name, seconds, baseline, ratio, f"{batches:,} batches"))
+            dataloader = measured[cases[start + 2][0]][0]  # speed-up: the DataLoader's time over this one
+            note = f"{batches:,} batches"
+            rows.append(Row("workers", workload, name, seconds, baseline, ratio, note, dataloader / seconds))
     return rows
