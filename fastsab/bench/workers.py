@@ -34,6 +34,7 @@ class TokenizedTexts:
     Args:
         samples: Number of texts.
         seed: Seed of the texts.
+        words_per_text: Typical words per text (the median of a log-normal).
 
     Examples:
         >>> texts = TokenizedTexts(5)
@@ -42,13 +43,13 @@ class TokenizedTexts:
         True
     """
 
-    def __init__(self, samples: int, seed: int = 0) -> None:
+    def __init__(self, samples: int, seed: int = 0, words_per_text: int = 150) -> None:
         rng = np.random.default_rng(seed)
         letters = np.array(list("abcdefghijklmnopqrstuvwxyz"))
         words = ["".join(rng.choice(letters, size=rng.integers(3, 10))) for _ in range(_VOCABULARY_SIZE)]
         # NOTE: every tenth word is unknown (its letters reversed), so tokenizing does more than dict lookups
         self.vocabulary = {word: i for i, word in enumerate(words)}
-        lengths = np.clip(rng.lognormal(np.log(40), 0.6, samples), 5, 200).astype(np.int64)
+        lengths = np.clip(rng.lognormal(np.log(words_per_text), 0.6, samples), 5, 5 * words_per_text).astype(np.int64)
         picks = rng.integers(0, _VOCABULARY_SIZE, int(lengths.sum())).tolist()
         texts, start = [], 0
         for length in lengths.tolist():
