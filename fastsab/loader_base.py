@@ -109,7 +109,7 @@ class LoaderBase(EpochCursor, Generic[T], metaclass=TakesDataLoaderKeywords):
 
     @property
     def prefetch(self) -> int | None:
-        """Batches a background thread prepares ahead (``None``: chosen per dataset)."""
+        """Batches a background thread, or each worker process, prepares ahead (``None``: chosen per dataset)."""
         return self.options.prefetch
 
     @property
