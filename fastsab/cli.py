@@ -16,7 +16,7 @@ from pathlib import Path
 from fastsab import bench
 from fastsab._checks import positive_int_argument
 from fastsab.bench.varlen import VARLEN_SAMPLES
-from fastsab.bench.workers import WORKERS_SAMPLES
+from fastsab.bench.workers import WORKERS_SAMPLES, workers_rows
 from fastsab.cli_fit_memory import add_fit_memory_parser, run_fit_memory
 
 __all__ = ["main"]
@@ -96,7 +96,7 @@ def run_bench(args: argparse.Namespace) -> list[bench.Row]:
             elif suite == "adaptive":
                 rows += bench.adaptive_rows()
             elif suite == "workers":
-                rows += bench.workers_rows(
+                rows += workers_rows(
                     args.samples or WORKERS_SAMPLES, epochs=args.epochs, progress=lambda name: bar.set_postfix_str(name)
                 )
             else:

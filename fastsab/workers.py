@@ -95,7 +95,8 @@ def worker_batches(
             the same worker seeds.
 
     Raises:
-        RuntimeError: If a worker dies (e.g. killed), or with a worker's exception and its traceback.
+        RuntimeError: If a worker dies (e.g. killed), also while a batch is being received.
+        Exception: A worker's exception, with its traceback (as ``DataLoader`` raises it).
     """
     loader: DataLoader[tuple[np.ndarray, Any]] = DataLoader(
         BatchFetch(fetcher),  # type: ignore[arg-type]  # a map-style dataset without the Dataset base
@@ -112,7 +113,20 @@ def worker_batches(
     batches: Any = iter(loader)
     try:
         yield from batches
+    except (ConnectionError, EOFError) as error:
+        # NOTE: a worker killed between sending a batch and handing over its shared memory
+        # breaks the connection this process reads the batch's tensors from
+        raise RuntimeError(_ended_message(batches, error)) from error
     finally:
         # NOTE: at once, not when the iterator is collected: the stream must not be read
         # (index batches put ahead) once the caller plans its remaining batches again
         batches._shutdown_workers()
+
+
+def _ended_message(batches: Any, error: BaseException) -> str:
+    """What to say when reading a batch from the workers failed with ``error``: which workers ended."""
+    ended = [worker.pid for worker in getattr(batches, "_workers", []) if not worker.is_alive()]
+    return (
+        f"DataLoader worker (pid(s) {', '.join(map(str, ended)) or 'unknown'}) ended while a batch was being "
+        f"received ({type(error).__name__}: {error})."
+    )

@@ -11,8 +11,10 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
+from torch.utils.data import dataloader
 
-from fastsab import FastLoader, FastSizeAwareLoader, adaptive, bench
+from fastsab import FastLoader, FastSizeAwareLoader, adaptive
+from fastsab.bench.workers import workers_rows
 from fastsab.cli import main
 from fastsab.options import LoaderOptions
 
@@ -203,6 +205,18 @@ def test_a_killed_worker_raises_instead_of_hanging():
     assert no_children_left()
 
 
+def test_a_connection_lost_to_a_worker_is_reported_as_a_worker_that_ended(monkeypatch):
+    # (a worker killed while this process fetches the shared memory of a batch it sent)
+    def lost(self):
+        raise ConnectionResetError(104, "Connection reset by peer")
+
+    monkeypatch.setattr(dataloader._MultiProcessingDataLoaderIter, "_next_data", lost)
+    message = r"DataLoader worker \(pid\(s\) .*\) ended while a batch was being received \(ConnectionResetError"
+    with pytest.raises(RuntimeError, match=message):
+        list(FastLoader(Items(), 4, num_workers=1))
+    assert no_children_left()
+
+
 def test_in_memory_data_is_gathered_here_whatever_num_workers_says():
     loader = FastLoader(torch.arange(50), 8, seed=1, num_workers=2)
     assert loader.num_workers == 0 and loader.options.num_workers == 2
@@ -304,7 +318,7 @@ def test_the_workers_bench_suite_runs(capsys):
     printed = capsys.readouterr().out
     assert "**workers**" in printed and "FastLoader(num_workers=2)" in printed
     assert "DataLoader(num_workers=2, batch_sampler=FastSizeAwareLoader.batch_sampler())" in printed
-    rows = bench.workers_rows(samples=300, batch_size=16, epochs=1)
+    rows = workers_rows(samples=300, batch_size=16, epochs=1)
     assert [row.method for row in rows][:3] == [
         "FastLoader(prefetch=2), one process",
         "FastLoader(num_workers=2)",

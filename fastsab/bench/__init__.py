@@ -10,7 +10,6 @@ noisy shared machines.
 - :mod:`~fastsab.bench.epochs`: epoch timings of cases, as rows against a floor.
 - :mod:`~fastsab.bench.loaders`: the loaders per epoch and the time to the first batch.
 - :mod:`~fastsab.bench.varlen`: variable-length batches: padded and packing efficiency, steps and time.
-- :mod:`~fastsab.bench.workers`: fetching in worker processes against one process and a ``DataLoader``.
 """
 
 from __future__ import annotations
@@ -19,7 +18,6 @@ from __future__ import annotations
 from fastsab.bench.loaders import BatchedDataset, PerItemDataset, first_batch_rows, loader_rows  # noqa: F401
 from fastsab.bench.report import Row, machine_info, time_best, to_markdown
 from fastsab.bench.varlen import plot_varlen, varlen_rows
-from fastsab.bench.workers import workers_rows
 from fastsab.bench.workloads import adaptive_rows, kernel_rows, lognormal_lengths, permutation_rows
 
 __all__ = [
@@ -35,5 +33,4 @@ __all__ = [
     "time_best",
     "to_markdown",
     "varlen_rows",
-    "workers_rows",
 ]
