@@ -18,11 +18,12 @@ from fastsab._checks import positive_int_argument
 from fastsab.bench.end_to_end import END_TO_END_MAX_EPOCHS, END_TO_END_SAMPLES
 from fastsab.bench.loaders import PER_BATCH_SAMPLES, PER_BATCH_SIZES, per_batch_rows, scale_rows
 from fastsab.bench.varlen import VARLEN_SAMPLES
+from fastsab.bench.workers import WORKERS_SAMPLES, workers_rows
 from fastsab.cli_fit_memory import add_fit_memory_parser, run_fit_memory
 
 __all__ = ["main"]
 
-SUITES = ("loaders", "kernels", "permutation", "first-batch", "adaptive", "varlen", "end-to-end", "scale")
+SUITES = ("loaders", "kernels", "permutation", "first-batch", "adaptive", "varlen", "end-to-end", "scale", "workers")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -40,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--samples",
         type=positive_int_argument,
         help="samples per epoch (default 300000; the varlen suite: 50000 sequences; the end-to-end suite: 60000; "
-        "the scale suite: 10**9 items)",
+        "the scale suite: 10**9 items; the workers suite: 10000 texts)",
     )
     run.add_argument("--batch-size", type=positive_int_argument, default=300, help="batch size (default 300)")
     run.add_argument(
@@ -59,8 +60,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="what to run (repeatable; default: loaders). 'all' adds the kernel, permutation and "
         "first-batch suites at 10**6 to 10**8 items, the adaptive overhead and the varlen suite (padded and "
         "packing efficiency of variable-length batches with and without sort_window), the end-to-end suite (the "
-        "loaders feeding a small model's training step on one thread, at most 3 timed epochs) and the scale suite "
-        "(rank 7 of 8 over 10**9 items: time and peak memory to the first batch of each loader), a few minutes in all. "
+        "loaders feeding a small model's training step on one thread, at most 3 timed epochs), the scale suite "
+        "(rank 7 of 8 over 10**9 items: time and peak memory to the first batch of each loader) and the workers "
+        "suite (a dataset whose __getitems__ tokenizes texts in Python: one process, 2 worker processes, and a "
+        "DataLoader with 2 workers over the same plan), a few minutes in all. "
         "'fidelity' (not in 'all') measures memory budgets on small CPU models: per kind, the "
         "batches run, the batches over budget, and the mean and smallest use of the budget.",
     )
@@ -125,6 +128,10 @@ def run_bench(args: argparse.Namespace) -> list[bench.Row]:
                 )
             elif suite == "scale":
                 rows += scale_rows(args.samples or 10**9)
+            elif suite == "workers":
+                rows += workers_rows(
+                    args.samples or WORKERS_SAMPLES, epochs=args.epochs, progress=lambda name: bar.set_postfix_str(name)
+                )
             else:
                 rows += bench.first_batch_rows(10**8)
             bar.update()

@@ -2,7 +2,8 @@
 
 A user moving from ``DataLoader`` passes its keywords out of habit. The loaders take the
 ones that mean the same thing in fastsab (``batch_size``, ``shuffle``, ``drop_last``,
-``collate_fn``, ``pin_memory``); for every other keyword, :func:`check_dataloader_keywords`
+``collate_fn``, ``pin_memory``, ``num_workers``, ``worker_init_fn``,
+``multiprocessing_context``); for every other keyword, :func:`check_dataloader_keywords`
 raises a ``TypeError`` that names it and says what to use instead. The advice lives in one
 table, which also renders the "Coming from DataLoader" list of the README
 (:func:`keyword_list`).
@@ -42,17 +43,15 @@ ADVICE: dict[str, str] = {
         "the loader is its own batch sampler: loader.batch_sampler() gives its plan to a DataLoader, and "
         "fastsab.SizeAwareBatchSampler and fastsab.BucketBatchSampler are batch samplers for a DataLoader"
     ),
-    "num_workers": (
-        "batches are fetched in this process (prefetch=k prepares k batches ahead in a background thread); for "
-        "worker processes use loader.data_loader(num_workers=...), a DataLoader over the same batch plan"
-    ),
     "timeout": _WORKER_OPTION.format(name="timeout"),
-    "worker_init_fn": _WORKER_OPTION.format(name="worker_init_fn"),
-    "multiprocessing_context": _WORKER_OPTION.format(name="multiprocessing_context"),
-    "persistent_workers": _WORKER_OPTION.format(name="persistent_workers"),
+    "persistent_workers": (
+        "worker processes start with each epoch (and again after the limit is lowered, so that the batches read "
+        "ahead are planned again); for workers kept across epochs use loader.data_loader(num_workers=..., "
+        "persistent_workers=True)"
+    ),
     "prefetch_factor": (
-        "prefetch=k is the number of batches a background thread prepares ahead; with worker processes pass "
-        "prefetch_factor to loader.data_loader(num_workers=..., prefetch_factor=...)"
+        "prefetch=k is the number of batches each worker process prepares ahead with num_workers (default 2), or "
+        "a background thread without"
     ),
     "generator": (
         "epoch orders depend only on (seed, epoch), not on the state of a generator: pass seed= an integer "
@@ -89,6 +88,12 @@ ACCEPTED_NOTES: dict[str, str] = {
     "drop_last": "same (counted in stats.num_dropped)",
     "collate_fn": "same (default fastsab.collate_batch)",
     "pin_memory": "same (a warning where no accelerator exists)",
+    "num_workers": (
+        "same: worker processes fetch and collate whole batches, yielded in the order of the plan and moved to "
+        "device= in this process (in-memory tensor data is gathered in this process whatever num_workers says)"
+    ),
+    "worker_init_fn": "same",
+    "multiprocessing_context": "same (needs num_workers)",
 }
 
 

@@ -67,10 +67,11 @@ class FastLoader(LoaderBase[T]):
         batch_size: Items per batch.
         drop_last: Drop the last partial batch (counted in ``stats.num_dropped``).
         shuffle, seed, group_size, collate_fn, device, pin_memory, non_blocking, prefetch,
-        chunk_bytes, rank, world_size, even_batches, balance: The options both loaders
-            share, described in :class:`~fastsab.options.LoaderOptions` (kept in
-            ``loader.options``). ``shuffle`` shuffles every epoch (a seeded grouped
-            permutation, by default); ``device`` moves every batch there.
+        chunk_bytes, rank, world_size, even_batches, balance, num_workers, worker_init_fn,
+        multiprocessing_context: The options both loaders share, described in
+            :class:`~fastsab.options.LoaderOptions` (kept in ``loader.options``). ``shuffle``
+            shuffles every epoch (a seeded grouped permutation, by default); ``device`` moves
+            every batch there; ``num_workers`` fetches batches in worker processes.
 
     Examples:
         >>> loader = FastLoader(torch.arange(10), batch_size=4, seed=0)
@@ -141,8 +142,9 @@ class FastSizeAwareLoader(LoaderBase[T]):
             splits the order as it is. Windows do not cross shuffle groups; sizes with ``k``
             columns sort by the first column, then the next ones. See :mod:`fastsab.windows`.
         shuffle, seed, group_size, collate_fn, device, pin_memory, non_blocking, prefetch,
-        chunk_bytes, rank, world_size, even_batches, balance: As for :class:`FastLoader`
-            (see :class:`~fastsab.options.LoaderOptions`).
+        chunk_bytes, rank, world_size, even_batches, balance, num_workers, worker_init_fn,
+        multiprocessing_context: As for :class:`FastLoader` (see
+            :class:`~fastsab.options.LoaderOptions`).
 
     Examples:
         >>> lengths = torch.tensor([3, 1, 2, 4, 1, 2, 2])

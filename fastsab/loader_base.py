@@ -29,6 +29,7 @@ from fastsab.planners import FixedSizePlanner, SizeAwarePlanner
 from fastsab.prefetch import prefetched
 from fastsab.shuffle import DEFAULT_GROUP_SIZE
 from fastsab.transfer import Transfer
+from fastsab.workers import worker_batches
 
 __all__ = ["LoaderBase"]
 
@@ -42,9 +43,9 @@ class _ChunkedDataset(Protocol):
 
 
 class LoaderBase(EpochCursor, Generic[T], metaclass=TakesDataLoaderKeywords):
-    """What both loaders share: epochs, ranks, making batches, prefetch, stats and state.
+    """What both loaders share: epochs, ranks, making batches, prefetch, workers, stats and state.
 
-    The metaclass drops DataLoader's keywords at their default values (``num_workers=0``) and
+    The metaclass drops DataLoader's keywords at their default values (``timeout=0``) and
     refuses the others with what to use instead, so that the constructors keep explicit signatures.
 
     Attributes:
@@ -108,8 +109,19 @@ class LoaderBase(EpochCursor, Generic[T], metaclass=TakesDataLoaderKeywords):
 
     @property
     def prefetch(self) -> int | None:
-        """Batches a background thread prepares ahead (``None``: chosen per dataset)."""
+        """Batches a background thread, or each worker process, prepares ahead (``None``: chosen per dataset)."""
         return self.options.prefetch
+
+    @property
+    def num_workers(self) -> int:
+        """Worker processes that fetch batches (0 where batches are gathered or fetched in this process).
+
+        In-memory tensor data is gathered here whatever ``num_workers`` says: a gather is a copy
+        of rows, which a worker would only copy once more (into shared memory).
+        """
+        # NOTE: ignored for "gather" datasets rather than refused, so that one set of options
+        # (e.g. loader.options.keywords()) serves a tensor dataset and one that fetches
+        return 0 if self.fetcher.kind == "gather" else self.options.num_workers
 
     @property
     def chunk_bytes(self) -> int:
@@ -178,8 +190,11 @@ class LoaderBase(EpochCursor, Generic[T], metaclass=TakesDataLoaderKeywords):
             depth = 0 if self.fetcher.kind == "gather" else 2
         next_stream: Stream | None = stream
         while next_stream is not None:
-            produced = self._produce(next_stream, with_indices, per_batch=depth > 0)
-            source = produced if depth == 0 else prefetched(produced, depth)
+            if self.num_workers:
+                source = self._produce_in_workers(next_stream, depth, with_indices)
+            else:
+                produced = self._produce(next_stream, with_indices, per_batch=depth > 0)
+                source = produced if depth == 0 else prefetched(produced, depth)
             next_stream = yield from self._consume(next_stream, source, stats)
         self._epoch_done(stats)
 
@@ -225,7 +240,7 @@ class LoaderBase(EpochCursor, Generic[T], metaclass=TakesDataLoaderKeywords):
                 if lowering is not None:
                     break
         finally:
-            source.close()  # joins a prefetch thread
+            source.close()  # joins a prefetch thread, shuts worker processes down
         if lowering is None:
             return None
         limit, retry = lowering
@@ -271,6 +286,21 @@ class LoaderBase(EpochCursor, Generic[T], metaclass=TakesDataLoaderKeywords):
         runs = self.maker.runs
         for chunk in stream:
             yield from runs(chunk.ids, chunk.offsets, with_indices, per_batch)
+
+    def _produce_in_workers(self, stream: Stream, depth: int, with_indices: bool) -> Generator[Run, None, None]:
+        """The batches of ``stream`` fetched and collated in worker processes, moved in this one."""
+        options = self.options
+        epoch = self._progress[0] if self._progress is not None else 0
+        # NOTE: the workers' seeds depend on (seed, epoch, rank, where the stream starts), not on global state
+        seed = int(np.random.default_rng([options.seed, epoch, self.rank, stream.position]).integers(2**62))
+        batches = worker_batches(
+            self.fetcher, stream, self.num_workers, depth, options.worker_init_fn, options.multiprocessing_context, seed
+        )
+        try:
+            for ids, batch in batches:
+                yield Run([len(ids)], [ids] if with_indices else None, (self.maker.transfer(batch),))
+        finally:
+            batches.close()
 
     # -- adapting to out-of-memory errors -------------------------------------------------
 

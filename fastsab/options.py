@@ -1,6 +1,6 @@
 """What a loader is given besides its dataset and batching rule: :class:`LoaderOptions`.
 
-Both loaders take the same thirteen options, as keywords of their constructors; a loader
+Both loaders take the same sixteen options, as keywords of their constructors; a loader
 keeps them, as given, in ``loader.options``. :class:`LoaderOptions` defines them (names, types,
 defaults); :class:`LoaderKeywords` restates names and types for type checkers, and
 :func:`takes_loader_options` gives the constructors their full signature at run time. The
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import multiprocessing
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic
@@ -43,8 +44,8 @@ class LoaderOptions:
 
     The loaders take them as keywords; ``loader.options`` holds them as given, so that a
     loader like another one is ``FastLoader(other_data, 8, **loader.options.keywords())``.
-    ``prefetch`` is checked here, the other values by the parts of a loader that use them
-    when it is made (with the same messages).
+    ``prefetch`` and the worker options are checked here, the other values by the parts of a
+    loader that use them when it is made (with the same messages).
 
     Attributes:
         shuffle: Shuffle every epoch (grouped permutation); otherwise sequential order.
@@ -58,7 +59,8 @@ class LoaderOptions:
             warning, where none is available).
         non_blocking: Asynchronous host-to-device copies.
         prefetch: Batches a background thread prepares ahead; ``None`` chooses 0 for
-            in-memory tensor data and 2 for datasets that fetch.
+            in-memory tensor data and 2 for datasets that fetch. With ``num_workers``, the
+            batches each worker process prepares ahead (``None``: 2; at least 1).
         chunk_bytes: Largest in-memory gather of one shuffle group; bigger groups are
             gathered batch by batch.
         rank, world_size: This process's share of the epoch; default from
@@ -69,6 +71,13 @@ class LoaderOptions:
             ``"drop"`` (leave the surplus batches out); counted in ``stats``.
         balance: Deal batches of similar cost to the ranks at each step (see
             :mod:`fastsab.distributed`); ``stats.spread_before``/``spread_after`` report it.
+        num_workers: Worker processes that fetch and collate whole batches (one
+            ``__getitems__`` and ``collate_fn`` per batch; see :mod:`fastsab.workers`); 0 fetches
+            in this process. Batches are yielded in plan order and moved to ``device`` here.
+            In-memory tensor data (gathered, not fetched) is always gathered in this process.
+        worker_init_fn: Called in each worker process with its id, as by ``DataLoader``.
+        multiprocessing_context: How worker processes start (``"fork"``, ``"spawn"``,
+            ``"forkserver"`` or a context); ``None``: as ``DataLoader`` (fork on Linux).
 
     Examples:
         >>> options = LoaderOptions(shuffle=False, prefetch=2)
@@ -91,18 +100,32 @@ class LoaderOptions:
     world_size: int | None = None
     even_batches: EvenBatches = "pad"
     balance: bool = True
+    num_workers: int = 0
+    worker_init_fn: Callable[[int], None] | None = None
+    multiprocessing_context: str | multiprocessing.context.BaseContext | None = None
 
     def __post_init__(self) -> None:
         if self.prefetch is not None:
             check_nonnegative_int("prefetch", self.prefetch)
+        if check_nonnegative_int("num_workers", self.num_workers) > 0 and self.prefetch == 0:
+            raise ValueError(
+                f"prefetch must be at least 1 with worker processes (each prepares that many batches ahead), got "
+                f"prefetch={self.prefetch!r} with num_workers={self.num_workers!r}; pass prefetch=None for 2."
+            )
+        if self.worker_init_fn is not None and not callable(self.worker_init_fn):
+            raise TypeError(f"worker_init_fn must be callable or None, got {self.worker_init_fn!r}.")
+        _check_context(self.multiprocessing_context, self.num_workers)
 
     @classmethod
     def given_to(cls, owner: str, keywords: Mapping[str, object]) -> LoaderOptions:
         """The options given to ``owner``'s constructor as ``keywords``; the others take their defaults.
 
         Raises:
-            TypeError: If a keyword is not an option (naming ``owner``), or ``prefetch`` is of a wrong type.
-            ValueError: If ``prefetch`` is not None or a non-negative integer.
+            TypeError: If a keyword is not an option (naming ``owner``), or ``prefetch``, ``num_workers``,
+                ``worker_init_fn`` or ``multiprocessing_context`` is of a wrong type.
+            ValueError: If ``prefetch`` is not None or a non-negative integer (at least 1 with
+                ``num_workers``), ``num_workers`` is negative, or ``multiprocessing_context`` is
+                an unknown start method or given without ``num_workers``.
         """
         names = {field.name for field in dataclasses.fields(cls)}
         for name, value in keywords.items():
@@ -135,6 +158,30 @@ class LoaderKeywords(TypedDict, Generic[T], total=False):
     world_size: int | None
     even_batches: EvenBatches
     balance: bool
+    num_workers: int
+    worker_init_fn: Callable[[int], None] | None
+    multiprocessing_context: str | multiprocessing.context.BaseContext | None
+
+
+def _check_context(context: object, num_workers: int) -> None:
+    """Refuse a ``multiprocessing_context`` that is not a start method or context, or has no workers to start."""
+    if context is None:
+        return
+    if isinstance(context, str):
+        if context not in multiprocessing.get_all_start_methods():
+            raise ValueError(
+                f"multiprocessing_context must be one of {multiprocessing.get_all_start_methods()!r} or a "
+                f"multiprocessing context, got {context!r}."
+            )
+    elif not isinstance(context, multiprocessing.context.BaseContext):
+        raise TypeError(
+            f"multiprocessing_context must be a start method name or a multiprocessing context, got {context!r}."
+        )
+    if num_workers == 0:
+        raise ValueError(
+            f"multiprocessing_context={context!r} starts worker processes, so it needs num_workers of 1 or more, "
+            "got num_workers=0."
+        )
 
 
 def _option_parameters() -> list[inspect.Parameter]:

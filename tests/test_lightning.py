@@ -166,16 +166,14 @@ def test_data_module_arguments():
 
 def test_data_module_refuses_a_dataloader_keyword_when_made():
     # refused at construction, not later when the trainer asks for a loader
-    with pytest.raises(
-        TypeError, match=r"FastLoader does not take DataLoader's keyword num_workers \(got num_workers=2\)"
-    ):
-        FastDataModule(train=torch.arange(3), batch_size=2, num_workers=2)
+    with pytest.raises(TypeError, match=r"FastLoader does not take DataLoader's keyword timeout \(got timeout=5\)"):
+        FastDataModule(train=torch.arange(3), batch_size=2, timeout=5)
     sized = {"sizeof": {"train": [1, 1, 1]}, "max_total_size": 2}
     with pytest.raises(TypeError, match=r"FastSizeAwareLoader does not take DataLoader's keyword drop_last"):
         FastDataModule(train=torch.arange(3), drop_last=True, **sized)
     module = FastDataModule(train=torch.arange(3), batch_size=2, drop_last=True, prefetch=1)
     assert [batch.tolist() for batch in module.train_dataloader()] != []
-    module = FastDataModule(train=torch.arange(3), batch_size=2, num_workers=0, shuffle=False)  # DataLoader's default
+    module = FastDataModule(train=torch.arange(3), batch_size=2, timeout=0, shuffle=False)  # DataLoader's default
     assert [batch.tolist() for batch in module.train_dataloader()] == [[0, 1], [2]]
 
 

@@ -136,7 +136,7 @@ def test_options_and_loaders_pickle():
 
 
 def test_a_loader_subscripted_with_its_batch_type_takes_the_same_keywords():
-    loader = FastLoader[torch.Tensor](torch.arange(4), 2, shuffle=False, num_workers=0)
+    loader = FastLoader[torch.Tensor](torch.arange(4), 2, shuffle=False, timeout=0)
     assert isinstance(loader, FastLoader) and [b.tolist() for b in loader] == [[0, 1], [2, 3]]
-    with pytest.raises(TypeError, match=r"FastSizeAwareLoader does not take DataLoader's keyword num_workers"):
-        FastSizeAwareLoader[torch.Tensor](torch.arange(4), [1] * 4, 2, num_workers=2)
+    with pytest.raises(TypeError, match=r"FastSizeAwareLoader does not take DataLoader's keyword timeout"):
+        FastSizeAwareLoader[torch.Tensor](torch.arange(4), [1] * 4, 2, timeout=2)

@@ -1,0 +1,328 @@
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+from torch.utils.data import dataloader
+
+from fastsab import FastLoader, FastSizeAwareLoader, adaptive
+from fastsab.bench.workers import workers_rows
+from fastsab.cli import main
+from fastsab.options import LoaderOptions
+
+pytestmark = pytest.mark.timeout(60)
+
+N = 60
+SIZES = (torch.arange(N) % 7 + 1).tolist()
+
+
+class Items:
+    """A dataset that fetches: one ``__getitems__`` per batch, a list of samples."""
+
+    def __len__(self) -> int:
+        return N
+
+    def __getitems__(self, ids: list[int]) -> list[dict[str, torch.Tensor]]:
+        return [{"x": torch.tensor([i, 10 * i]), "pid": torch.tensor(os.getpid())} for i in ids]
+
+
+class Seeds(Items):
+    def __getitems__(self, ids: list[int]) -> list[dict[str, torch.Tensor]]:
+        return [{**item, "seed": torch.tensor(torch.initial_seed())} for item in super().__getitems__(ids)]
+
+
+class Failing(Items):
+    def __getitems__(self, ids: list[int]) -> list[dict[str, torch.Tensor]]:
+        if 13 in ids:
+            decode_broken_record(13)
+        return super().__getitems__(ids)
+
+
+class Slow(Items):
+    def __getitems__(self, ids: list[int]) -> list[dict[str, torch.Tensor]]:
+        time.sleep(0.02)
+        return super().__getitems__(ids)
+
+
+def decode_broken_record(index: int) -> None:
+    raise ValueError(f"record {index} is broken")
+
+
+def fixed(**options):
+    return FastLoader(Items(), 8, seed=3, **options)
+
+
+def sized(**options):
+    return FastSizeAwareLoader(Items(), SIZES, 12, seed=3, **options)
+
+
+def ids_of(batches) -> list[list[int]]:
+    return [batch["x"][:, 0].tolist() for batch in batches]
+
+
+def children() -> list[psutil.Process]:
+    return psutil.Process().children(recursive=True)
+
+
+def no_children_left(wait: float = 5.0) -> bool:
+    deadline = time.monotonic() + wait
+    while children() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not children()
+
+
+@pytest.mark.parametrize("make", [fixed, sized])
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_batches_with_workers_are_those_of_one_process(make, shuffle):
+    expected = ids_of(make(shuffle=shuffle))
+    loader = make(shuffle=shuffle, num_workers=2)
+    batches = list(loader)
+    assert ids_of(batches) == expected
+    assert {int(b["pid"][0]) for b in batches} - {os.getpid()}  # fetched elsewhere
+    assert loader.stats.num_batches == len(expected) and loader.stats.num_items == N
+    assert no_children_left()
+
+
+@pytest.mark.parametrize("make", [fixed, sized])
+def test_each_rank_gets_its_share_with_workers(make):
+    for rank in range(2):
+        alone = ids_of(make(rank=rank, world_size=2))
+        assert ids_of(make(rank=rank, world_size=2, num_workers=2)) == alone
+
+
+def test_workers_fetch_with_the_collate_fn_and_the_batches_are_moved_here():
+    def pair(samples):
+        return torch.stack([s["x"] for s in samples]), torch.stack([s["pid"] for s in samples])
+
+    loader = FastLoader(Items(), 8, shuffle=False, collate_fn=pair, num_workers=2, device="cpu", prefetch=1)
+    batches = list(loader)
+    assert [x[:, 0].tolist() for x, _ in batches] == [list(range(i, min(i + 8, N))) for i in range(0, N, 8)]
+    assert os.getpid() not in {int(pid[0]) for _, pid in batches}
+
+
+def test_worker_seeds_follow_the_loader_seed_and_leave_the_global_generator_alone():
+    def seeds(seed: int, epoch: int) -> set[int]:
+        loader = FastLoader(Seeds(), 8, seed=seed, num_workers=2)
+        loader.set_epoch(epoch)
+        return {int(batch["seed"][0]) for batch in loader}
+
+    torch.manual_seed(5)
+    state = torch.get_rng_state()
+    first = seeds(0, 0)
+    assert torch.equal(torch.get_rng_state(), state)  # the training loop's draws are its own
+    assert len(first) == 2 and seeds(0, 0) == first
+    assert seeds(0, 1) != first and seeds(1, 0) != first
+
+
+def test_a_state_taken_mid_epoch_with_workers_counts_the_batches_received():
+    expected = ids_of(sized())
+    loader = sized(num_workers=2)
+    batches = iter(loader)
+    first = ids_of([next(batches) for _ in range(3)])
+    state = loader.state_dict()  # the workers have fetched further ahead
+    del batches
+    assert no_children_left()
+    resumed = sized(num_workers=2)
+    resumed.load_state_dict(state)
+    assert first + ids_of(resumed) == expected
+
+
+@pytest.mark.parametrize("make", [fixed, sized])
+def test_a_lowering_with_workers_gives_the_batches_of_one_process(make):
+    def run(**options):
+        loader = make(**options)
+        seen: list[list[int]] = []
+
+        def step(batch):
+            ids = batch["x"][:, 0].tolist()
+            if len(seen) == 2 and loader.stats.limit_changes == []:
+                raise torch.OutOfMemoryError("CUDA out of memory.")
+            seen.append(ids)
+
+        list(adaptive.run(loader, step))
+        return seen, loader.stats.limit_changes
+
+    alone = run()
+    assert run(num_workers=2) == alone
+    assert alone[1] and sorted(i for ids in alone[0] for i in ids) == list(range(N))
+
+
+def test_a_lowering_mid_epoch_with_workers_plans_the_batches_read_ahead_again():
+    loader = FastLoader(Items(), 8, shuffle=False, num_workers=2)
+    batches = iter(loader)
+    seen = ids_of([next(batches), next(batches)])
+    loader.lower_limit(3)
+    seen += ids_of(batches)
+    assert seen[:2] == [list(range(8)), list(range(8, 16))]
+    assert seen[2:] == [list(range(i, min(i + 3, N))) for i in range(16, N, 3)]
+
+
+@pytest.mark.parametrize("make", [fixed, sized])
+def test_leaving_the_loop_leaves_no_worker_process(make):
+    loader = make(num_workers=2)
+    for _ in loader:
+        assert children()
+        break
+    assert no_children_left()
+    batches = iter(make(num_workers=2))
+    next(batches)
+    del batches  # collected
+    assert no_children_left()
+    with pytest.raises(KeyError):
+        for _ in make(num_workers=2):
+            raise KeyError("stop")
+    assert no_children_left()
+    with pytest.raises(KeyboardInterrupt):
+        for _ in make(num_workers=2):
+            raise KeyboardInterrupt
+    assert no_children_left()
+
+
+def test_a_worker_error_is_raised_in_the_loop_with_its_traceback():
+    loader = FastLoader(Failing(), 4, shuffle=False, num_workers=2)
+    with pytest.raises(ValueError, match=r"(?s)worker process.*in decode_broken_record.*record 13 is broken") as error:
+        list(loader)
+    assert "decode_broken_record" in str(error.value)
+    assert no_children_left()
+
+
+def test_a_killed_worker_raises_instead_of_hanging():
+    loader = FastLoader(Slow(), 2, shuffle=False, num_workers=2)
+    batches = iter(loader)
+    next(batches)
+    os.kill(children()[0].pid, signal.SIGKILL)
+    with pytest.raises(RuntimeError, match=r"DataLoader worker \(pid"):
+        for _ in batches:
+            pass
+    assert no_children_left()
+
+
+def test_a_connection_lost_to_a_worker_is_reported_as_a_worker_that_ended(monkeypatch):
+    # (a worker killed while this process fetches the shared memory of a batch it sent)
+    def lost(self):
+        raise ConnectionResetError(104, "Connection reset by peer")
+
+    monkeypatch.setattr(dataloader._MultiProcessingDataLoaderIter, "_next_data", lost)
+    message = r"DataLoader worker \(pid\(s\) .*\) ended while a batch was being received \(ConnectionResetError"
+    with pytest.raises(RuntimeError, match=message):
+        list(FastLoader(Items(), 4, num_workers=1))
+    assert no_children_left()
+
+
+def test_in_memory_data_is_gathered_here_whatever_num_workers_says():
+    loader = FastLoader(torch.arange(50), 8, seed=1, num_workers=2)
+    assert loader.num_workers == 0 and loader.options.num_workers == 2
+    batches = iter(loader)
+    first = next(batches)
+    assert not children()
+    assert [first.tolist(), *[b.tolist() for b in batches]] == [
+        b.tolist() for b in FastLoader(torch.arange(50), 8, seed=1)
+    ]
+
+
+def test_spawned_workers_give_the_same_batches():
+    loader = sized(num_workers=1, multiprocessing_context="spawn")
+    assert ids_of(loader) == ids_of(sized())
+
+
+def test_worker_init_fn_runs_in_each_worker(tmp_path):
+    loader = FastLoader(Items(), 8, num_workers=2, worker_init_fn=_InitMark(str(tmp_path)))
+    assert len(list(loader)) == 8
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["0", "1"]
+
+
+class _InitMark:
+    def __init__(self, folder: str) -> None:
+        self.folder = folder
+
+    def __call__(self, worker_id: int) -> None:
+        open(os.path.join(self.folder, str(worker_id)), "w").close()
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "message"),
+    [
+        ({"num_workers": -1}, ValueError, r"num_workers must be a non-negative integer, got -1\."),
+        ({"num_workers": 1.5}, TypeError, r"num_workers must be an integer, got 1\.5 of type float\."),
+        (
+            {"num_workers": 2, "prefetch": 0},
+            ValueError,
+            r"prefetch must be at least 1 with worker processes .* got prefetch=0 with num_workers=2",
+        ),
+        ({"num_workers": 1, "worker_init_fn": 3}, TypeError, r"worker_init_fn must be callable or None, got 3\."),
+        (
+            {"num_workers": 1, "multiprocessing_context": "fork2"},
+            ValueError,
+            r"multiprocessing_context must be one of .* got 'fork2'\.",
+        ),
+        (
+            {"num_workers": 1, "multiprocessing_context": 7},
+            TypeError,
+            r"multiprocessing_context must be a start method name or a multiprocessing context, got 7\.",
+        ),
+        (
+            {"multiprocessing_context": "spawn"},
+            ValueError,
+            r"multiprocessing_context='spawn' starts worker processes, so it needs num_workers of 1 or more",
+        ),
+    ],
+)
+def test_worker_options_are_checked(options, error, message):
+    with pytest.raises(error, match=message):
+        LoaderOptions(**options)
+    with pytest.raises(error, match=message):
+        FastLoader(Items(), 4, **options)
+
+
+def test_a_loop_left_unfinished_at_exit_ends_without_error_or_orphans(tmp_path):
+    # a loader iterator still referenced at exit: the interpreter exits cleanly and no worker outlives it
+    script = textwrap.dedent(
+        f"""
+        import os, sys, torch
+        sys.path.insert(0, {str(Path(__file__).parents[1])!r})
+        from fastsab import FastLoader
+
+        class Items:
+            def __len__(self):
+                return 100
+
+            def __getitems__(self, ids):
+                return torch.tensor(ids)
+
+        batches = iter(FastLoader(Items(), 4, num_workers=2))
+        next(batches)
+        import psutil
+        print(" ".join(str(p.pid) for p in psutil.Process().children()))
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    pids = [int(pid) for pid in done.stdout.split()]
+    assert len(pids) == 2
+    deadline = time.monotonic() + 5
+    while any(psutil.pid_exists(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(psutil.pid_exists(pid) for pid in pids)
+
+
+def test_the_workers_bench_suite_runs(capsys):
+    assert main(["bench", "--suite", "workers", "--samples", "400", "--epochs", "1", "--quiet", "--markdown"]) == 0
+    printed = capsys.readouterr().out
+    assert "**workers**" in printed and "FastLoader(num_workers=2)" in printed
+    assert "DataLoader(num_workers=2, batch_sampler=FastSizeAwareLoader.batch_sampler())" in printed
+    rows = workers_rows(samples=300, batch_size=16, epochs=1)
+    assert [row.method for row in rows][:3] == [
+        "FastLoader(prefetch=2), one process",
+        "FastLoader(num_workers=2)",
+        "DataLoader(num_workers=2, batch_sampler=FastLoader.batch_sampler())",
+    ]
+    assert [row.ratio for row in rows][::3] == [1.0, 1.0] and all(row.seconds > 0 for row in rows)
+    assert len({row.note for row in rows[:3]}) == 1 and len({row.note for row in rows[3:]}) == 1  # the same batches
