@@ -4,7 +4,9 @@
 many items from a position fit the cap: :func:`_sum_counter` for ``cost="sum"`` (prefix sums
 and a galloping binary search, exact for integer and float costs; Python integers where int64
 sums would overflow) or :func:`_padded_feature_counter` when features are padded
-(``len * f(running max row)``). For ``cost="padded"`` over costs, :func:`_padded_split` finds
+(``len * f(running max row)``). One column of integer costs under its cap alone takes
+:func:`_int_sum_ends`, the same walk inlined over prefix sums made just ahead of it
+(:func:`_sum_split` chooses). For ``cost="padded"`` over costs, :func:`_padded_split` finds
 the end of a batch starting at every position at once (from each item's bound on a batch's
 length, ``cap // cost``) and walks them one lookup per batch. The caps come converted by
 :meth:`~fastsab.costs.BatchCost.kernel_caps` (less any fixed cost).
@@ -22,6 +24,7 @@ import numpy as np
 
 _UNIT_ROUNDOFF = 2.0**-53
 _INT64_MAX = 2**63 - 1
+_CHUNK = 32768  # items whose prefix sums :func:`_int_sum_ends` makes at a time (256 KiB)
 
 
 def _greedy_ends(
@@ -55,12 +58,7 @@ def _greedy_ends(
             hi, certain, cut_ok = i + max_items, True, True
         n_items = count(i, hi, guess)
         if n_items == 0 and i < hi:
-            # NOTE: only a carry from a split under a larger cap can hold an item that fits
-            # in no batch; going on would emit empty batches forever
-            raise ValueError(
-                f"item at position {i} of this split costs more than max_total_size and came in the carry; "
-                "split a carry's chunk again under the cap it was made with."
-            )
+            _stuck(i)
         end = i + n_items
         if end < hi:
             full = True
@@ -77,6 +75,85 @@ def _greedy_ends(
         guess = n_items
         i = end
     return ends, i
+
+
+def _sum_split(
+    c: np.ndarray,
+    caps: np.ndarray,
+    exact_caps: list[int | float],
+    max_items: int | None,
+    multiple: int,
+    over: np.ndarray | None,
+    final: bool,
+) -> tuple[list[int], int]:
+    """Batch ends and the open start for ``cost="sum"``, the rules of :func:`_greedy_ends`.
+
+    One column of integer costs under its cap alone (the common case) takes :func:`_int_sum_ends`;
+    every other split walks :func:`_sum_counter`.
+    """
+    column, cap = c[:, 0], caps[0].item()
+    plain = c.shape[1] == 1 and over is None and max_items is None and multiple == 1
+    if plain and c.dtype != np.float64 and _int64_prefix_fits(column, cap, False):
+        return _int_sum_ends(column, cap, final)
+    count = _sum_counter(c, caps, exact_caps, over is not None)
+    return _greedy_ends(len(c), count, max_items, multiple, over, final)
+
+
+def _int_sum_ends(column: np.ndarray, cap: int, final: bool) -> tuple[list[int], int]:
+    """Batch ends and the open start of integer costs under ``cap`` alone (int64 prefix sums that fit).
+
+    The search of :func:`_gallop` inlined, and the prefix sums made a chunk at a time, as far as
+    the walk needs them.
+    """
+    # NOTE: the walk reads a few prefix sums per batch, scattered over the whole array: summed
+    # just ahead of the walk, they are still in cache when it reads them (one cumsum over all
+    # the items first leaves the walk a cache miss per read)
+    m = len(column)
+    prefix = np.empty(m + 1, dtype=np.int64)
+    prefix[0] = 0
+    sums = prefix.data
+    ends: list[int] = []
+    append = ends.append
+    i = done = 0  # the prefix sums up to done are made
+    guess = 64
+    while i < m:
+        reach = sums[i] + cap
+        while done < m and sums[done] <= reach:
+            done = _sum_chunk(column, prefix, done)
+        probe = i + 2 * guess + 1
+        if probe >= done:
+            end = bisect_right(sums, reach, i, done + 1) - 1
+        elif sums[probe] > reach:
+            end = bisect_right(sums, reach, i, probe) - 1
+        else:
+            end = bisect_right(sums, reach, probe, done + 1) - 1
+        if end <= i:
+            _stuck(i)
+        if end == m and not final:
+            break
+        append(end)
+        guess = end - i
+        i = end
+    return ends, i
+
+
+def _sum_chunk(column: np.ndarray, prefix: np.ndarray, done: int) -> int:
+    """Make the prefix sums after ``done`` for up to ``_CHUNK`` items; returns the new ``done``."""
+    stop = min(done + _CHUNK, len(column))
+    chunk = prefix[done + 1 : stop + 1]
+    np.cumsum(column[done:stop], out=chunk)
+    chunk += prefix[done]
+    return stop
+
+
+def _stuck(i: int) -> None:
+    """Refuse an item that fits in no batch."""
+    # NOTE: only a carry from a split under a larger cap can hold an item that fits
+    # in no batch; going on would emit empty batches forever
+    raise ValueError(
+        f"item at position {i} of this split costs more than max_total_size and came in the carry; "
+        "split a carry's chunk again under the cap it was made with."
+    )
 
 
 def _sum_counter(

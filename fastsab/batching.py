@@ -27,7 +27,7 @@ from typing import Any, Literal, cast
 import numpy as np
 
 from fastsab._checks import as_numeric_array, check_choice
-from fastsab._kernels import _greedy_ends, _padded_feature_counter, _padded_split, _sum_counter
+from fastsab._kernels import _greedy_ends, _padded_feature_counter, _padded_split, _sum_split
 from fastsab.costs import BatchCost
 from fastsab.costs import CostMode as CostMode
 from fastsab.plans import Carry, PlanChunk
@@ -211,8 +211,7 @@ def split_with(
 
     max_items, multiple = rule.max_batch_size, rule.batch_size_multiple
     if rule.cost == "sum":
-        count = _sum_counter(c, caps, cap_values, over is not None)
-        ends, open_start = _greedy_ends(len(c), count, max_items, multiple, over, final)
+        ends, open_start = _sum_split(c, caps, cap_values, max_items, multiple, over, final)
     elif features is not None:
         count = _padded_feature_counter(features, partial(_feature_item_costs, rule), caps, cap_values, float_mode)
         ends, open_start = _greedy_ends(len(c), count, max_items, multiple, over, final)

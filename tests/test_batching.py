@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import itertools
+from unittest.mock import patch
 
 import numpy as np
 import pytest
@@ -8,6 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fastsab import _kernels
 from fastsab.batching import BatchSplit, Carry, size_aware_batching, split_batches
 from tests.reference import greedy_reference, running_sum_reference, seed_dataset
 
@@ -750,3 +752,52 @@ def test_integer_costs_past_int64_in_a_list_are_refused_not_rounded(costs, shown
     # float64 would round 2**63 + 1 to 2**63 and batch it under a cap of 2**63
     with pytest.raises(ValueError, match=rf"costs has values too large for int64: {shown}\."):
         split_batches(costs, 2**63)
+
+
+@st.composite
+def chunked_sum_problems(draw):
+    """One column of integer costs (runs of zeros, items at the cap) under its cap alone, and a chunk size."""
+    cap = draw(st.integers(0, 20))
+    value = st.one_of(st.integers(0, cap), st.just(0), st.just(cap))
+    rows = draw(st.lists(value, max_size=60))
+    return rows, cap, draw(st.integers(1, 7)), draw(st.lists(st.integers(0, 60), max_size=3))
+
+
+@settings(max_examples=300, deadline=None)
+@given(chunked_sum_problems())
+def test_int_sums_made_chunk_by_chunk_equal_greedy_loop(problem):
+    # invariant: prefix sums made a chunk at a time ahead of the walk give the loop's batches, whole and in chunks
+    rows, cap, chunk, cuts = problem
+    expected, _ = greedy_reference(rows, cap)
+    with patch.object(_kernels, "_CHUNK", chunk):
+        assert as_lists(split_batches(np.array(rows, dtype=np.int64), cap)) == expected
+        got, carry, start = [], None, 0
+        for stop in [*sorted(cut for cut in cuts if cut <= len(rows)), len(rows)]:
+            split = split_batches(np.array(rows[start:stop], dtype=np.int64), cap, carry=carry, final=stop == len(rows))
+            got += as_lists(split)
+            carry, start = split.carry, stop
+    assert got == expected
+
+
+@pytest.mark.parametrize("n", [_kernels._CHUNK - 1, _kernels._CHUNK, 3 * _kernels._CHUNK + 5])
+def test_int_sums_past_one_chunk_equal_running_loop(n):
+    rng = np.random.default_rng(n)
+    costs = np.where(rng.random(n) < 0.3, 0, rng.integers(0, 1000, n))  # runs of zeros across chunk ends
+    for cap in (999, 1000, 250_000, 10**6, 2**62):
+        assert as_lists(split_batches(costs, cap)) == running_sum_reference(costs.tolist(), cap)
+        first = split_batches(costs[: n // 2], cap, final=False)
+        rest = split_batches(costs[n // 2 :], cap, carry=first.carry)
+        assert as_lists(first) + as_lists(rest) == running_sum_reference(costs.tolist(), cap)
+
+
+def test_int_sums_near_int64_are_exact_under_a_cap_past_the_sums():
+    costs = np.array([2**60, 2**60, 2**61, 0, 2**61], dtype=np.int64)  # sum 2**62 + 2**61: fits int64
+    for cap in (2**61, 2**62, 2**63 - 1):
+        expected, _ = greedy_reference(costs.tolist(), cap)
+        assert as_lists(split_batches(costs, cap)) == expected
+
+
+def test_a_carry_item_above_the_cap_is_an_error_in_the_chunked_walk():
+    carry = split_batches([5, 50], 200, final=False).carry
+    with pytest.raises(ValueError, match="item at position 1 of this split costs more than max_total_size"):
+        split_batches([1, 1], 10, carry=carry)
