@@ -90,7 +90,8 @@ ACCEPTED_NOTES: dict[str, str] = {
     "pin_memory": "same (a warning where no accelerator exists)",
     "num_workers": (
         "same: worker processes fetch and collate whole batches, yielded in the order of the plan and moved to "
-        "device= in this process (in-memory tensor data is gathered in this process whatever num_workers says)"
+        "device= in this process (in-memory tensor data and an OutOfCoreDataset are read in this process whatever "
+        "num_workers says)"
     ),
     "worker_init_fn": "same",
     "multiprocessing_context": "same (needs num_workers)",

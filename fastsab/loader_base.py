@@ -117,11 +117,13 @@ class LoaderBase(EpochCursor, Generic[T], metaclass=TakesDataLoaderKeywords):
         """Worker processes that fetch batches (0 where batches are gathered or fetched in this process).
 
         In-memory tensor data is gathered here whatever ``num_workers`` says: a gather is a copy
-        of rows, which a worker would only copy once more (into shared memory).
+        of rows, which a worker would only copy once more (into shared memory). So is a dataset
+        read in chunks (:class:`~fastsab.OutOfCoreDataset`): its batches are copies of rows of
+        the chunk in memory, and each worker would read every chunk into a copy of its own.
         """
-        # NOTE: ignored for "gather" datasets rather than refused, so that one set of options
-        # (e.g. loader.options.keywords()) serves a tensor dataset and one that fetches
-        return 0 if self.fetcher.kind == "gather" else self.options.num_workers
+        # NOTE: ignored for "gather" and chunked datasets rather than refused, so that one set of
+        # options (e.g. loader.options.keywords()) serves a tensor dataset and one that fetches
+        return 0 if self.fetcher.kind == "gather" or self._chunked else self.options.num_workers
 
     @property
     def chunk_bytes(self) -> int:

@@ -74,7 +74,8 @@ class LoaderOptions:
         num_workers: Worker processes that fetch and collate whole batches (one
             ``__getitems__`` and ``collate_fn`` per batch; see :mod:`fastsab.workers`); 0 fetches
             in this process. Batches are yielded in plan order and moved to ``device`` here.
-            In-memory tensor data (gathered, not fetched) is always gathered in this process.
+            In-memory tensor data (gathered, not fetched) is always gathered in this process, and a
+            dataset read in chunks (``OutOfCoreDataset``) always read in it.
         worker_init_fn: Called in each worker process with its id, as by ``DataLoader``.
         multiprocessing_context: How worker processes start (``"fork"``, ``"spawn"``,
             ``"forkserver"`` or a context); ``None``: as ``DataLoader`` (fork on Linux).

@@ -8,12 +8,13 @@ import textwrap
 import time
 from pathlib import Path
 
+import numpy as np
 import psutil
 import pytest
 import torch
 from torch.utils.data import dataloader
 
-from fastsab import FastLoader, FastSizeAwareLoader, adaptive
+from fastsab import FastLoader, FastSizeAwareLoader, OutOfCoreDataset, adaptive
 from fastsab.bench.workers import workers_rows
 from fastsab.cli import main
 from fastsab.options import LoaderOptions
@@ -226,6 +227,22 @@ def test_in_memory_data_is_gathered_here_whatever_num_workers_says():
     assert [first.tolist(), *[b.tolist() for b in batches]] == [
         b.tolist() for b in FastLoader(torch.arange(50), 8, seed=1)
     ]
+
+
+def read_row(i: int) -> np.ndarray:
+    return np.full(4, i, dtype=np.float32)
+
+
+def test_a_dataset_read_in_chunks_is_read_here_once_per_epoch_whatever_num_workers_says():
+    dataset = OutOfCoreDataset(range(200), read_row, cpu_memory_limit=1600)
+    loader = FastLoader(dataset, 16, seed=1, num_workers=2)
+    assert loader.num_workers == 0 and loader.options.num_workers == 2
+    batches = iter(loader)
+    first = next(batches)
+    assert not children()
+    rows = [first, *batches]
+    assert sorted(int(v) for batch in rows for v in batch[:, 0]) == list(range(200))
+    assert dataset.chunk_reads == dataset.num_chunks
 
 
 def test_spawned_workers_give_the_same_batches():
