@@ -180,6 +180,7 @@ class LoaderBase(EpochCursor, Generic[T], metaclass=TakesDataLoaderKeywords):
         # trainer may call iter() before set_epoch(), as DataLoader's lazy samplers allow.
         stats = EpochStats(self.epoch)
         epoch, stream = self._start_epoch(stats)
+        progress = self._progress
         if self._chunked:
             dataset: _ChunkedDataset = self.dataset  # type: ignore[assignment]  # checked in __init__
             dataset.set_chunk_order(self.order.group_order(epoch))
@@ -197,16 +198,21 @@ class LoaderBase(EpochCursor, Generic[T], metaclass=TakesDataLoaderKeywords):
             else:
                 produced = self._produce(next_stream, with_indices, per_batch=depth > 0)
                 source = produced if depth == 0 else prefetched(produced, depth)
-            next_stream = yield from self._consume(next_stream, source, stats)
+            next_stream = yield from self._consume(next_stream, source, stats, progress)
         self._epoch_done(stats)
 
     def _consume(
-        self, stream: Stream, source: Generator[Run, None, None], stats: EpochStats
+        self, stream: Stream, source: Generator[Run, None, None], stats: EpochStats, progress: list[int] | None
     ) -> Generator[T | tuple[IndexArray, T], None, Stream | None]:
         """Yield the batches of ``source`` (from ``stream``); ``stream`` again if the limit was lowered.
 
         A lowering applies right after the batch last handed out (or, to retry, in its
         place): the batches ``source`` prepared ahead under the old limit are planned again.
+        ``progress`` is the position this iteration counts its steps in.
+
+        Raises:
+            RuntimeError: If another iteration of the loader began (or a state was loaded)
+                since this one's last batch: its batches would be counted in that one's position.
         """
         # NOTE: the per-batch loop, kept to what each batch needs: a run's batches are made in
         # one torch.split where they are views of one gather (see Run), and a batch costs here
@@ -223,9 +229,13 @@ class LoaderBase(EpochCursor, Generic[T], metaclass=TakesDataLoaderKeywords):
                 items: Iterable[T | tuple[IndexArray, T]] = batches if batch_ids is None else zip(batch_ids, batches)
                 first = True
                 for size, item in zip(sizes, items):
+                    if self._progress is not progress:
+                        raise RuntimeError(
+                            "this iterator of the loader was left behind: a newer iteration began, or a state was "
+                            "loaded, since its last batch. Iterate one epoch at a time (one iter(loader) in use)."
+                        )
                     stats.num_batches += 1
                     stats.num_items += size
-                    progress = self._progress
                     if progress is not None:  # _step_done(), inlined
                         progress[1] += 1
                     self._handed_out, self._rewound = size, False
@@ -316,7 +326,8 @@ class LoaderBase(EpochCursor, Generic[T], metaclass=TakesDataLoaderKeywords):
         Applies from the next batch on (batches prefetched under the old limit are planned
         again): the items not yet handed out are planned again, so no sample is lost or
         repeated; items above the new limit get batches of their own. It may be called from
-        another thread (a memory monitor) or from the dataset: a batch being fetched is
+        another thread (a memory monitor) or from the dataset in this process (not from a
+        worker process, which holds a copy of the loader): a batch being fetched is
         handed out whole, and the lowering applies after it. A limit equal to the
         one in force changes nothing; one above it is refused (a lowering only lowers). Of two
         lowerings asked before the next batch, the smaller caps hold.

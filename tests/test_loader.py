@@ -823,3 +823,33 @@ def test_one_cap_applies_to_every_cost_column():
     loader = FastSizeAwareLoader(torch.arange(3), sizes, 3, shuffle=False)
     assert [b.tolist() for b in loader] == [[0, 1], [2]]
     assert [b.tolist() for b in FastSizeAwareLoader(torch.arange(3), sizes, [3, 2], shuffle=False)] == [[0], [1, 2]]
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: FastLoader(torch.arange(12), 3, seed=0),
+        lambda: FastSizeAwareLoader(torch.arange(12), torch.ones(12), 3, seed=0),
+    ],
+)
+def test_an_iterator_left_behind_by_a_newer_one_refuses_to_go_on(make):
+    loader = make()
+    old = iter(loader)
+    next(old)
+    new = iter(loader)
+    next(new)
+    # its batches would count toward the newer epoch's position, and a resume would skip them
+    with pytest.raises(RuntimeError, match="left behind"):
+        next(old)
+    assert len(list(new)) == 3 and loader.state_dict()["epoch"] == 2 and loader.state_dict()["steps"] == 0
+
+
+def test_an_iterator_refuses_to_go_on_after_a_state_was_loaded():
+    loader = FastLoader(torch.arange(12), 3, seed=0)
+    state = loader.state_dict()
+    batches = iter(loader)
+    next(batches)
+    loader.load_state_dict(state)
+    with pytest.raises(RuntimeError, match="left behind"):
+        next(batches)
+    assert sorted(torch.cat(list(loader)).tolist()) == list(range(12))
