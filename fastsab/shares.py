@@ -107,6 +107,43 @@ class EpochShares:
         )
 
 
+class _Dealing:
+    """Deals a plan's chunks to ranks as they come, holding the global batches not dealt yet."""
+
+    plan: Plan
+    planner: Planner
+    dealer: StepDealer
+
+    def _deal(self, plan: Plan, planner: Planner, dealer: StepDealer, epoch: int, *, spans: bool) -> None:
+        self.plan, self.planner, self.dealer = plan, planner, dealer
+        self._place = _group_places(planner.order, epoch) if spans else None
+        self._held = _EMPTY_CHUNK  # the global batches from _start on, not dealt yet
+        self._start = 0
+        self._done = False
+
+    def _deal_next(self) -> tuple[list[DealtWindow], PlanChunk | None]:
+        """The windows the plan's next chunk completes, and that chunk; at its end, the last windows and ``None``."""
+        if self._done:
+            raise StopIteration
+        try:
+            chunk = next(self.plan)
+        except StopIteration:
+            self._done = True
+            return self.dealer.finish(), None
+        costs = self.planner.batch_costs(chunk.ids, chunk.offsets)
+        spans = None if self._place is None else _spans(chunk, self._place, self.planner.order.group_size)
+        self._hold(chunk)
+        return self.dealer.push(costs, spans), chunk
+
+    def _hold(self, chunk: PlanChunk) -> None:
+        self._held = PlanChunk.concat([self._held, PlanChunk(chunk.ids, chunk.offsets)])  # (reports go out once)
+
+    def _release_dealt(self) -> None:
+        """Let go of the held batches every dealt window has passed."""
+        done = min(self.dealer.start, self._start + self._held.num_batches) - self._start
+        self._held, self._start = self._held.tail(done), self._start + done
+
+
 class _Rest:
     """A plan made of another's chunks; lowered, the rest of it is planned again at once.
 
@@ -184,7 +221,7 @@ class _AfterSteps(_Rest):
         return PlanChunk(batches.ids, batches.offsets, chunk.skipped, chunk.dropped)
 
 
-class _NotDealt(_Rest):
+class _NotDealt(_Rest, _Dealing):
     """The batches of a plan not dealt in the first ``segment.steps`` steps of a stretch on several ranks.
 
     They come in plan order, window by window as the plan is dealt again: each window's
@@ -199,26 +236,15 @@ class _NotDealt(_Rest):
     def __init__(
         self, plan: Plan, planner: Planner, dealer: StepDealer, segment: Segment, epoch: int, *, spans: bool
     ) -> None:
-        self.plan, self.planner, self.dealer, self.segment, self.epoch = plan, planner, dealer, segment, epoch
-        self._place = _group_places(planner.order, epoch) if spans else None
-        self._held = _EMPTY_CHUNK  # the global batches from _start on, not dealt yet
-        self._start = 0
-        self._done = False
+        self.segment, self.epoch = segment, epoch
+        self._deal(plan, planner, dealer, epoch, spans=spans)
 
     def _next(self) -> PlanChunk:
-        if self._done:
-            raise StopIteration
-        try:
-            chunk = next(self.plan)
-        except StopIteration:
-            self._done = True
-            windows = self.dealer.finish()
+        windows, chunk = self._deal_next()
+        if chunk is None:
             check_steps(self.segment, self.dealer.num_steps, self.epoch)
             return self._left(windows, _EMPTY_CHUNK, last=True)
-        costs = self.planner.batch_costs(chunk.ids, chunk.offsets)
-        spans = None if self._place is None else _spans(chunk, self._place, self.planner.order.group_size)
-        self._held = PlanChunk.concat([self._held, PlanChunk(chunk.ids, chunk.offsets)])
-        return self._left(self.dealer.push(costs, spans), chunk, last=False)
+        return self._left(windows, chunk, last=False)
 
     def _left(self, windows: list[DealtWindow], chunk: PlanChunk, *, last: bool) -> PlanChunk:
         world, n = self.dealer.world_size, self.dealer.seen
@@ -232,12 +258,11 @@ class _NotDealt(_Rest):
             left.append(np.arange(min(self.dealer.start, n), n, dtype=np.int64))
         which = np.concatenate(left) if left else _NO_BATCHES
         rest = self._held.select(which - self._start)
-        done = min(self.dealer.start, self._start + self._held.num_batches) - self._start
-        self._held, self._start = self._held.tail(done), self._start + done
+        self._release_dealt()
         return PlanChunk(rest.ids, rest.offsets, chunk.skipped, chunk.dropped)
 
 
-class DealtShare:
+class DealtShare(_Dealing):
     """One rank's share of a plan's batches, dealt to the ranks window by window as the chunks come.
 
     Each chunk of the plan gives the rank's batches of the windows it completes (the
@@ -259,42 +284,28 @@ class DealtShare:
     def __init__(
         self, plan: Plan, planner: Planner, rank: int, dealer: StepDealer, epoch: int, *, spans: bool = True
     ) -> None:
-        self.plan = plan
-        self.planner = planner
         self.rank = rank
-        self.dealer = dealer
         self.stats: EpochStats | None = None  # receives the padding and spread counts as they are known
-        self._place = _group_places(planner.order, epoch) if spans else None
-        self._held = _EMPTY_CHUNK  # the global batches from _start on, not dealt yet
-        self._start = 0
         self._first = _EMPTY_CHUNK  # the epoch's first world_size batches
-        self._done = False
+        self._deal(plan, planner, dealer, epoch, spans=spans)
 
     def __iter__(self) -> DealtShare:
         return self
 
     def __next__(self) -> PlanChunk:
-        if self._done:
-            raise StopIteration
-        try:
-            chunk = next(self.plan)
-        except StopIteration:
-            self._done = True
-            return self._share(self.dealer.finish(), _EMPTY_CHUNK, last=True)
-        costs = self.planner.batch_costs(chunk.ids, chunk.offsets)
-        spans = None if self._place is None else _spans(chunk, self._place, self.planner.order.group_size)
-        self._hold(chunk)
-        return self._share(self.dealer.push(costs, spans), chunk, last=False)
+        windows, chunk = self._deal_next()
+        return self._share(windows, _EMPTY_CHUNK if chunk is None else chunk, last=chunk is None)
 
     def lower(self, pending: np.ndarray, limit: Limit) -> None:
         """Refused: under several ranks the limit is kept, so that the ranks run equal steps."""
         raise RuntimeError(f"a rank's dealt share is not planned again under a lowered limit {limit!r}.")
 
     def _hold(self, chunk: PlanChunk) -> None:
-        batches = PlanChunk(chunk.ids, chunk.offsets)  # (its reports go out with it, once)
+        super()._hold(chunk)
         if self._first.num_batches < self.dealer.world_size:
-            self._first = PlanChunk.concat([self._first, batches]).head(self.dealer.world_size)
-        self._held = PlanChunk.concat([self._held, batches])
+            self._first = PlanChunk.concat([self._first, PlanChunk(chunk.ids, chunk.offsets)]).head(
+                self.dealer.world_size
+            )
 
     def _share(self, windows: list[DealtWindow], chunk: PlanChunk, *, last: bool) -> PlanChunk:
         """The rank's batches of ``windows``; ``chunk``'s reports, and at the ``last`` the dealing's."""
@@ -310,8 +321,7 @@ class DealtShare:
         if last and len(self.dealer.dropped):
             dropped = np.concatenate([dropped, self._held.select(self.dealer.dropped - self._start).ids])
         padded = source.select(which[repeat]).ids if repeat.any() else _EMPTY_CHUNK.ids
-        done = min(self.dealer.start, self._start + self._held.num_batches) - self._start
-        self._held, self._start = self._held.tail(done), self._start + done
+        self._release_dealt()
         self._report()
         return PlanChunk(share.ids, share.offsets, chunk.skipped, dropped, padded)
 
