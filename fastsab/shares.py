@@ -4,7 +4,7 @@ Resuming never replays a plan item by item: the epoch is planned again from its 
 number, and each stretch of its history (:class:`~fastsab.epoch_state.Segment`) is applied
 in turn. A stretch on one rank runs its stream (lowered limits re-planned where they were
 lowered) and leaves the batches after its steps; a stretch on ``w`` ranks deals the batches
-left to ``w`` ranks (:class:`~fastsab.distributed.StepDealer`, as
+left to ``w`` ranks (:class:`~fastsab.dealing.StepDealer`, as
 :func:`~fastsab.distributed.assign_steps` deals them whole) and leaves those not dealt to its
 steps. Each stretch is applied chunk by chunk as the plan comes, so no rank holds an epoch's
 plan. This is the one place where a state of another world size is resumed.
@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from fastsab.distributed import DealtWindow, StepDealer, count_steps
+from fastsab.dealing import DealtWindow, StepDealer, count_steps
 from fastsab.epoch_state import Limit, Segment, check_steps
 from fastsab.epochs import EpochOrder, EpochStats
 from fastsab.plans import PlanChunk
@@ -266,7 +266,7 @@ class DealtShare(_Dealing):
     """One rank's share of a plan's batches, dealt to the ranks window by window as the chunks come.
 
     Each chunk of the plan gives the rank's batches of the windows it completes (the
-    :class:`~fastsab.distributed.StepDealer` deals exactly as
+    :class:`~fastsab.dealing.StepDealer` deals exactly as
     :func:`~fastsab.distributed.assign_steps` over the whole plan), with the indices the chunk
     skipped and dropped; the last chunk adds the surplus dropped, or the padding's repeats.
     Only the batches of the window being filled and the epoch's first ``world_size``

@@ -15,7 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fastsab import FastLoader, FastSizeAwareLoader, distributed
-from fastsab.distributed import StepDealer, assign_steps, resolve_rank
+from fastsab.dealing import StepDealer
+from fastsab.distributed import assign_steps, resolve_rank
 from fastsab.plans import PlanChunk
 
 N = 1000

@@ -40,7 +40,7 @@ DEFAULT_FILES = [
     "fastsab/costs.py:BatchCost",
     "fastsab/plans.py",
     "fastsab/cursor.py",
-    "fastsab/distributed.py:assign_steps,_window_starts,_spread",
+    "fastsab/distributed.py:assign_steps,_window_starts,step_spread",
     "fastsab/shuffle.py:GroupedPermutation",
 ]
 DEFAULT_TESTS = [
