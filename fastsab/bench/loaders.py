@@ -5,7 +5,6 @@ scale, one rank's first batch and its memory."""
 from __future__ import annotations
 
 import json
-import os
 import resource
 import subprocess
 import sys
@@ -259,10 +258,9 @@ def _first_batch_here(name: str, n: int, rank: int, world_size: int, repeat: int
     """Print ``[best seconds, peak RSS growth in MiB]`` of this process's first batches of ``name``.
 
     The growth is the peak RSS after the first batch less the RSS in use before the loader was
-    made: an upper bound (the peak of the imports counts in it too, where it was higher).
+    made: an upper bound (a peak of the imports counts in it too, where it was higher).
     """
-    # NOTE: the RSS in use, not the peak so far: a peak left by the imports would hide the growth
-    before = _rss_kib()
+    before = _memory_kib("VmRSS")
     best, growth = float("inf"), 0.0
     for run in range(repeat):
         start = time.perf_counter()
@@ -273,16 +271,23 @@ def _first_batch_here(name: str, n: int, rank: int, world_size: int, repeat: int
         next(iter(loader))
         best = min(best, time.perf_counter() - start)
         if run == 0:
-            # NOTE: ru_maxrss is in KiB on Linux (bytes on macOS)
-            scale = 1 if sys.platform == "darwin" else 1024
-            growth = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * scale / 2**20
+            growth = (_memory_kib("VmHWM") - before) / 1024
     print(json.dumps([best, growth]))
 
 
-def _rss_kib() -> int:
-    """The resident memory in use, in units of ``ru_maxrss`` (KiB; bytes on macOS, where the peak stands in)."""
+def _memory_kib(field: str) -> float:
+    """This process's ``VmRSS`` (in use) or ``VmHWM`` (peak) in KiB, from ``/proc/self/status``.
+
+    Where there is no ``/proc``, both are the peak ``ru_maxrss``, which can only understate the growth.
+    """
+    # NOTE: not ru_maxrss where /proc exists: Linux keeps it across exec, so a process started
+    # by a large parent would report the parent's peak as its own; VmHWM is this image's
     try:
-        with open("/proc/self/statm") as statm:
-            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 1024
-    except OSError:  # no /proc: the peak so far, which can only understate the growth
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith(f"{field}:"):
+                    return float(line.split()[1])
+    except OSError:
+        pass
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 1024 if sys.platform == "darwin" else float(peak)  # (bytes on macOS, KiB elsewhere)
