@@ -9,6 +9,7 @@ import math
 import pickle
 import sys
 import traceback
+import types
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from numbers import Integral, Real
@@ -135,8 +136,14 @@ def _lazy_kind(func: Callable[..., Any]) -> str | None:
     return None
 
 
+# NOTE: the types that _LAZY_RESULTS tests, in one isinstance: a finished result (nearly every call) costs one check
+_LAZY_TYPES = (types.GeneratorType, types.AsyncGeneratorType, types.CoroutineType)
+
+
 def _check_finished(name: str, form: str, value: Any) -> None:
     """Raise if a call returned lazy work (a generator or coroutine) instead of its result; close that work."""
+    if not isinstance(value, _LAZY_TYPES):
+        return
     for test, kind in _LAZY_RESULTS:
         if test(value):
             close = getattr(value, "close", None)  # a generator or coroutine; an async generator cannot be closed here
@@ -213,19 +220,23 @@ class _Adaptive(ABC):
     def cached_size(self, cache: BatchSizeCache, key: Any, default: int) -> int:
         """The size ``cache`` remembers for ``key`` (else ``default``), within this function's bounds."""
         size = cache.get(key, default)
-        if isinstance(size, bool) or not isinstance(size, Integral):
-            raise TypeError(
-                f"{type(cache).__name__}.get returned {size!r} of type {type(size).__name__}; "
-                "a cache must return an integer size."
-            )
+        if type(size) is not int:  # NOTE: a plain int (every cache of this package) skips the checks below
+            if isinstance(size, bool) or not isinstance(size, Integral):
+                raise TypeError(
+                    f"{type(cache).__name__}.get returned {size!r} of type {type(size).__name__}; "
+                    "a cache must return an integer size."
+                )
+            size = int(size)
         # NOTE: a custom cache may answer anything; never run above the initial or below the minimum size
-        return min(self.initial, max(self.minimum, int(size)))
+        return min(self.initial, max(self.minimum, size))
 
-    def attempt(self, size: int, tried: list[int], run: Callable[[], Any]) -> tuple[bool, Any]:
-        """Run once at ``size``; on out-of-memory free memory and return ``(False, None)``."""
+    def attempt(
+        self, size: int, tried: list[int], run: Callable[..., Any], /, *args: Any, **kwargs: Any
+    ) -> tuple[bool, Any]:
+        """Run ``run(*args, **kwargs)`` once at ``size``; on out-of-memory free memory and return ``(False, None)``."""
         tried.append(size)
         try:
-            value = run()
+            value = run(*args, **kwargs)
         except Exception as error:
             if not is_out_of_memory(error):
                 raise
@@ -241,12 +252,12 @@ class _Batch(_Adaptive):
     names = _BATCH_NAMES
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        cache = self.cache
+        cache = self.slot.get()
         key = self.key(cache, sys._getframe(1))
         size = self.cached_size(cache, key, self.initial)
         tried: list[int] = []
         while True:
-            ok, value = self.attempt(size, tried, functools.partial(self.func, size, *args, **kwargs))
+            ok, value = self.attempt(size, tried, self.func, size, *args, **kwargs)
             if ok:
                 cache.success(key, size, self.initial, self.factor)
                 return value
@@ -273,7 +284,7 @@ class _Range(_Adaptive):
         while position < end:
             stop = min(position + step, end)
             length = stop - position
-            ok, _ = self.attempt(length, tried, functools.partial(run, position, stop))
+            ok, _ = self.attempt(length, tried, run, position, stop)
             if not ok:
                 # NOTE: shrunk until the failed chunk itself gets shorter: a short last chunk is not
                 # rerun unchanged at every step above its length
