@@ -240,12 +240,16 @@ class _Adaptive(ABC):
         except Exception as error:
             if not is_out_of_memory(error):
                 raise
-            free_memory(error)
-            if size <= self.minimum:
-                raise AdaptiveOOMError(self.name, tried, self.minimum, error) from None
+            self.recover(error, size, tried)
             return False, None
         _check_finished(self.name, self.form, value)
         return True, value
+
+    def recover(self, error: BaseException, size: int, tried: list[int]) -> None:
+        """Free memory after ``error``, an out-of-memory error at ``size``; raise if ``size`` is the minimum."""
+        free_memory(error)
+        if size <= self.minimum:
+            raise AdaptiveOOMError(self.name, tried, self.minimum, error) from None
 
 
 class _Batch(_Adaptive):
@@ -256,13 +260,21 @@ class _Batch(_Adaptive):
         key = self.key(cache, sys._getframe(1))
         size = self.cached_size(cache, key, self.initial)
         tried: list[int] = []
+        # NOTE: attempt's steps written out: this loop runs on every call, and a call less counts on a short function
         while True:
-            ok, value = self.attempt(size, tried, self.func, size, *args, **kwargs)
-            if ok:
-                cache.success(key, size, self.initial, self.factor)
-                return value
-            size = _smaller(size, self.factor, self.minimum)
-            cache.shrunk(key, size)
+            tried.append(size)
+            try:
+                value = self.func(size, *args, **kwargs)
+            except Exception as error:
+                if not is_out_of_memory(error):
+                    raise
+                self.recover(error, size, tried)
+                size = _smaller(size, self.factor, self.minimum)
+                cache.shrunk(key, size)
+                continue
+            _check_finished(self.name, self.form, value)
+            cache.success(key, size, self.initial, self.factor)
+            return value
 
 
 class _Range(_Adaptive):
