@@ -257,7 +257,7 @@ class _Batch(_Adaptive):
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         cache = self.slot.get()
-        key = self.key(cache, sys._getframe(1))
+        key = self._token, cache.key(sys._getframe(1))  # NOTE: self.key(cache, ...), a call less
         size = self.cached_size(cache, key, self.initial)
         tried: list[int] = []
         # NOTE: attempt's steps written out: this loop runs on every call, and a call less counts on a short function
