@@ -98,6 +98,98 @@ def test_stack_memory_cache_keeps_two_lines_of_a_loop_apart():
     assert work.sizes == [512, 256, 128, 64] * 2 + [64, 64] * 2
 
 
+def through_one_caller(fn):
+    return call_site_a(fn)
+
+
+def through_another_caller(fn):
+    return call_site_a(fn)
+
+
+def test_stack_memory_cache_keeps_the_callers_of_one_call_site_apart():
+    work, fn = make("default")
+    for _ in range(2):
+        through_one_caller(fn)  # fn is called from call_site_a both times: only the caller's caller differs
+        through_another_caller(fn)
+    # NOTE: each caller shrinks once to 64, then starts there
+    assert work.sizes == [512, 256, 128, 64] * 2 + [64, 64]
+
+
+def nested(levels, fn):
+    """``fn(sys._getframe())`` called ``levels`` frames down from here, through two alternating functions."""
+    return fn(sys._getframe()) if levels == 0 else (nested if levels % 2 else nested_other)(levels - 1, fn)
+
+
+def nested_other(levels, fn):
+    return fn(sys._getframe()) if levels == 0 else nested(levels - 1, fn)
+
+
+@pytest.mark.parametrize("depth", [1, 2, 7, 8, 9, 15, 16, 17, 40])
+def test_stack_memory_cache_key_tells_stacks_apart_as_call_site_does(depth):
+    cache = StackMemoryCache(depth=depth)
+    frames = []  # stacks of 0 to 24 frames below this test, which differ from one another at every depth
+    for levels in range(25):
+        for variant in (nested, nested_other):
+            frames += variant(levels, lambda frame: [(frame, cache.key(frame), adaptive.call_site(frame, depth))])
+    for frame, key, site in frames:
+        for other_frame, other_key, other_site in frames:
+            assert (key == other_key) == (site == other_site), (depth, frame, other_frame)
+    assert len({site for _, _, site in frames}) > 1
+
+
+def test_stack_memory_cache_key_follows_the_file_and_line_not_the_code_object():
+    source = "def call(fn):\n    return fn(__import__('sys')._getframe())\n"
+    calls = []
+    for _ in range(2):  # the same source compiled twice: two code objects with the same file and lines
+        namespace = {}
+        exec(compile(source, "<recompiled>", "exec"), namespace)
+        calls.append(namespace["call"])
+    assert calls[0].__code__ is not calls[1].__code__
+    cache = StackMemoryCache()
+    keys = [call(cache.key) for call in calls]  # both from this line
+    assert keys[0] == keys[1]
+
+
+def test_stack_memory_cache_holds_the_code_of_the_stacks_it_knows():
+    # NOTE: a stack is known by the ids of its code objects; a code object that no longer existed could
+    # hand its id to another one, which would then be taken for it
+    namespace = {}
+    exec(compile("def call(fn):\n    return fn(__import__('sys')._getframe())\n", "<dropped>", "exec"), namespace)
+    code = weakref.ref(namespace["call"].__code__)
+    namespace["call"](StackMemoryCache().key)
+    namespace.clear()
+    gc.collect()
+    assert code() is not None
+
+
+def test_stack_memory_cache_forgets_stacks_beyond_its_capacity(monkeypatch):
+    monkeypatch.setattr(adaptive.caches, "_sites", {})
+    monkeypatch.setattr(adaptive.caches, "_SITES_CAPACITY", 4)
+    cache = StackMemoryCache()
+    keys = [[nested(levels, cache.key) for levels in range(10)] for _ in range(3)]  # every stack, three times
+    assert len(adaptive.caches._sites) <= 4
+    assert keys[0] == keys[1] == keys[2]  # worked out again, or remembered: the same keys
+    assert len(set(keys[0])) == 10
+
+
+def test_sizes_of_other_integer_types_from_a_custom_cache_are_taken_as_ints():
+    class Fixed(adaptive.BatchSizeCache):
+        def __init__(self, size):
+            super().__init__()
+            self.size = size
+
+        def get(self, key, initial):
+            return self.size
+
+    work = Workload(1000)
+    fn = adaptive.batch(work, initial_batch_size=512, cache=Fixed(np.int64(16)))
+    fn()
+    assert work.sizes == [16] and type(work.sizes[0]) is int
+    fn.adaptive.cache = Fixed(True)
+    with pytest.raises(TypeError, match=r"Fixed\.get returned True of type bool; a cache must return an integer size"):
+        fn()
+
+
 class FakeMeminfo:
     """Stands for ``open`` in the caches module: serves /proc/meminfo with a given MemAvailable, counting reads."""
 

@@ -73,6 +73,20 @@ def test_loader_rows_report_speedups():
     assert by_method["FastLoader"].note == "100 batches"
 
 
+def test_adaptive_rows_measure_the_default_cache_from_a_deep_stack_too():
+    rows = bench.adaptive_rows(calls=5, repeat=1)
+    names = [row.method for row in rows if row.workload == "no-op"]
+    assert names == [
+        "direct call",
+        "batch, StackMemoryCache (default)",
+        "batch, StackMemoryCache (default), 16 frames deep",
+        "batch, GlobalCache",
+        "batch, NoCache",
+    ]
+    assert [row.method for row in rows if row.workload == "~2 ms op"] == names
+    assert all(row.seconds > 0 and row.note.endswith(" us per call") for row in rows)
+
+
 def test_the_bench_module_keeps_its_names():
     from fastsab.bench import end_to_end, loaders, report, varlen, workloads
 

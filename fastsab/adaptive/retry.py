@@ -9,6 +9,7 @@ import math
 import pickle
 import sys
 import traceback
+import types
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from numbers import Integral, Real
@@ -135,8 +136,14 @@ def _lazy_kind(func: Callable[..., Any]) -> str | None:
     return None
 
 
+# NOTE: the types that _LAZY_RESULTS tests, in one isinstance: a finished result (nearly every call) costs one check
+_LAZY_TYPES = (types.GeneratorType, types.AsyncGeneratorType, types.CoroutineType)
+
+
 def _check_finished(name: str, form: str, value: Any) -> None:
     """Raise if a call returned lazy work (a generator or coroutine) instead of its result; close that work."""
+    if not isinstance(value, _LAZY_TYPES):
+        return
     for test, kind in _LAZY_RESULTS:
         if test(value):
             close = getattr(value, "close", None)  # a generator or coroutine; an async generator cannot be closed here
@@ -213,45 +220,61 @@ class _Adaptive(ABC):
     def cached_size(self, cache: BatchSizeCache, key: Any, default: int) -> int:
         """The size ``cache`` remembers for ``key`` (else ``default``), within this function's bounds."""
         size = cache.get(key, default)
-        if isinstance(size, bool) or not isinstance(size, Integral):
-            raise TypeError(
-                f"{type(cache).__name__}.get returned {size!r} of type {type(size).__name__}; "
-                "a cache must return an integer size."
-            )
+        if type(size) is not int:  # NOTE: a plain int (every cache of this package) skips the checks below
+            if isinstance(size, bool) or not isinstance(size, Integral):
+                raise TypeError(
+                    f"{type(cache).__name__}.get returned {size!r} of type {type(size).__name__}; "
+                    "a cache must return an integer size."
+                )
+            size = int(size)
         # NOTE: a custom cache may answer anything; never run above the initial or below the minimum size
-        return min(self.initial, max(self.minimum, int(size)))
+        return min(self.initial, max(self.minimum, size))
 
-    def attempt(self, size: int, tried: list[int], run: Callable[[], Any]) -> tuple[bool, Any]:
-        """Run once at ``size``; on out-of-memory free memory and return ``(False, None)``."""
+    def attempt(
+        self, size: int, tried: list[int], run: Callable[..., Any], /, *args: Any, **kwargs: Any
+    ) -> tuple[bool, Any]:
+        """Run ``run(*args, **kwargs)`` once at ``size``; on out-of-memory free memory and return ``(False, None)``."""
         tried.append(size)
         try:
-            value = run()
+            value = run(*args, **kwargs)
         except Exception as error:
             if not is_out_of_memory(error):
                 raise
-            free_memory(error)
-            if size <= self.minimum:
-                raise AdaptiveOOMError(self.name, tried, self.minimum, error) from None
+            self.recover(error, size, tried)
             return False, None
         _check_finished(self.name, self.form, value)
         return True, value
+
+    def recover(self, error: BaseException, size: int, tried: list[int]) -> None:
+        """Free memory after ``error``, an out-of-memory error at ``size``; raise if ``size`` is the minimum."""
+        free_memory(error)
+        if size <= self.minimum:
+            raise AdaptiveOOMError(self.name, tried, self.minimum, error) from None
 
 
 class _Batch(_Adaptive):
     names = _BATCH_NAMES
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        cache = self.cache
-        key = self.key(cache, sys._getframe(1))
+        cache = self.slot.get()
+        key = self._token, cache.key(sys._getframe(1))  # NOTE: self.key(cache, ...), a call less
         size = self.cached_size(cache, key, self.initial)
         tried: list[int] = []
+        # NOTE: attempt's steps written out: this loop runs on every call, and a call less counts on a short function
         while True:
-            ok, value = self.attempt(size, tried, functools.partial(self.func, size, *args, **kwargs))
-            if ok:
-                cache.success(key, size, self.initial, self.factor)
-                return value
-            size = _smaller(size, self.factor, self.minimum)
-            cache.shrunk(key, size)
+            tried.append(size)
+            try:
+                value = self.func(size, *args, **kwargs)
+            except Exception as error:
+                if not is_out_of_memory(error):
+                    raise
+                self.recover(error, size, tried)
+                size = _smaller(size, self.factor, self.minimum)
+                cache.shrunk(key, size)
+                continue
+            _check_finished(self.name, self.form, value)
+            cache.success(key, size, self.initial, self.factor)
+            return value
 
 
 class _Range(_Adaptive):
@@ -273,7 +296,7 @@ class _Range(_Adaptive):
         while position < end:
             stop = min(position + step, end)
             length = stop - position
-            ok, _ = self.attempt(length, tried, functools.partial(run, position, stop))
+            ok, _ = self.attempt(length, tried, run, position, stop)
             if not ok:
                 # NOTE: shrunk until the failed chunk itself gets shorter: a short last chunk is not
                 # rerun unchanged at every step above its length

@@ -106,7 +106,9 @@ def adaptive_rows(calls: int = 200, repeat: int = 9) -> list[Row]:
     Two workloads: a no-op (the wrapper's own cost per call, in isolation) and matrix
     products repeated to take about 2 ms per call. Each row is the time per call over
     ``calls`` calls, best of ``repeat``, with the methods measured in turn each repeat so
-    that drifts of a shared machine hit them alike.
+    that drifts of a shared machine hit them alike. The default cache reads the caller's
+    stack, up to 16 frames: it is measured both from here and from a loop
+    ``_DEEP_FRAMES`` frames further down, where it reads all 16.
     """
     left, right = torch.randn(300, 300), torch.randn(300, 300)
     reps = 10
@@ -124,22 +126,38 @@ def adaptive_rows(calls: int = 200, repeat: int = 9) -> list[Row]:
 
     rows = []
     for workload, operation in (("no-op", noop), ("~2 ms op", matmuls)):
-        methods: list[tuple[str, Callable[[], Any]]] = [
-            ("direct call", partial(operation, 64)),
-            ("batch, StackMemoryCache (default)", adaptive.batch(operation, initial_batch_size=64)),
-            ("batch, GlobalCache", adaptive.batch(operation, initial_batch_size=64, cache=adaptive.GlobalCache)),
-            ("batch, NoCache", adaptive.batch(operation, initial_batch_size=64, cache=None)),
+        default = adaptive.batch(operation, initial_batch_size=64)
+        global_cache = adaptive.batch(operation, initial_batch_size=64, cache=adaptive.GlobalCache)
+        methods: list[tuple[str, Callable[[int], float]]] = [
+            ("direct call", partial(_loop_seconds, partial(operation, 64))),
+            ("batch, StackMemoryCache (default)", partial(_loop_seconds, default)),
+            ("batch, StackMemoryCache (default), 16 frames deep", partial(_deep, _DEEP_FRAMES, default)),
+            ("batch, GlobalCache", partial(_loop_seconds, global_cache)),
+            ("batch, NoCache", partial(_loop_seconds, adaptive.batch(operation, initial_batch_size=64, cache=None))),
         ]
         best = dict.fromkeys((name for name, _ in methods), float("inf"))
         for _ in range(repeat):
-            for name, fn in methods:
+            for name, run in methods:
                 gc.collect()
-                start = time.perf_counter()
-                for _ in range(calls):
-                    fn()
-                best[name] = min(best[name], (time.perf_counter() - start) / calls)
+                best[name] = min(best[name], run(calls) / calls)
         floor = best["direct call"]
         for name, seconds in best.items():
             overhead = f"{(seconds - floor) * 1e6:+.1f} us per call"
             rows.append(Row("adaptive overhead", workload, name, seconds, "direct call", seconds / floor, overhead))
     return rows
+
+
+_DEEP_FRAMES = 16
+
+
+def _loop_seconds(fn: Callable[[], Any], calls: int) -> float:
+    """Seconds to call ``fn()`` ``calls`` times in a loop."""
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    return time.perf_counter() - start
+
+
+def _deep(frames: int, fn: Callable[[], Any], calls: int) -> float:
+    """:func:`_loop_seconds` run ``frames`` frames below this one."""
+    return _loop_seconds(fn, calls) if frames == 0 else _deep(frames - 1, fn, calls)
