@@ -196,6 +196,21 @@ class RaggedDataset:
 
     # -- items and batches -------------------------------------------------------------------
 
+    @property
+    def getitems_in_memory(self) -> bool:
+        """Whether a batch is gathered from memory only: true unless a per-token array is a file mapped in memory.
+
+        The loaders then make batches in the loop's thread where ``prefetch`` is ``None``: a
+        hand-off to a prefetch thread costs more than this gather (see :mod:`fastsab.fetch`).
+        The tokens of a memory-mapped file may have to be read from disk, which a prefetch
+        thread overlaps with the loop.
+
+        Examples:
+            >>> RaggedDataset.from_sequences([[1, 2], [3]]).getitems_in_memory
+            True
+        """
+        return not any(isinstance(values, np.memmap) for values in self.values.values())
+
     def __len__(self) -> int:
         return len(self.lengths)
 

@@ -329,3 +329,23 @@ def test_gathered_rows_are_those_of_indexing_whatever_the_tensor(leaf):
     expected = leaf[torch.from_numpy(index)]
     assert rows.dtype == expected.dtype and rows.requires_grad == expected.requires_grad
     assert torch.equal(rows.detach(), expected.detach())
+
+
+class DeclaredRows(Rows):
+    getitems_in_memory = True
+
+
+class MisdeclaredRows(DeclaredRows):
+    getitems_in_memory = "yes"
+
+
+def test_in_memory_fetches_are_gathers_and_getitems_declared_in_memory():
+    assert Fetcher(torch.arange(4), None).in_memory
+    assert Fetcher(DeclaredRows(torch.arange(4)), None).in_memory
+    assert not Fetcher(Rows(torch.arange(4)), None).in_memory
+    assert not Fetcher(PackedSequences([1, 2]), None).in_memory
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert not Fetcher(Doubled(torch.arange(4)), None).in_memory  # per item
+    with pytest.raises(TypeError, match=r"MisdeclaredRows.getitems_in_memory must be True or False, got 'yes'"):
+        Fetcher(MisdeclaredRows(torch.arange(4)), None)

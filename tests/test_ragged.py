@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+import threading
 import warnings
 from typing import Any
 
@@ -229,6 +230,38 @@ def test_fixed_loader_and_worker_processes_yield_every_sequence_once(collator):
         warnings.simplefilter("ignore", DeprecationWarning)  # fork in a multi-threaded process
         workers = FastSizeAwareLoader(dataset, dataset.lengths, 12, seed=2).data_loader(num_workers=2)
         assert sorted(i for batch in workers for i in sequences_of(batch)) == list(range(len(lengths)))
+
+
+def test_batches_are_made_in_the_loop_thread_by_default_and_are_the_same_with_a_prefetch_thread(tmp_path):
+    lengths = np.clip(np.random.default_rng(1).lognormal(3, 1, 300), 0, 150).astype(int).tolist()
+    for collator in COLLATORS:
+        dataset = ragged(lengths, collator)
+        assert dataset.getitems_in_memory
+        for world_size, rank in [(1, 0), (2, 0), (2, 1)]:
+            for sort_window in (None, 64):
+                sized = {
+                    prefetch: FastSizeAwareLoader(
+                        dataset, dataset.lengths, 500, cost="sum", seed=4, sort_window=sort_window,
+                        rank=rank, world_size=world_size, prefetch=prefetch,
+                    )
+                    for prefetch in (None, 0, 2)
+                }  # fmt: skip
+                fixed = {
+                    prefetch: FastLoader(dataset, 7, seed=4, rank=rank, world_size=world_size, prefetch=prefetch)
+                    for prefetch in (None, 0, 2)
+                }
+                for loaders in (sized, fixed):
+                    with_thread = list(loaders[2])
+                    for prefetch in (None, 0):
+                        batches = []
+                        for batch in loaders[prefetch]:
+                            assert not [t for t in threading.enumerate() if t.name == "fastsab-prefetch"]
+                            batches.append(batch)
+                        assert len(batches) == len(with_thread) > 0
+                        for got, want in zip(batches, with_thread):
+                            assert_same_batch(got, want)
+    tokens, offsets, _ = write_token_file(tmp_path, [3, 0, 5])
+    assert not RaggedDataset.from_memmap(tokens, offsets).getitems_in_memory  # may wait on the disk
 
 
 def test_pickled_dataset_gives_the_same_batches():
