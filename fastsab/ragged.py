@@ -132,6 +132,9 @@ class RaggedDataset:
     ) -> RaggedDataset:
         """A dataset of ``sequences``: 1-D lists, tensors or arrays (or a mapping from key to such lists).
 
+        A key's values take the dtype ``numpy.concatenate`` gives its sequences; a key of only
+        empty sequences keeps the dtype of its arrays and tensors (int64 for empty lists).
+
         Raises:
             TypeError: If a sequence is not numbers.
             ValueError: If a sequence is not 1-D, or the keys' sequences differ in number or length.

@@ -183,6 +183,25 @@ def test_empty_sequences_padded_and_packed():
     assert batch["input_ids"].tolist() == [1000, 1001] and batch["position_ids"].tolist() == [0, 1]
 
 
+@pytest.mark.parametrize(
+    ("sequences", "dtype"),
+    [
+        ([np.zeros(0, np.float32), np.zeros(0, np.float32)], torch.float32),
+        ([torch.zeros(0), torch.zeros(0)], torch.float32),
+        ([torch.zeros(0, dtype=torch.int16), []], torch.int16),  # a list has no dtype of its own
+        ([np.zeros(0, np.uint8), torch.zeros(0, dtype=torch.float64)], torch.float64),  # promoted, as when filled
+        ([[], []], torch.int64),
+        ([np.zeros(0, np.float32), [1.5]], torch.float64),  # filled sequences decide, as before
+    ],
+)
+def test_a_column_of_empty_sequences_keeps_their_dtype(sequences, dtype):
+    for collator in (PadCollator(), PackCollator()):
+        data = RaggedDataset.from_sequences(sequences, collator=collator)
+        assert data.__getitems__([0, 1])["input_ids"].dtype == dtype
+    keyed = RaggedDataset.from_sequences({"input_ids": [[1], []], "weights": [np.ones(1, np.float16), []]})
+    assert keyed.__getitems__([1])["weights"].dtype == torch.float16
+
+
 def sequences_of(batch: dict[str, Any]) -> dict[int, list[int]]:
     """Sequence index -> its tokens, read back from a padded or a packed batch."""
     if "cu_seqlens" in batch:
