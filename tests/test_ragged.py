@@ -68,6 +68,7 @@ def test_a_mostly_full_padded_batch_is_the_collated_samples(shortest, data, coll
     columns = {
         "input_ids": [(s % 60_000).astype(np.uint16) for s in sequences],
         "labels": [s.astype(np.float32) / 2 for s in sequences],
+        "positions": [np.arange(len(s), dtype=np.int64) - 3 for s in sequences],
     }
     if own_mask:
         columns["attention_mask"] = [np.ones(len(s), dtype=np.int8) for s in sequences]
@@ -85,6 +86,17 @@ def test_padded_gather_reads_rows_only_of_mostly_full_batches_of_numpy_values():
     assert batch["input_ids"].tolist() == [[2, 3, 4], [8, 9, -1], [-1, -1, -1]]
     assert batch["attention_mask"].tolist() == [[1, 1, 1], [1, 1, 0], [0, 0, 0]] and batch["id"].tolist() == [4, 5, 6]
     assert collator._gather_rows(flat, np.array([0, 9, 9]), np.array([4, 0, 0]), {}) is None  # 4 tokens in 12 cells
+    # rows past the end of the values, also rows wider than all of them, and values that are not contiguous
+    for values, starts, lengths, want in [
+        (np.arange(3), [0, 1, 2], [1, 1, 1], [[0, -1], [1, -1], [2, -1]]),
+        (np.arange(1), [0], [1], [[0, -1]]),
+        (np.arange(10)[::-3], [1, 0], [3, 2], [[6, 3, 0, -1], [9, 6, -1, -1]]),
+        (np.zeros(0, dtype=np.int64), [0, 0], [0, 0], [[], []]),
+    ]:
+        multiple = PadCollator(-1, pad_to_multiple_of=2)
+        batch = multiple._gather_rows({"input_ids": values}, np.array(starts), np.array(lengths), {})
+        assert batch is not None and batch["input_ids"].tolist() == want
+        assert batch["attention_mask"].tolist() == [[int(x >= 0) for x in row] for row in want]
     assert collator._gather_rows({"input_ids": torch.arange(10.0).bfloat16()}, np.array([0]), np.array([4]), {}) is None
     with pytest.raises(ValueError, match=r"pad_value -1 of key 'input_ids' does not fit its dtype uint8"):
         collator._gather_rows({"input_ids": np.arange(10, dtype=np.uint8)}, np.array([0]), np.array([4]), {})
