@@ -22,6 +22,7 @@ one gather straight into its rows.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 from typing import Any, cast
@@ -262,7 +263,18 @@ def _pad(key: str, flat: Flat, cells: np.ndarray, shape: tuple[int, int], pad: i
 
 
 def _fitting_pad(key: str, pad: int | float, dtype: np.dtype[Any] | torch.dtype) -> int | float:
-    """``pad`` if the dtype of ``key`` holds it exactly."""
+    """``pad`` if the dtype of ``key`` holds it exactly.
+
+    Raises:
+        ValueError: If the dtype does not hold ``pad``.
+    """
+    # NOTE: remembered per key, pad (and its type: 1 and 1.0 hash alike) and dtype, since every
+    # batch asks again; a refusal raises, which is not remembered
+    return _checked_pad(key, pad, type(pad).__name__, dtype)
+
+
+@functools.lru_cache(maxsize=256)
+def _checked_pad(key: str, pad: int | float, _: str, dtype: np.dtype[Any] | torch.dtype) -> int | float:
     try:
         if isinstance(dtype, torch.dtype):
             held = torch.tensor(pad, dtype=dtype).item()

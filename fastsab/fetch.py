@@ -152,7 +152,7 @@ class Fetcher:
                     f"for {len(indices)} indices."
                 )
         else:
-            leaves = tree_arrays(result)
+            leaves = _result_arrays(result)
             if leaves and _common_rows(f"{name}.__getitems__ result", leaves) != len(indices):
                 raise ValueError(
                     f"{name}.__getitems__ returned a batch of {leaves[0].shape[0]} rows for {len(indices)} indices."
@@ -181,6 +181,18 @@ def getitems_in_memory(dataset: Any) -> bool:
             f"of type {type(declared).__name__}."
         )
     return bool(declared)
+
+
+def _result_arrays(result: Any) -> list[Any]:
+    """The array leaves of a batch a dataset returned, to check their rows."""
+    # NOTE: a plain dict of tensors (a padded batch of sequences) needs no walk of the tree; its
+    # leaves in the order the tree walk gives them (sorted keys), so that messages are the same
+    if type(result) is dict and all(type(value) is torch.Tensor for value in result.values()):
+        try:
+            return [result[key] for key in sorted(result)]
+        except TypeError:  # keys that do not sort
+            pass
+    return tree_arrays(result)
 
 
 def _is_packed(result: Any) -> bool:

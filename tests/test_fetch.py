@@ -262,6 +262,13 @@ def test_empty_datasets():
         Fetcher(torch.tensor(3.0), None)
 
 
+class TensorRows(Rows):
+    """Batches of a dict of tensors only, one row short."""
+
+    def __getitems__(self, indices):
+        return {"x": self.data[indices[1:]], "y": self.data[indices[1:]] * 2}
+
+
 def test_getitems_results_of_the_wrong_size_are_errors():
     class Dropping(Rows):
         def __getitems__(self, indices):
@@ -273,8 +280,19 @@ def test_getitems_results_of_the_wrong_size_are_errors():
 
     with pytest.raises(ValueError, match=r"Dropping.__getitems__ returned 2 samples for 3 indices"):
         Fetcher(Dropping(torch.arange(5)), None)(np.array([0, 1, 2]))
-    with pytest.raises(ValueError, match=r"Batched.__getitems__ result leaves must share their first dimension"):
+    with pytest.raises(
+        ValueError,
+        match=r"Batched.__getitems__ result leaves must share their first dimension, got shapes \[\(1,\), \(3,\)\]",
+    ):
         Fetcher(Batched(torch.arange(5)), None)(np.array([0, 1, 2]))
+
+    class Short(Rows):
+        def __getitems__(self, indices):
+            return {"x": self.data[indices[1:]], "i": torch.tensor(indices[1:]), "n": None}
+
+    for dataset in (Short(torch.arange(5)), TensorRows(torch.arange(5))):
+        with pytest.raises(ValueError, match=r"__getitems__ returned a batch of 2 rows for 3 indices"):
+            Fetcher(dataset, None)(np.array([0, 1, 2]))
 
 
 def test_fetchers_pickle_with_their_dataset():
