@@ -36,6 +36,9 @@ from fastsab.collator import Collator, Flat, as_numpy_if_possible, as_tensor, pa
 
 __all__ = ["Collator", "Flat", "PackCollator", "PadCollator", "pack_positions"]
 
+#: The most tokens a packed batch's int32 ``cu_seqlens`` can count (np.iinfo costs a call per batch).
+_INT32_MAX = int(np.iinfo(np.int32).max)
+
 #: The keys a packed batch makes, which samples may not hold.
 PACKED_KEYS = ("position_ids", "cu_seqlens", "max_seqlen")
 
@@ -202,7 +205,7 @@ class PackCollator(Collator):
         """Every per-token key as one ``(T,)`` tensor; ``position_ids``, ``cu_seqlens``, ``max_seqlen``."""
         cu, position_ids = positions
         total = int(cu[-1])
-        if total > np.iinfo(np.int32).max:
+        if total > _INT32_MAX:
             raise ValueError(
                 f"a packed batch of {total} tokens does not fit int32 cu_seqlens: lower the batch's token budget."
             )
