@@ -146,11 +146,9 @@ class PadCollator(Collator):
         for key, flat in values.items():
             fill = _fitting_pad(key, self._pad_for(key), flat.dtype)
             out = _windows(cast(np.ndarray, flat), starts, shape[1])  # numpy: checked above
-            if full:
-                pass
-            elif fill == 0 and out.dtype == mask.dtype:
+            if not full and fill == 0 and out.dtype == mask.dtype:
                 out *= mask  # NOTE: exact for integers: a token times 1 is itself, times 0 the pad 0
-            else:
+            elif not full:
                 padding = mask == 0 if padding is None else padding
                 np.copyto(out, fill, where=padding, casting="unsafe")  # exact: _fitting_pad checked it
             batch[key] = torch.from_numpy(out)
