@@ -22,17 +22,22 @@ one gather straight into its rows.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
+from numpy.lib.stride_tricks import as_strided
 
 from fastsab._checks import check_optional_positive_int, short_repr
 from fastsab.collator import Collator, Flat, as_numpy_if_possible, as_tensor, pack_positions
 
 __all__ = ["Collator", "Flat", "PackCollator", "PadCollator", "pack_positions"]
+
+#: The most tokens a packed batch's int32 ``cu_seqlens`` can count (np.iinfo costs a call per batch).
+_INT32_MAX = int(np.iinfo(np.int32).max)
 
 #: The keys a packed batch makes, which samples may not hold.
 PACKED_KEYS = ("position_ids", "cu_seqlens", "max_seqlen")
@@ -109,9 +114,9 @@ class PadCollator(Collator):
     ) -> dict[str, Any] | None:
         """The batch of the sequences ``values[key][starts[b]:starts[b] + lengths[b]]``, read straight into ``(B, L)``.
 
-        One gather per key over the position matrix ``starts[:, None] + arange(L)``, the
-        padding cells then set to the key's pad value, and the mask a broadcast compare of
-        ``arange(L)`` against ``lengths``: the batch :meth:`from_flat` makes of the
+        One gather of ``B`` rows of ``L`` consecutive values per key (rows of a strided view of
+        the values), the padding cells then set to the key's pad value, and the mask a broadcast
+        compare of ``arange(L)`` against ``lengths``: the batch :meth:`from_flat` makes of the
         concatenated sequences, without the flat copy and its scatter. ``None`` where this does
         not pay or cannot run: a batch of fewer real tokens than padding (its ``B * L`` reads
         would cost more than the scatter of its tokens), or values that are not numpy arrays.
@@ -133,27 +138,23 @@ class PadCollator(Collator):
         if 2 * real_tokens < shape[0] * shape[1] or not all(isinstance(v, np.ndarray) for v in values.values()):
             return None
         self._check_pad_keys(values)
-        columns = np.arange(shape[1], dtype=np.int64)
-        real = columns < lengths[:, None]
-        cells = starts[:, None] + columns
-        size = len(next(iter(values.values()))) if values else 0
-        if cells.size and int(cells[:, -1].max()) >= size:
-            # NOTE: a padding cell past the end of the values reads the last value, then gets the pad
-            np.minimum(cells, size - 1, out=cells)
-        padding = None if real_tokens == cells.size else ~real
-        made: dict[str, Any] = {}
+        # NOTE: the mask straight in int64 (1 on real tokens), with no boolean matrix to convert
+        mask = np.less(np.arange(shape[1], dtype=np.int64), lengths[:, None], out=np.empty(shape, dtype=np.int64))
+        full = real_tokens == mask.size
+        padding: np.ndarray | None = None
+        batch: dict[str, Any] = {}
         for key, flat in values.items():
             fill = _fitting_pad(key, self._pad_for(key), flat.dtype)
-            # NOTE: asarray: a memory map's gather is a memmap instance that maps no file
-            out = np.asarray(flat[cells])
-            if padding is not None:
+            out = _windows(cast(np.ndarray, flat), starts, shape[1])  # numpy: checked above
+            if not full and fill == 0 and out.dtype == mask.dtype:
+                out *= mask  # NOTE: exact for integers: a token times 1 is itself, times 0 the pad 0
+            elif not full:
+                padding = mask == 0 if padding is None else padding
                 np.copyto(out, fill, where=padding, casting="unsafe")  # exact: _fitting_pad checked it
-            made[key] = torch.from_numpy(out)
-        made.update(scalars)
-        keys = list(dict.fromkeys([*values, *scalars]))
-        batch = {key: made[key] for key in keys}
-        if "attention_mask" not in keys:
-            batch["attention_mask"] = torch.from_numpy(real.astype(np.int64))
+            batch[key] = torch.from_numpy(out)
+        batch.update(scalars)  # NOTE: a scalar key is never a per-token key (RaggedDataset refuses it)
+        if "attention_mask" not in batch:
+            batch["attention_mask"] = torch.from_numpy(mask)
         return batch
 
     def _check_pad_keys(self, tokens: Mapping[str, Flat]) -> None:
@@ -202,7 +203,7 @@ class PackCollator(Collator):
         """Every per-token key as one ``(T,)`` tensor; ``position_ids``, ``cu_seqlens``, ``max_seqlen``."""
         cu, position_ids = positions
         total = int(cu[-1])
-        if total > np.iinfo(np.int32).max:
+        if total > _INT32_MAX:
             raise ValueError(
                 f"a packed batch of {total} tokens does not fit int32 cu_seqlens: lower the batch's token budget."
             )
@@ -216,6 +217,35 @@ class PackCollator(Collator):
 
 
 # -- padding ------------------------------------------------------------------------------
+
+
+def _windows(flat: np.ndarray, starts: np.ndarray, width: int) -> np.ndarray:
+    """Rows ``flat[s:s + width]`` for each start ``s``, as a new ``(len(starts), width)`` array.
+
+    The cells of a row past the end of ``flat`` (padding of the batch's last sequences) read the
+    last value; the caller overwrites them with the pad.
+    """
+    size = len(flat)
+    last = size - width  # the last start whose whole row lies in the values
+    if last < 0:
+        out = np.empty((len(starts), width), dtype=flat.dtype)
+        late = np.arange(len(starts))
+    else:
+        # NOTE: row s of this view is flat[s:s + width]: one fancy index copies whole rows, where a
+        # (B, L) matrix of positions would read value by value; np.ndarray over the buffer costs
+        # far less than as_strided, which takes views of any strides
+        step = flat.strides[0]
+        if flat.flags.c_contiguous:
+            view = np.ndarray((last + 1, width), flat.dtype, flat, 0, (step, step))
+        else:
+            view = as_strided(flat, (last + 1, width), (step, step), writeable=False)
+        # NOTE: asarray: a memory map's gather is a memmap instance that maps no file
+        out = np.asarray(view[np.minimum(starts, last)])
+        late = np.flatnonzero(starts > last)
+    if late.size:
+        cells = starts[late, None] + np.arange(width, dtype=np.int64)
+        out[late] = flat[np.minimum(cells, size - 1)]
+    return out
 
 
 def _pad(key: str, flat: Flat, cells: np.ndarray, shape: tuple[int, int], pad: int | float) -> torch.Tensor:
@@ -234,7 +264,18 @@ def _pad(key: str, flat: Flat, cells: np.ndarray, shape: tuple[int, int], pad: i
 
 
 def _fitting_pad(key: str, pad: int | float, dtype: np.dtype[Any] | torch.dtype) -> int | float:
-    """``pad`` if the dtype of ``key`` holds it exactly."""
+    """``pad`` if the dtype of ``key`` holds it exactly.
+
+    Raises:
+        ValueError: If the dtype does not hold ``pad``.
+    """
+    # NOTE: remembered per key, pad (and its type: 1 and 1.0 hash alike) and dtype, since every
+    # batch asks again; a refusal raises, which is not remembered
+    return _checked_pad(key, pad, type(pad).__name__, dtype)
+
+
+@functools.lru_cache(maxsize=256)
+def _checked_pad(key: str, pad: int | float, _: str, dtype: np.dtype[Any] | torch.dtype) -> int | float:
     try:
         if isinstance(dtype, torch.dtype):
             held = torch.tensor(pad, dtype=dtype).item()

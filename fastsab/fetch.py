@@ -9,6 +9,10 @@
    index, or a packed batch of sequences (a dict with a 1-D ``cu_seqlens``, as
    :class:`~fastsab.collate.PackCollator` makes), whose ``cu_seqlens`` must have one entry
    per index and one more; ``collate_fn``, if given, is applied to it.
+   A dataset whose ``__getitems__`` only gathers from memory (index arithmetic and copies,
+   no I/O, no waiting) says so with a true ``getitems_in_memory`` attribute (a class
+   attribute, or a property): its batches are then made in the loop's thread, since a
+   hand-off to a prefetch thread costs more than such a gather (see :attr:`Fetcher.in_memory`).
 2. Data whose rows are what indexing it gives, gathered by fancy indexing: a tensor, a
    numpy array, a ``TensorDataset`` whose class changes neither ``__getitem__`` nor
    ``__len__``, or a pytree of tensors/arrays with a common first dimension. The pytree
@@ -34,6 +38,7 @@ import numpy as np
 import torch
 from torch.utils.data import TensorDataset, default_collate
 
+from fastsab._checks import short_repr
 from fastsab.pytree import children as _children
 from fastsab.pytree import is_array as _is_array
 from fastsab.pytree import is_dataclass_tree as _is_dataclass_tree  # noqa: F401  # an older import path
@@ -41,7 +46,7 @@ from fastsab.pytree import is_namedtuple as _is_namedtuple  # noqa: F401  # an o
 from fastsab.pytree import tree_arrays, tree_map_arrays
 from fastsab.pytree import walk as _walk
 
-__all__ = ["Fetcher", "GatheredRows", "collate_batch", "indexable"]
+__all__ = ["Fetcher", "GatheredRows", "collate_batch", "getitems_in_memory", "indexable"]
 
 
 class Fetcher:
@@ -53,18 +58,22 @@ class Fetcher:
 
     Attributes:
         kind: ``"getitems"``, ``"gather"`` or ``"per_item"``.
+        in_memory: Whether a batch is an in-memory gather: ``"gather"``, or ``"getitems"`` of a
+            dataset declaring ``getitems_in_memory = True``. The loaders prefetch in a thread
+            by default only where this is false.
         length: Number of items of the dataset.
         row_bytes: Bytes of one item for ``"gather"`` (0 otherwise).
 
     Raises:
-        TypeError: If the dataset can be neither indexed nor gathered, or is a pytree with
-            a list or another object among its containers.
+        TypeError: If the dataset can be neither indexed nor gathered, is a pytree with a
+            list or another object among its containers, or has a ``getitems_in_memory``
+            that is not a bool.
         ValueError: If the arrays of a gathered dataset do not share their first dimension.
 
     Examples:
         >>> fetch = Fetcher({"x": torch.arange(10), "y": torch.arange(10) * 2}, None)
-        >>> fetch.kind, fetch.length, fetch(np.array([3, 1]))
-        ('gather', 10, {'x': tensor([3, 1]), 'y': tensor([6, 2])})
+        >>> fetch.kind, fetch.in_memory, fetch.length, fetch(np.array([3, 1]))
+        ('gather', True, 10, {'x': tensor([3, 1]), 'y': tensor([6, 2])})
     """
 
     def __init__(self, dataset: Any, collate_fn: Callable[[Any], Any] | None) -> None:
@@ -74,13 +83,16 @@ class Fetcher:
         self.collate_fn = collate_fn
         self.row_bytes = 0
         self._source: Any = None
+        self.in_memory = False
         if callable(getattr(dataset, "__getitems__", None)):
             self.kind = "getitems"
             self.length = _length(dataset)
+            self.in_memory = getitems_in_memory(dataset)
             return
         source, arrays = _gather_source(dataset)
         if source is not None:
             self.kind = "gather"
+            self.in_memory = True
             self.length = _common_rows("dataset", arrays)
             self._source = source
             self.row_bytes = sum(_row_bytes(leaf) for leaf in arrays)
@@ -140,12 +152,47 @@ class Fetcher:
                     f"for {len(indices)} indices."
                 )
         else:
-            leaves = tree_arrays(result)
+            leaves = _result_arrays(result)
             if leaves and _common_rows(f"{name}.__getitems__ result", leaves) != len(indices):
                 raise ValueError(
                     f"{name}.__getitems__ returned a batch of {leaves[0].shape[0]} rows for {len(indices)} indices."
                 )
         return (self.collate_fn or collate_batch)(result)
+
+
+def getitems_in_memory(dataset: Any) -> bool:
+    """Whether ``dataset`` declares its ``__getitems__`` an in-memory gather (``getitems_in_memory``).
+
+    Raises:
+        TypeError: If ``getitems_in_memory`` is set to something other than a bool.
+
+    Examples:
+        >>> class Rows:
+        ...     getitems_in_memory = True
+        >>> getitems_in_memory(Rows()), getitems_in_memory([1, 2])
+        (True, False)
+    """
+    declared = getattr(dataset, "getitems_in_memory", False)
+    # NOTE: a bool only: a truthy object (a method, a string) would switch the prefetch thread
+    # off by accident
+    if not isinstance(declared, (bool, np.bool_)):
+        raise TypeError(
+            f"{type(dataset).__name__}.getitems_in_memory must be True or False, got {short_repr(declared)} "
+            f"of type {type(declared).__name__}."
+        )
+    return bool(declared)
+
+
+def _result_arrays(result: Any) -> list[Any]:
+    """The array leaves of a batch a dataset returned, to check their rows."""
+    # NOTE: a plain dict of tensors (a padded batch of sequences) needs no walk of the tree; its
+    # leaves in the order the tree walk gives them (sorted keys), so that messages are the same
+    if type(result) is dict and all(type(value) is torch.Tensor for value in result.values()):
+        try:
+            return [result[key] for key in sorted(result)]
+        except TypeError:  # keys that do not sort
+            pass
+    return tree_arrays(result)
 
 
 def _is_packed(result: Any) -> bool:
@@ -169,6 +216,9 @@ class GatheredRows:
         >>> len(rows), rows.__getitems__([4, 0])
         (5, {'x': tensor([40,  0])})
     """
+
+    #: Its ``__getitems__`` gathers rows of in-memory arrays (see :func:`getitems_in_memory`).
+    getitems_in_memory = True
 
     def __init__(self, dataset: Any) -> None:
         self.dataset = dataset

@@ -119,7 +119,9 @@ class LoaderBase(EpochCursor, Generic[T], metaclass=TakesDataLoaderKeywords):
         In-memory tensor data is gathered here whatever ``num_workers`` says: a gather is a copy
         of rows, which a worker would only copy once more (into shared memory). So is a dataset
         read in chunks (:class:`~fastsab.OutOfCoreDataset`): its batches are copies of rows of
-        the chunk in memory, and each worker would read every chunk into a copy of its own.
+        the chunk in memory, and each worker would read every chunk into a copy of its own. A
+        ``__getitems__`` declared ``getitems_in_memory`` is not: it may still be worth workers
+        (a large batch, a memory-mapped file), and asking for them is the caller's choice.
         """
         # NOTE: ignored for "gather" and chunked datasets rather than refused, so that one set of
         # options (e.g. loader.options.keywords()) serves a tensor dataset and one that fetches
@@ -190,7 +192,7 @@ class LoaderBase(EpochCursor, Generic[T], metaclass=TakesDataLoaderKeywords):
         self.limit = self.start_limit()
         depth = self.prefetch
         if depth is None:  # in-memory gathers are cheaper than a thread hand-off
-            depth = 0 if self.fetcher.kind == "gather" else 2
+            depth = 0 if self.fetcher.in_memory and not self.num_workers else 2
         next_stream: Stream | None = stream
         while next_stream is not None:
             if self.num_workers:

@@ -59,7 +59,8 @@ class LoaderOptions:
             warning, where none is available).
         non_blocking: Asynchronous host-to-device copies.
         prefetch: Batches a background thread prepares ahead; ``None`` chooses 0 for
-            in-memory tensor data and 2 for datasets that fetch. With ``num_workers``, the
+            in-memory tensor data and datasets declaring ``getitems_in_memory`` (see
+            :mod:`fastsab.fetch`), 2 for datasets that fetch. With ``num_workers``, the
             batches each worker process prepares ahead (``None``: 2; at least 1).
         chunk_bytes: Largest in-memory gather of one shuffle group; bigger groups are
             gathered batch by batch.

@@ -132,6 +132,9 @@ class RaggedDataset:
     ) -> RaggedDataset:
         """A dataset of ``sequences``: 1-D lists, tensors or arrays (or a mapping from key to such lists).
 
+        A key's values take the dtype ``numpy.concatenate`` gives its sequences; a key of only
+        empty sequences keeps the dtype of its arrays and tensors (int64 for empty lists).
+
         Raises:
             TypeError: If a sequence is not numbers.
             ValueError: If a sequence is not 1-D, or the keys' sequences differ in number or length.
@@ -195,6 +198,21 @@ class RaggedDataset:
         return cls(values, mapped_offsets, collator=collator)
 
     # -- items and batches -------------------------------------------------------------------
+
+    @property
+    def getitems_in_memory(self) -> bool:
+        """Whether a batch is gathered from memory only: true unless a per-token array is a file mapped in memory.
+
+        The loaders then make batches in the loop's thread where ``prefetch`` is ``None``: a
+        hand-off to a prefetch thread costs more than this gather (see :mod:`fastsab.fetch`).
+        The tokens of a memory-mapped file may have to be read from disk, which a prefetch
+        thread overlaps with the loop.
+
+        Examples:
+            >>> RaggedDataset.from_sequences([[1, 2], [3]]).getitems_in_memory
+            True
+        """
+        return not any(isinstance(values, np.memmap) for values in self.values.values())
 
     def __len__(self) -> int:
         return len(self.lengths)

@@ -189,6 +189,7 @@ def _flatten(name: str, sequences: Any) -> tuple[np.ndarray, np.ndarray]:
             f"{name} must be a list of sequences, got {short_repr(sequences)} of type {type(sequences).__name__}."
         )
     arrays = []
+    typed = []  # NOTE: the arrays and tensors, whose dtype is their own (an empty list's is numpy's float64)
     for position, sequence in enumerate(sequences):
         array = np.asarray(sequence.detach().cpu() if isinstance(sequence, torch.Tensor) else sequence)
         if array.ndim != 1:
@@ -198,12 +199,19 @@ def _flatten(name: str, sequences: Any) -> tuple[np.ndarray, np.ndarray]:
         if array.size and array.dtype.kind not in "biuf":
             raise TypeError(f"{name}[{position}] must hold numbers, got dtype {array.dtype}: {short_repr(sequence)}.")
         arrays.append(array)
+        if isinstance(sequence, (np.ndarray, torch.Tensor)):
+            typed.append(array)
     lengths = np.array([len(a) for a in arrays], dtype=np.int64)
-    filled = [a for a in arrays if a.size]  # NOTE: an empty list has no dtype of its own (numpy says float64)
-    values = np.concatenate(filled) if filled else np.zeros(0, dtype=np.int64)
+    filled = [a for a in arrays if a.size]
+    values = np.concatenate(filled) if filled else np.zeros(0, dtype=_empty_dtype(typed))
     offsets = np.zeros(len(arrays) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
     return values, offsets
+
+
+def _empty_dtype(typed: list[np.ndarray]) -> np.dtype[Any]:
+    """The dtype of a column of empty sequences: that of its arrays and tensors (promoted), else int64."""
+    return np.result_type(*typed) if typed else np.dtype(np.int64)
 
 
 def _arrow_list_column(name: str, column: Any) -> tuple[np.ndarray, np.ndarray]:

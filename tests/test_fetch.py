@@ -262,6 +262,13 @@ def test_empty_datasets():
         Fetcher(torch.tensor(3.0), None)
 
 
+class TensorRows(Rows):
+    """Batches of a dict of tensors only, one row short."""
+
+    def __getitems__(self, indices):
+        return {"x": self.data[indices[1:]], "y": self.data[indices[1:]] * 2}
+
+
 def test_getitems_results_of_the_wrong_size_are_errors():
     class Dropping(Rows):
         def __getitems__(self, indices):
@@ -273,8 +280,19 @@ def test_getitems_results_of_the_wrong_size_are_errors():
 
     with pytest.raises(ValueError, match=r"Dropping.__getitems__ returned 2 samples for 3 indices"):
         Fetcher(Dropping(torch.arange(5)), None)(np.array([0, 1, 2]))
-    with pytest.raises(ValueError, match=r"Batched.__getitems__ result leaves must share their first dimension"):
+    with pytest.raises(
+        ValueError,
+        match=r"Batched.__getitems__ result leaves must share their first dimension, got shapes \[\(1,\), \(3,\)\]",
+    ):
         Fetcher(Batched(torch.arange(5)), None)(np.array([0, 1, 2]))
+
+    class Short(Rows):
+        def __getitems__(self, indices):
+            return {"x": self.data[indices[1:]], "i": torch.tensor(indices[1:]), "n": None}
+
+    for dataset in (Short(torch.arange(5)), TensorRows(torch.arange(5))):
+        with pytest.raises(ValueError, match=r"__getitems__ returned a batch of 2 rows for 3 indices"):
+            Fetcher(dataset, None)(np.array([0, 1, 2]))
 
 
 def test_fetchers_pickle_with_their_dataset():
@@ -329,3 +347,23 @@ def test_gathered_rows_are_those_of_indexing_whatever_the_tensor(leaf):
     expected = leaf[torch.from_numpy(index)]
     assert rows.dtype == expected.dtype and rows.requires_grad == expected.requires_grad
     assert torch.equal(rows.detach(), expected.detach())
+
+
+class DeclaredRows(Rows):
+    getitems_in_memory = True
+
+
+class MisdeclaredRows(DeclaredRows):
+    getitems_in_memory = "yes"
+
+
+def test_in_memory_fetches_are_gathers_and_getitems_declared_in_memory():
+    assert Fetcher(torch.arange(4), None).in_memory
+    assert Fetcher(DeclaredRows(torch.arange(4)), None).in_memory
+    assert not Fetcher(Rows(torch.arange(4)), None).in_memory
+    assert not Fetcher(PackedSequences([1, 2]), None).in_memory
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert not Fetcher(Doubled(torch.arange(4)), None).in_memory  # per item
+    with pytest.raises(TypeError, match=r"MisdeclaredRows.getitems_in_memory must be True or False, got 'yes'"):
+        Fetcher(MisdeclaredRows(torch.arange(4)), None)

@@ -192,6 +192,56 @@ def test_prefetch_gives_same_batches():
     assert [batch_ids(b) for b in FastLoader(GetItems(N), 32, prefetch=4)] == plain
 
 
+class InMemoryGetItems(GetItems):
+    """GetItems declaring its ``__getitems__`` an in-memory gather; records the thread of each call."""
+
+    getitems_in_memory = True
+
+    def __init__(self, n: int) -> None:
+        super().__init__(n)
+        self.threads: set[int] = set()
+
+    def __getitems__(self, indices: list[int]) -> list[dict]:
+        self.threads.add(threading.get_ident())
+        return super().__getitems__(indices)
+
+
+class FetchingGetItems(InMemoryGetItems):
+    getitems_in_memory = False
+
+
+@pytest.mark.parametrize(
+    ("dataset_class", "prefetch", "in_loop_thread"),
+    [
+        (InMemoryGetItems, None, True),  # prefetch=None chooses 0
+        (FetchingGetItems, None, False),  # prefetch=None chooses 2
+        (InMemoryGetItems, 2, False),  # an explicit prefetch wins
+        (FetchingGetItems, 0, True),
+    ],
+)
+def test_datasets_declaring_an_in_memory_getitems_are_not_prefetched_in_a_thread_by_default(
+    dataset_class, prefetch, in_loop_thread
+):
+    for make in (
+        lambda data: FastLoader(data, 32, prefetch=prefetch, seed=1),
+        lambda data: FastSizeAwareLoader(data, LENGTHS, BUDGET, prefetch=prefetch, seed=1),
+    ):
+        dataset = dataset_class(N)
+        got = [batch_ids(b) for b in make(dataset)]
+        assert (dataset.threads == {threading.get_ident()}) is in_loop_thread
+        assert got == [batch_ids(b) for b in make(GetItems(N))]
+
+
+def test_an_in_memory_getitems_still_runs_in_worker_processes_when_asked():
+    loader = FastLoader(InMemoryGetItems(64), 8, seed=1, num_workers=1)
+    assert loader.num_workers == 1 and loader.fetcher.in_memory
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # fork in a multi-threaded process
+        got = [batch_ids(b) for b in loader]
+    assert not loader.dataset.threads  # every batch was fetched in a worker process
+    assert got == [batch_ids(b) for b in FastLoader(GetItems(64), 8, seed=1)]
+
+
 def test_device_cpu_with_and_without_pinning():
     data = {"x": torch.arange(20), "f": torch.ones(20, 3)}
     plain = FastLoader(data, 5, device="cpu", seed=1)

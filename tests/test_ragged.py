@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+import threading
 import warnings
 from typing import Any
 
@@ -67,6 +68,7 @@ def test_a_mostly_full_padded_batch_is_the_collated_samples(shortest, data, coll
     columns = {
         "input_ids": [(s % 60_000).astype(np.uint16) for s in sequences],
         "labels": [s.astype(np.float32) / 2 for s in sequences],
+        "positions": [np.arange(len(s), dtype=np.int64) - 3 for s in sequences],
     }
     if own_mask:
         columns["attention_mask"] = [np.ones(len(s), dtype=np.int8) for s in sequences]
@@ -84,6 +86,17 @@ def test_padded_gather_reads_rows_only_of_mostly_full_batches_of_numpy_values():
     assert batch["input_ids"].tolist() == [[2, 3, 4], [8, 9, -1], [-1, -1, -1]]
     assert batch["attention_mask"].tolist() == [[1, 1, 1], [1, 1, 0], [0, 0, 0]] and batch["id"].tolist() == [4, 5, 6]
     assert collator._gather_rows(flat, np.array([0, 9, 9]), np.array([4, 0, 0]), {}) is None  # 4 tokens in 12 cells
+    # rows past the end of the values, also rows wider than all of them, and values that are not contiguous
+    for values, starts, lengths, want in [
+        (np.arange(3), [0, 1, 2], [1, 1, 1], [[0, -1], [1, -1], [2, -1]]),
+        (np.arange(1), [0], [1], [[0, -1]]),
+        (np.arange(10)[::-3], [1, 0], [3, 2], [[6, 3, 0, -1], [9, 6, -1, -1]]),
+        (np.zeros(0, dtype=np.int64), [0, 0], [0, 0], [[], []]),
+    ]:
+        multiple = PadCollator(-1, pad_to_multiple_of=2)
+        batch = multiple._gather_rows({"input_ids": values}, np.array(starts), np.array(lengths), {})
+        assert batch is not None and batch["input_ids"].tolist() == want
+        assert batch["attention_mask"].tolist() == [[int(x >= 0) for x in row] for row in want]
     assert collator._gather_rows({"input_ids": torch.arange(10.0).bfloat16()}, np.array([0]), np.array([4]), {}) is None
     with pytest.raises(ValueError, match=r"pad_value -1 of key 'input_ids' does not fit its dtype uint8"):
         collator._gather_rows({"input_ids": np.arange(10, dtype=np.uint8)}, np.array([0]), np.array([4]), {})
@@ -182,6 +195,25 @@ def test_empty_sequences_padded_and_packed():
     assert batch["input_ids"].tolist() == [1000, 1001] and batch["position_ids"].tolist() == [0, 1]
 
 
+@pytest.mark.parametrize(
+    ("sequences", "dtype"),
+    [
+        ([np.zeros(0, np.float32), np.zeros(0, np.float32)], torch.float32),
+        ([torch.zeros(0), torch.zeros(0)], torch.float32),
+        ([torch.zeros(0, dtype=torch.int16), []], torch.int16),  # a list has no dtype of its own
+        ([np.zeros(0, np.uint8), torch.zeros(0, dtype=torch.float64)], torch.float64),  # promoted, as when filled
+        ([[], []], torch.int64),
+        ([np.zeros(0, np.float32), [1.5]], torch.float64),  # filled sequences decide, as before
+    ],
+)
+def test_a_column_of_empty_sequences_keeps_their_dtype(sequences, dtype):
+    for collator in (PadCollator(), PackCollator()):
+        data = RaggedDataset.from_sequences(sequences, collator=collator)
+        assert data.__getitems__([0, 1])["input_ids"].dtype == dtype
+    keyed = RaggedDataset.from_sequences({"input_ids": [[1], []], "weights": [np.ones(1, np.float16), []]})
+    assert keyed.__getitems__([1])["weights"].dtype == torch.float16
+
+
 def sequences_of(batch: dict[str, Any]) -> dict[int, list[int]]:
     """Sequence index -> its tokens, read back from a padded or a packed batch."""
     if "cu_seqlens" in batch:
@@ -229,6 +261,38 @@ def test_fixed_loader_and_worker_processes_yield_every_sequence_once(collator):
         warnings.simplefilter("ignore", DeprecationWarning)  # fork in a multi-threaded process
         workers = FastSizeAwareLoader(dataset, dataset.lengths, 12, seed=2).data_loader(num_workers=2)
         assert sorted(i for batch in workers for i in sequences_of(batch)) == list(range(len(lengths)))
+
+
+def test_batches_are_made_in_the_loop_thread_by_default_and_are_the_same_with_a_prefetch_thread(tmp_path):
+    lengths = np.clip(np.random.default_rng(1).lognormal(3, 1, 300), 0, 150).astype(int).tolist()
+    for collator in COLLATORS:
+        dataset = ragged(lengths, collator)
+        assert dataset.getitems_in_memory
+        for world_size, rank in [(1, 0), (2, 0), (2, 1)]:
+            for sort_window in (None, 64):
+                sized = {
+                    prefetch: FastSizeAwareLoader(
+                        dataset, dataset.lengths, 500, cost="sum", seed=4, sort_window=sort_window,
+                        rank=rank, world_size=world_size, prefetch=prefetch,
+                    )
+                    for prefetch in (None, 0, 2)
+                }  # fmt: skip
+                fixed = {
+                    prefetch: FastLoader(dataset, 7, seed=4, rank=rank, world_size=world_size, prefetch=prefetch)
+                    for prefetch in (None, 0, 2)
+                }
+                for loaders in (sized, fixed):
+                    with_thread = list(loaders[2])
+                    for prefetch in (None, 0):
+                        batches = []
+                        for batch in loaders[prefetch]:
+                            assert not [t for t in threading.enumerate() if t.name == "fastsab-prefetch"]
+                            batches.append(batch)
+                        assert len(batches) == len(with_thread) > 0
+                        for got, want in zip(batches, with_thread):
+                            assert_same_batch(got, want)
+    tokens, offsets, _ = write_token_file(tmp_path, [3, 0, 5])
+    assert not RaggedDataset.from_memmap(tokens, offsets).getitems_in_memory  # may wait on the disk
 
 
 def test_pickled_dataset_gives_the_same_batches():
