@@ -1,6 +1,9 @@
 from __future__ import annotations
 
+import gc
 import os
+import pickle
+import random
 import signal
 import subprocess
 import sys
@@ -343,3 +346,238 @@ def test_the_workers_bench_suite_runs(capsys):
     ]
     assert [row.ratio for row in rows][::3] == [1.0, 1.0] and all(row.seconds > 0 for row in rows)
     assert len({row.note for row in rows[:3]}) == 1 and len({row.note for row in rows[3:]}) == 1  # the same batches
+
+
+# -- persistent workers --------------------------------------------------------------
+
+
+class Draws(Items):
+    """Each sample with what its worker draws from torch, numpy and random, and its worker's seed."""
+
+    def __getitems__(self, ids: list[int]) -> list[dict[str, torch.Tensor]]:
+        info = torch.utils.data.get_worker_info()
+        draws = [
+            torch.initial_seed(),
+            int(torch.randint(2**31, ())),
+            int(np.random.randint(2**31)),
+            random.getrandbits(31),
+            info.seed if info is not None else -1,
+        ]
+        return [{**item, "draws": torch.tensor(draws)} for item in super().__getitems__(ids)]
+
+
+def ended(pids: list[int], wait: float = 5.0) -> bool:
+    """Whether the processes ``pids`` ended (within ``wait`` seconds)."""
+    deadline = time.monotonic() + wait
+    while any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE for pid in pids):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def alive(pids: list[int]) -> bool:
+    return all(psutil.pid_exists(pid) for pid in pids) and set(pids) <= {p.pid for p in children()}
+
+
+def epochs_of(loader, epochs: int = 3) -> tuple[list[list[list[int]]], list[list[int]]]:
+    """The batch ids of ``epochs`` epochs (set_epoch each), and the worker processes that fetched each epoch."""
+    batches, pids = [], []
+    for epoch in range(epochs):
+        loader.set_epoch(epoch)
+        got = list(loader)
+        batches.append(ids_of(got))
+        pids.append(sorted({int(b["pid"][0]) for b in got}))
+    return batches, pids
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize("make", [fixed, sized])
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_persistent_workers_give_the_batches_of_one_process_in_the_same_workers(make, shuffle):
+    expected, _ = epochs_of(make(shuffle=shuffle))
+    loader = make(shuffle=shuffle, num_workers=2, persistent_workers=True)
+    batches, pids = epochs_of(loader)
+    assert batches == expected
+    assert len(pids[0]) == 2 and os.getpid() not in pids[0] and pids == [pids[0]] * 3  # the same workers
+    assert alive(pids[0])  # between epochs
+    loader.close()
+    assert ended(pids[0])
+    assert epochs_of(loader, 1)[0] == expected[:1]  # new workers after close()
+    pids = loader._workers.pids
+    assert alive(pids) and len(pids) == 2
+    del loader
+    gc.collect()
+    assert ended(pids)
+
+
+@pytest.mark.timeout(20)
+def test_persistent_workers_draw_what_workers_started_each_epoch_draw():
+    def draws(**options):
+        loader = FastLoader(Draws(), 8, seed=4, num_workers=2, **options)
+        out = []
+        for epoch in (0, 1, 1, 2):  # an epoch run again draws again what it drew
+            loader.set_epoch(epoch)
+            out.append([b["draws"][0].tolist() for b in loader])
+        return out
+
+    started = draws()
+    assert draws(persistent_workers=True) == started
+    assert len({tuple(map(tuple, epoch)) for epoch in started}) == 3 and started[1] == started[2]
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize("make", [fixed, sized])
+def test_a_lowering_with_persistent_workers_gives_the_batches_of_one_process_in_the_same_workers(make):
+    def run(**options):
+        loader = make(**options)
+        seen: list[list[int]] = []
+        pids: set[int] = set()
+
+        def step(batch):
+            if len(seen) % 9 == 2 and len(loader.stats.limit_changes) < 1:
+                raise torch.OutOfMemoryError("CUDA out of memory.")
+            seen.append(batch["x"][:, 0].tolist())
+            pids.update(batch["pid"].tolist())
+
+        for epoch in range(2):
+            loader.set_epoch(epoch)
+            list(adaptive.run(loader, step))
+        return seen, pids
+
+    alone, _ = run()
+    seen, pids = run(num_workers=2, persistent_workers=True)
+    assert seen == alone and len(pids) == 2
+    loader = FastLoader(Items(), 8, shuffle=False, num_workers=2, persistent_workers=True)
+    batches = iter(loader)
+    first = ids_of([next(batches), next(batches)])
+    loader.lower_limit(3)
+    rest = list(batches)
+    assert first + ids_of(rest) == [list(range(0, 8)), list(range(8, 16))] + [
+        list(range(i, min(i + 3, N))) for i in range(16, N, 3)
+    ]
+    assert {int(b["pid"][0]) for b in rest} == set(loader._workers.pids)
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize("make", [fixed, sized])
+def test_a_resume_with_persistent_workers_gives_the_rest_of_the_epoch(make):
+    expected, _ = epochs_of(make(), 2)
+    loader = make(num_workers=2, persistent_workers=True)
+    loader.set_epoch(1)
+    batches = iter(loader)
+    first = ids_of([next(batches) for _ in range(3)])
+    state = loader.state_dict()  # the workers have fetched further ahead
+    del batches
+    resumed = make(num_workers=2, persistent_workers=True)
+    resumed.load_state_dict(state)
+    assert first + ids_of(resumed) == expected[1]
+    loader.load_state_dict(state)  # into the loader whose workers fetched ahead
+    assert first + ids_of(loader) == expected[1]
+    copy = pickle.loads(pickle.dumps(loader))  # a copy starts workers of its own
+    copy.set_epoch(0)
+    assert ids_of(copy) == expected[0]
+    pids = [pid for each in (loader, resumed, copy) for pid in each._workers.pids]
+    assert len(set(pids)) == 6
+    for each in (loader, resumed, copy):
+        each.close()
+    assert ended(pids)
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize("make", [fixed, sized])
+def test_leaving_an_epoch_early_with_persistent_workers_keeps_the_next_epochs_exact(make):
+    expected, _ = epochs_of(make(), 2)
+    loader = make(num_workers=2, persistent_workers=True)
+    for _ in loader:
+        break
+    pids = loader._workers.pids
+    assert alive(pids) and len(pids) == 2
+    loader.set_epoch(0)
+    assert ids_of(loader) == expected[0]  # the epoch left, run again
+    with pytest.raises(KeyError):
+        for i, _ in enumerate(loader):
+            if i == 3:
+                raise KeyError("stop")
+    loader.set_epoch(1)
+    assert ids_of(loader) == expected[1]
+    assert loader._workers.pids == pids and alive(pids)
+    del loader
+    gc.collect()
+    assert ended(pids)
+
+
+@pytest.mark.timeout(20)
+def test_a_worker_error_with_persistent_workers_shuts_them_down_and_the_next_epoch_starts_new_ones():
+    loader = FastLoader(Failing(), 4, shuffle=False, num_workers=2, persistent_workers=True)
+    batches = iter(loader)
+    next(batches)
+    pids = loader._workers.pids
+    with pytest.raises(ValueError, match=r"record 13 is broken"):
+        list(batches)
+    assert ended(pids)
+    with pytest.raises(ValueError, match=r"record 13 is broken"):
+        list(loader)  # in new workers
+    loader = FastLoader(Slow(), 2, shuffle=False, num_workers=2, persistent_workers=True)
+    batches = iter(loader)
+    next(batches)
+    pids = loader._workers.pids
+    os.kill(pids[0], signal.SIGKILL)
+    with pytest.raises(RuntimeError, match=r"DataLoader worker \(pid"):
+        for _ in batches:
+            pass
+    assert ended(pids)
+    assert ids_of(loader) == [[i, i + 1] for i in range(0, N, 2)]
+    loader.close()
+
+
+@pytest.mark.timeout(30)
+def test_persistent_workers_end_with_the_interpreter(tmp_path):
+    script = textwrap.dedent(
+        f"""
+        import sys, torch
+        sys.path.insert(0, {str(Path(__file__).parents[1])!r})
+        from fastsab import FastLoader
+
+        class Items:
+            def __len__(self):
+                return 100
+
+            def __getitems__(self, ids):
+                return torch.tensor(ids)
+
+        loader = FastLoader(Items(), 4, num_workers=2, persistent_workers=True)
+        assert len(list(loader)) == 25
+        batches = iter(loader)
+        next(batches)
+        import psutil
+        print(" ".join(str(p.pid) for p in psutil.Process().children()))
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    pids = [int(pid) for pid in done.stdout.split()]
+    assert len(pids) == 2
+    deadline = time.monotonic() + 5
+    while any(psutil.pid_exists(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(psutil.pid_exists(pid) for pid in pids)
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "message"),
+    [
+        ({"num_workers": 2, "persistent_workers": 1}, TypeError, r"persistent_workers must be True or False, got 1\."),
+        (
+            {"persistent_workers": True},
+            ValueError,
+            r"persistent_workers=True keeps worker processes across epochs, so it needs num_workers of 1 or more, "
+            r"got num_workers=0\.",
+        ),
+    ],
+)
+def test_persistent_workers_is_checked(options, error, message):
+    with pytest.raises(error, match=message):
+        LoaderOptions(**options)
+    with pytest.raises(error, match=message):
+        FastSizeAwareLoader(Items(), SIZES, 12, **options)
