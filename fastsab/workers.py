@@ -28,9 +28,17 @@ from torch.utils.data import DataLoader, get_worker_info
 from torch.utils.data._utils.worker import _generate_state
 
 from fastsab.fetch import Fetcher
+from fastsab.pytree import tree_map_arrays
 from fastsab.stream import Stream
 
-__all__ = ["BatchFetch", "PersistentWorkers", "ReseedingBatchFetch", "worker_batches"]
+__all__ = ["IN_BAND_BYTES", "BatchFetch", "PersistentWorkers", "ReseedingBatchFetch", "in_band", "worker_batches"]
+
+#: Largest tensor of a batch that a worker sends with the batch itself rather than in shared memory.
+# NOTE: torch shares a tensor's memory by passing a file descriptor, which costs the loop's process a
+# connection to the worker (a socket, an authentication, a wait for a thread of the busy worker) per
+# tensor: about 0.25 ms of this process's CPU per batch of one 330 KB tensor, against copying the bytes
+# through the worker's pipe. Copies grow with size, the descriptor's cost does not: large tensors keep it.
+IN_BAND_BYTES = 2**20
 
 
 class BatchFetch:
@@ -58,6 +66,55 @@ class BatchFetch:
 
     def __getitems__(self, ids: np.ndarray) -> tuple[np.ndarray, Any]:
         return ids, self.fetcher(ids)
+
+
+class _InBand:
+    """A tensor that pickles as its bytes (a copy sent with the batch), unpickled as a tensor again."""
+
+    __slots__ = ("tensor",)
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.tensor = tensor
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        tensor = self.tensor
+        data = tensor.contiguous().reshape(-1).view(torch.uint8).numpy()  # every dtype as bytes
+        return _from_bytes, (data, tensor.dtype, tuple(tensor.shape))
+
+
+def _from_bytes(data: np.ndarray, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+    """The tensor an :class:`_InBand` pickled (``data``: its bytes, writable and owned, as unpickled)."""
+    return torch.from_numpy(data).view(dtype).reshape(shape)
+
+
+def _sent_in_band(leaf: Any) -> Any:
+    if (
+        type(leaf) is torch.Tensor
+        and leaf.device.type == "cpu"
+        and leaf.layout == torch.strided
+        and leaf.nbytes <= IN_BAND_BYTES
+        and not (leaf.requires_grad or leaf.is_quantized or leaf.is_conj() or leaf.is_neg())
+    ):
+        return _InBand(leaf)
+    return leaf
+
+
+def in_band(batch: Any) -> Any:
+    """``batch`` with its small plain CPU tensors (at most :data:`IN_BAND_BYTES`) sent as bytes when pickled.
+
+    What a worker returns: unpickled in the loop's process, those tensors are tensors again
+    (the same dtype, shape and values, contiguous); other leaves and larger tensors are left to
+    torch (tensors in shared memory).
+
+    Examples:
+        >>> import pickle
+        >>> batch = {"x": torch.arange(6.0).reshape(2, 3).t(), "n": 2}
+        >>> pickle.loads(pickle.dumps(in_band(batch)))
+        {'x': tensor([[0., 3.],
+                [1., 4.],
+                [2., 5.]]), 'n': 2}
+    """
+    return tree_map_arrays(_sent_in_band, batch)
 
 
 class ReseedingBatchFetch(BatchFetch):
@@ -138,9 +195,10 @@ def _index_batches(stream: Stream | None, task: tuple[int, int] | None) -> Itera
             yield ids, generation, seed
 
 
-def _whole(fetched: Any) -> Any:
-    """The ``collate_fn`` of the workers' ``DataLoader``: the batch is made by :class:`BatchFetch` already."""
-    return fetched
+def _whole(fetched: Any) -> tuple[np.ndarray, Any]:
+    """The workers' ``collate_fn``: the batch made by :class:`BatchFetch`, sent :func:`in_band`."""
+    ids, batch = fetched
+    return ids, in_band(batch)
 
 
 def worker_batches(

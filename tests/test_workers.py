@@ -12,12 +12,13 @@ import time
 from pathlib import Path
 
 import numpy as np
+import optree
 import psutil
 import pytest
 import torch
 from torch.utils.data import dataloader
 
-from fastsab import FastLoader, FastSizeAwareLoader, OutOfCoreDataset, adaptive
+from fastsab import FastLoader, FastSizeAwareLoader, OutOfCoreDataset, adaptive, workers
 from fastsab.bench.workers import workers_rows
 from fastsab.cli import main
 from fastsab.options import LoaderOptions
@@ -334,18 +335,36 @@ def test_a_loop_left_unfinished_at_exit_ends_without_error_or_orphans(tmp_path):
 
 
 def test_the_workers_bench_suite_runs(capsys):
-    assert main(["bench", "--suite", "workers", "--samples", "400", "--epochs", "1", "--quiet", "--markdown"]) == 0
+    before = {p.pid for p in children()}
+    assert main(["bench", "--suite", "workers", "--samples", "300", "--epochs", "2", "--quiet", "--markdown"]) == 0
     printed = capsys.readouterr().out
-    assert "**workers**" in printed and "FastLoader(num_workers=2)" in printed
-    assert "DataLoader(num_workers=2, batch_sampler=FastSizeAwareLoader.batch_sampler())" in printed
-    rows = workers_rows(samples=300, batch_size=16, epochs=1)
-    assert [row.method for row in rows][:3] == [
+    assert "**workers**" in printed and "| fixed size, 300 texts, later epochs | FastLoader(num_workers=2) |" in printed
+    assert (
+        "| size-aware, 300 texts, first epoch | "
+        "DataLoader(num_workers=2, persistent_workers=True, batch_sampler=FastSizeAwareLoader.batch_sampler())"
+    ) in printed
+    rows = workers_rows(samples=200, batch_size=16, epochs=2, rounds=1)
+    methods = [
         "FastLoader(prefetch=2), one process",
         "FastLoader(num_workers=2)",
-        "DataLoader(num_workers=2, batch_sampler=FastLoader.batch_sampler())",
+        "FastLoader(num_workers=2, persistent_workers=True)",
+        "DataLoader(num_workers=2, persistent_workers=True, batch_sampler=FastLoader.batch_sampler())",
     ]
-    assert [row.ratio for row in rows][::3] == [1.0, 1.0] and all(row.seconds > 0 for row in rows)
-    assert len({row.note for row in rows[:3]}) == 1 and len({row.note for row in rows[3:]}) == 1  # the same batches
+    assert [row.method for row in rows[:8]] == methods * 2
+    assert [row.workload for row in rows[::4]] == [
+        f"{kind}, 200 texts, {phase}"
+        for kind in ("fixed size", "size-aware")
+        for phase in ("first epoch", "later epochs")
+    ]
+    assert [row.ratio for row in rows][::4] == [1.0] * 4 and all(row.seconds > 0 for row in rows)
+    assert [row.speedup for row in rows][3::4] == [1.0] * 4
+    for group in range(0, 16, 4):  # the same batches
+        assert len({row.note.split(";")[0] for row in rows[group : group + 4]}) == 1
+    assert all(" ms CPU a batch in this process" in row.note for row in rows)
+    deadline = time.monotonic() + 5
+    while {p.pid for p in children()} - before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not {p.pid for p in children()} - before  # the workers of every case shut down
 
 
 # -- persistent workers --------------------------------------------------------------
@@ -581,3 +600,40 @@ def test_persistent_workers_is_checked(options, error, message):
         LoaderOptions(**options)
     with pytest.raises(error, match=message):
         FastSizeAwareLoader(Items(), SIZES, 12, **options)
+
+
+def kinds(samples: list[dict[str, torch.Tensor]]) -> dict[str, object]:
+    """A batch of tensors of many dtypes and layouts, and one above the in-band size."""
+    ids = [int(sample["x"][0]) for sample in samples]
+    first = ids[0]
+    return {
+        "ids": torch.tensor(ids),
+        "bool": torch.tensor(ids) % 2 == 0,
+        "bf16": torch.tensor(ids, dtype=torch.bfloat16) / 3,
+        "half": torch.tensor(ids, dtype=torch.float16) / 7,
+        "complex": torch.tensor(ids, dtype=torch.complex64) * 1j,
+        "int8": torch.tensor(ids, dtype=torch.int8),
+        "scalar": torch.tensor(first * 1.5),
+        "empty": torch.zeros(0, 3, dtype=torch.int16),
+        "columns": torch.arange(len(ids) * 3).reshape(3, len(ids)).t() + first,  # not contiguous
+        "view": torch.arange(100)[first : first + 4],  # a view of a larger tensor
+        "large": torch.full((workers.IN_BAND_BYTES // 8 + 1,), first, dtype=torch.int64),
+        "pairs": [(torch.tensor([first]), "text", 3)],
+    }
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize("persistent", [False, True])
+def test_batches_from_workers_keep_every_dtype_shape_and_value_and_small_tensors_come_with_them(persistent):
+    def pieces(batch):
+        flat = optree.tree_leaves(batch, none_is_leaf=True)
+        return [(t.dtype, tuple(t.shape), t.tolist()) if isinstance(t, torch.Tensor) else t for t in flat]
+
+    alone = [pieces(batch) for batch in FastLoader(Items(), 4, seed=2, collate_fn=kinds)]
+    loader = FastLoader(Items(), 4, seed=2, collate_fn=kinds, num_workers=2, persistent_workers=persistent)
+    batches = list(loader)
+    assert [pieces(batch) for batch in batches] == alone
+    for batch in batches:  # sent with the batch, not through shared memory; the large tensor shared
+        assert not any(t.is_shared() for key, t in batch.items() if key not in ("large", "pairs"))
+        assert batch["large"].is_shared() and not batch["pairs"][0][0].is_shared()
+        batch["columns"] += 1  # writable
