@@ -4,7 +4,8 @@ With ``num_workers=n`` a loader's batches are fetched and collated in ``n`` work
 by torch's own ``DataLoader`` machinery: a ``DataLoader`` over :class:`BatchFetch` (whose
 ``__getitems__`` makes one whole batch with the loader's :class:`~fastsab.fetch.Fetcher`)
 whose batch sampler pulls the index batches from the loader's plan stream on demand, at most
-``prefetch * n`` ahead. torch moves the tensors through shared memory, yields the batches in
+``prefetch * n`` ahead. A batch's small tensors come with it through the worker's pipe
+(:func:`in_band`), torch moves larger ones through shared memory; it yields the batches in
 order, re-raises a worker's exception with its traceback, reports a worker that died, and
 shuts the workers down when the iteration ends or is closed.
 
