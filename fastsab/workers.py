@@ -316,10 +316,18 @@ class PersistentWorkers:
             )
         # NOTE: read by iter() below, which drops what the workers fetched for the iteration before
         self._plan.stream, self._plan.task = stream, task
+        generation = self._generation
         batches: Any = None
         try:
             batches = iter(self._loader)
-            yield from batches
+            # NOTE: one DataLoader iterator serves every iteration: one left behind by a newer
+            # iteration must not take (and lose) a batch of that one's
+            while self._generation == generation:
+                try:
+                    batch = next(batches)
+                except StopIteration:
+                    return
+                yield batch
         except GeneratorExit:
             raise
         except (ConnectionError, EOFError) as error:
@@ -332,7 +340,13 @@ class PersistentWorkers:
             self.close()
             raise
         finally:
-            self._plan.stream = None  # read no further: its rest may be planned again
+            if self._generation == generation:
+                self._plan.stream = None  # read no further: its rest may be planned again
+        raise RuntimeError(
+            "this iterator of the loader was left behind: a newer iteration began, or a state was loaded, since its "
+            "last batch, and the persistent worker processes serve that one. Iterate one epoch at a time (one "
+            "iter(loader) in use)."
+        )
 
     def close(self) -> None:
         """Shut the worker processes down (the next :meth:`batches` starts new ones)."""

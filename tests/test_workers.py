@@ -637,3 +637,29 @@ def test_batches_from_workers_keep_every_dtype_shape_and_value_and_small_tensors
         assert not any(t.is_shared() for key, t in batch.items() if key not in ("large", "pairs"))
         assert batch["large"].is_shared() and not batch["pairs"][0][0].is_shared()
         batch["columns"] += 1  # writable
+
+
+@pytest.mark.timeout(20)
+def test_an_iterator_left_behind_takes_no_batch_of_the_newer_one_with_persistent_workers():
+    def run(**options):
+        loader = fixed(**options)
+        old = iter(loader)
+        next(old)
+        new = iter(loader)
+        seen = ids_of([next(new), next(new)])
+        with pytest.raises(RuntimeError, match=r"left behind"):
+            next(old)
+        return seen + ids_of(new), loader.stats.num_batches
+
+    expected = run()
+    assert run(num_workers=2, persistent_workers=True) == expected
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize("make", [fixed, sized])
+def test_each_rank_gets_its_share_with_persistent_workers(make):
+    for rank in range(2):
+        alone = epochs_of(make(rank=rank, world_size=2), 2)[0]
+        loader = make(rank=rank, world_size=2, num_workers=2, persistent_workers=True)
+        assert epochs_of(loader, 2)[0] == alone
+        loader.close()
