@@ -343,13 +343,16 @@ class PersistentWorkers:
             if self._generation == generation:
                 self._plan.stream = None  # read no further: its rest may be planned again
         raise RuntimeError(
-            "this iterator of the loader was left behind: a newer iteration began, or a state was loaded, since its "
-            "last batch, and the persistent worker processes serve that one. Iterate one epoch at a time (one "
-            "iter(loader) in use)."
+            "this iterator of the loader was left behind: a newer iteration began, or the persistent worker processes "
+            "were closed (loader.close()), since its last batch. Iterate one epoch at a time (one iter(loader) in use)."
         )
 
     def close(self) -> None:
-        """Shut the worker processes down (the next :meth:`batches` starts new ones)."""
+        """Shut the worker processes down (the next :meth:`batches` starts new ones).
+
+        An iteration under way raises a ``RuntimeError`` at its next batch.
+        """
+        self._generation += 1  # (the iteration under way ends)
         loader, self._loader = self._loader, None
         iterator = getattr(loader, "_iterator", None)
         if iterator is not None:

@@ -663,3 +663,19 @@ def test_each_rank_gets_its_share_with_persistent_workers(make):
         loader = make(rank=rank, world_size=2, num_workers=2, persistent_workers=True)
         assert epochs_of(loader, 2)[0] == alone
         loader.close()
+
+
+@pytest.mark.timeout(20)
+def test_closing_the_loader_mid_epoch_ends_the_iteration_and_the_next_one_is_exact():
+    expected = ids_of(fixed())
+    loader = fixed(num_workers=2, persistent_workers=True)
+    batches = iter(loader)
+    next(batches)
+    pids = loader._workers.pids
+    loader.close()
+    assert ended(pids)
+    with pytest.raises(RuntimeError, match=r"left behind: .* closed \(loader.close\(\)\)"):
+        next(batches)
+    loader.set_epoch(0)
+    assert ids_of(loader) == expected
+    loader.close()
