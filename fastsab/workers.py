@@ -32,7 +32,15 @@ from fastsab.fetch import Fetcher
 from fastsab.pytree import tree_map_arrays
 from fastsab.stream import Stream
 
-__all__ = ["IN_BAND_BYTES", "BatchFetch", "PersistentWorkers", "ReseedingBatchFetch", "in_band", "worker_batches"]
+__all__ = [
+    "IN_BAND_BYTES",
+    "BatchFetch",
+    "PersistentWorkers",
+    "ReseedingBatchFetch",
+    "base_seed",
+    "in_band",
+    "worker_batches",
+]
 
 #: Largest tensor of a batch that a worker sends with the batch itself rather than in shared memory.
 # NOTE: torch shares a tensor's memory by passing a file descriptor, which costs the loop's process a
@@ -137,10 +145,10 @@ class ReseedingBatchFetch(BatchFetch):
         self.generation = generation  # the one the workers are started for (seeded by torch)
 
     def __getitems__(self, task: tuple[np.ndarray, int, int]) -> tuple[np.ndarray, Any]:  # type: ignore[override]
-        ids, generation, base_seed = task
+        ids, generation, seed = task
         if generation != self.generation:
             self.generation = generation
-            _reseed(base_seed)
+            _reseed(seed)
         return ids, self.fetcher(ids)
 
 
