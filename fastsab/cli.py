@@ -62,8 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
         "packing efficiency of variable-length batches with and without sort_window), the end-to-end suite (the "
         "loaders feeding a small model's training step on one thread, at most 3 timed epochs), the scale suite "
         "(rank 7 of 8 over 10**9 items: time and peak memory to the first batch of each loader) and the workers "
-        "suite (a dataset whose __getitems__ tokenizes texts in Python: one process, 2 worker processes, and a "
-        "DataLoader with 2 workers over the same plan), a few minutes in all. "
+        "suite (a dataset whose __getitems__ tokenizes texts in Python: one process, 2 worker processes started "
+        "per epoch or persistent, and a DataLoader with 2 persistent workers over the same plan; a new loader's first "
+        "epoch and the epochs after it), a few minutes in all. "
         "'fidelity' (not in 'all') measures memory budgets on small CPU models: per kind, the "
         "batches run, the batches over budget, and the mean and smallest use of the budget.",
     )

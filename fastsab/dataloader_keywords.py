@@ -3,7 +3,7 @@
 A user moving from ``DataLoader`` passes its keywords out of habit. The loaders take the
 ones that mean the same thing in fastsab (``batch_size``, ``shuffle``, ``drop_last``,
 ``collate_fn``, ``pin_memory``, ``num_workers``, ``worker_init_fn``,
-``multiprocessing_context``); for every other keyword, :func:`check_dataloader_keywords`
+``multiprocessing_context``, ``persistent_workers``); for every other keyword, :func:`check_dataloader_keywords`
 raises a ``TypeError`` that names it and says what to use instead. The advice lives in one
 table, which also renders the "Coming from DataLoader" list of the README
 (:func:`keyword_list`).
@@ -44,11 +44,6 @@ ADVICE: dict[str, str] = {
         "fastsab.SizeAwareBatchSampler and fastsab.BucketBatchSampler are batch samplers for a DataLoader"
     ),
     "timeout": _WORKER_OPTION.format(name="timeout"),
-    "persistent_workers": (
-        "worker processes start with each epoch (and again after the limit is lowered, so that the batches read "
-        "ahead are planned again); for workers kept across epochs use loader.data_loader(num_workers=..., "
-        "persistent_workers=True)"
-    ),
     "prefetch_factor": (
         "prefetch=k is the number of batches each worker process prepares ahead with num_workers (default 2), or "
         "a background thread without"
@@ -95,6 +90,10 @@ ACCEPTED_NOTES: dict[str, str] = {
     ),
     "worker_init_fn": "same",
     "multiprocessing_context": "same (needs num_workers)",
+    "persistent_workers": (
+        "same (needs num_workers): the workers live across epochs and lowered limits, re-seeded for each epoch as "
+        "new workers would be, until loader.close(), garbage collection or exit"
+    ),
 }
 
 

@@ -29,7 +29,7 @@ from fastsab.planners import FixedSizePlanner, SizeAwarePlanner
 from fastsab.prefetch import prefetched
 from fastsab.shuffle import DEFAULT_GROUP_SIZE
 from fastsab.transfer import Transfer
-from fastsab.workers import worker_batches
+from fastsab.workers import PersistentWorkers, worker_batches
 
 __all__ = ["LoaderBase"]
 
@@ -86,6 +86,7 @@ class LoaderBase(EpochCursor, Generic[T], metaclass=TakesDataLoaderKeywords):
         self._handed_out = 0  # items of the batch last handed out
         self._rewound = False  # whether that batch was taken back to be planned again
         self.parts_left = 0
+        self._workers: PersistentWorkers | None = None  # with persistent_workers, once started
 
     @property
     def fetcher(self) -> Fetcher:
@@ -135,6 +136,7 @@ class LoaderBase(EpochCursor, Generic[T], metaclass=TakesDataLoaderKeywords):
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         del state["_pending_lock"]  # a lock does not pickle; a new one is made on load
+        state["_workers"] = None  # processes do not pickle; a copy starts workers of its own
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -307,14 +309,37 @@ class LoaderBase(EpochCursor, Generic[T], metaclass=TakesDataLoaderKeywords):
         epoch = self._progress[0] if self._progress is not None else 0
         # NOTE: the workers' seeds depend on (seed, epoch, rank, where the stream starts), not on global state
         seed = int(np.random.default_rng([options.seed, epoch, self.rank, stream.position]).integers(2**62))
-        batches = worker_batches(
-            self.fetcher, stream, self.num_workers, depth, options.worker_init_fn, options.multiprocessing_context, seed
-        )
+        if options.persistent_workers:
+            if self._workers is None:
+                self._workers = PersistentWorkers(
+                    self.fetcher, self.num_workers, depth, options.worker_init_fn, options.multiprocessing_context
+                )
+            batches = self._workers.batches(stream, seed)
+        else:
+            batches = worker_batches(
+                self.fetcher,
+                stream,
+                self.num_workers,
+                depth,
+                options.worker_init_fn,
+                options.multiprocessing_context,
+                seed,
+            )
         try:
             for ids, batch in batches:
                 yield Run([len(ids)], [ids] if with_indices else None, (self.maker.transfer(batch),))
         finally:
             batches.close()
+
+    def close(self) -> None:
+        """Shut down the worker processes kept with ``persistent_workers=True`` (the next epoch starts new ones).
+
+        Garbage collection and the interpreter's exit shut them down too; without persistent
+        workers there is nothing to close (each iteration shuts its workers down).
+        """
+        workers, self._workers = self._workers, None
+        if workers is not None:
+            workers.close()
 
     # -- adapting to out-of-memory errors -------------------------------------------------
 

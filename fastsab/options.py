@@ -1,6 +1,6 @@
 """What a loader is given besides its dataset and batching rule: :class:`LoaderOptions`.
 
-Both loaders take the same sixteen options, as keywords of their constructors; a loader
+Both loaders take the same seventeen options, as keywords of their constructors; a loader
 keeps them, as given, in ``loader.options``. :class:`LoaderOptions` defines them (names, types,
 defaults); :class:`LoaderKeywords` restates names and types for type checkers, and
 :func:`takes_loader_options` gives the constructors their full signature at run time. The
@@ -80,6 +80,10 @@ class LoaderOptions:
         worker_init_fn: Called in each worker process with its id, as by ``DataLoader``.
         multiprocessing_context: How worker processes start (``"fork"``, ``"spawn"``,
             ``"forkserver"`` or a context); ``None``: as ``DataLoader`` (fork on Linux).
+        persistent_workers: Keep the worker processes across epochs (and lowered limits), as
+            ``DataLoader``'s option does, until ``loader.close()``, garbage collection or exit;
+            they are re-seeded for each epoch as new workers would be (``worker_init_fn`` runs
+            once per process) and hold the dataset as it was when they started. Needs ``num_workers``.
 
     Examples:
         >>> options = LoaderOptions(shuffle=False, prefetch=2)
@@ -105,6 +109,7 @@ class LoaderOptions:
     num_workers: int = 0
     worker_init_fn: Callable[[int], None] | None = None
     multiprocessing_context: str | multiprocessing.context.BaseContext | None = None
+    persistent_workers: bool = False
 
     def __post_init__(self) -> None:
         if self.prefetch is not None:
@@ -117,6 +122,7 @@ class LoaderOptions:
         if self.worker_init_fn is not None and not callable(self.worker_init_fn):
             raise TypeError(f"worker_init_fn must be callable or None, got {self.worker_init_fn!r}.")
         _check_context(self.multiprocessing_context, self.num_workers)
+        _check_persistent(self.persistent_workers, self.num_workers)
 
     @classmethod
     def given_to(cls, owner: str, keywords: Mapping[str, object]) -> LoaderOptions:
@@ -124,10 +130,11 @@ class LoaderOptions:
 
         Raises:
             TypeError: If a keyword is not an option (naming ``owner``), or ``prefetch``, ``num_workers``,
-                ``worker_init_fn`` or ``multiprocessing_context`` is of a wrong type.
+                ``worker_init_fn``, ``multiprocessing_context`` or ``persistent_workers`` is of a wrong type.
             ValueError: If ``prefetch`` is not None or a non-negative integer (at least 1 with
                 ``num_workers``), ``num_workers`` is negative, or ``multiprocessing_context`` is
-                an unknown start method or given without ``num_workers``.
+                an unknown start method or given without ``num_workers``, or ``persistent_workers`` is
+                ``True`` without ``num_workers``.
         """
         names = {field.name for field in dataclasses.fields(cls)}
         for name, value in keywords.items():
@@ -163,6 +170,7 @@ class LoaderKeywords(TypedDict, Generic[T], total=False):
     num_workers: int
     worker_init_fn: Callable[[int], None] | None
     multiprocessing_context: str | multiprocessing.context.BaseContext | None
+    persistent_workers: bool
 
 
 def _check_context(context: object, num_workers: int) -> None:
@@ -182,6 +190,17 @@ def _check_context(context: object, num_workers: int) -> None:
     if num_workers == 0:
         raise ValueError(
             f"multiprocessing_context={context!r} starts worker processes, so it needs num_workers of 1 or more, "
+            "got num_workers=0."
+        )
+
+
+def _check_persistent(persistent: object, num_workers: int) -> None:
+    """Refuse a ``persistent_workers`` that is not a bool, or is ``True`` without workers to keep."""
+    if not isinstance(persistent, bool):
+        raise TypeError(f"persistent_workers must be True or False, got {persistent!r}.")
+    if persistent and num_workers == 0:
+        raise ValueError(
+            "persistent_workers=True keeps worker processes across epochs, so it needs num_workers of 1 or more, "
             "got num_workers=0."
         )
 

@@ -1,6 +1,9 @@
 from __future__ import annotations
 
+import gc
 import os
+import pickle
+import random
 import signal
 import subprocess
 import sys
@@ -9,12 +12,13 @@ import time
 from pathlib import Path
 
 import numpy as np
+import optree
 import psutil
 import pytest
 import torch
 from torch.utils.data import dataloader
 
-from fastsab import FastLoader, FastSizeAwareLoader, OutOfCoreDataset, adaptive
+from fastsab import FastLoader, FastSizeAwareLoader, OutOfCoreDataset, adaptive, workers
 from fastsab.bench.workers import workers_rows
 from fastsab.cli import main
 from fastsab.options import LoaderOptions
@@ -331,15 +335,347 @@ def test_a_loop_left_unfinished_at_exit_ends_without_error_or_orphans(tmp_path):
 
 
 def test_the_workers_bench_suite_runs(capsys):
-    assert main(["bench", "--suite", "workers", "--samples", "400", "--epochs", "1", "--quiet", "--markdown"]) == 0
+    before = {p.pid for p in children()}
+    assert main(["bench", "--suite", "workers", "--samples", "300", "--epochs", "2", "--quiet", "--markdown"]) == 0
     printed = capsys.readouterr().out
-    assert "**workers**" in printed and "FastLoader(num_workers=2)" in printed
-    assert "DataLoader(num_workers=2, batch_sampler=FastSizeAwareLoader.batch_sampler())" in printed
-    rows = workers_rows(samples=300, batch_size=16, epochs=1)
-    assert [row.method for row in rows][:3] == [
+    assert "**workers**" in printed and "| fixed size, 300 texts, later epochs | FastLoader(num_workers=2) |" in printed
+    assert (
+        "| size-aware, 300 texts, first epoch | "
+        "DataLoader(num_workers=2, persistent_workers=True, batch_sampler=FastSizeAwareLoader.batch_sampler())"
+    ) in printed
+    rows = workers_rows(samples=200, batch_size=16, epochs=2, rounds=1)
+    methods = [
         "FastLoader(prefetch=2), one process",
         "FastLoader(num_workers=2)",
-        "DataLoader(num_workers=2, batch_sampler=FastLoader.batch_sampler())",
+        "FastLoader(num_workers=2, persistent_workers=True)",
+        "DataLoader(num_workers=2, persistent_workers=True, batch_sampler=FastLoader.batch_sampler())",
     ]
-    assert [row.ratio for row in rows][::3] == [1.0, 1.0] and all(row.seconds > 0 for row in rows)
-    assert len({row.note for row in rows[:3]}) == 1 and len({row.note for row in rows[3:]}) == 1  # the same batches
+    assert [row.method for row in rows[:8]] == methods * 2
+    assert [row.workload for row in rows[::4]] == [
+        f"{kind}, 200 texts, {phase}"
+        for kind in ("fixed size", "size-aware")
+        for phase in ("first epoch", "later epochs")
+    ]
+    assert [row.ratio for row in rows][::4] == [1.0] * 4 and all(row.seconds > 0 for row in rows)
+    assert [row.speedup for row in rows][3::4] == [1.0] * 4
+    for group in range(0, 16, 4):  # the same batches
+        assert len({row.note.split(";")[0] for row in rows[group : group + 4]}) == 1
+    assert all(" ms CPU a batch in this process" in row.note for row in rows)
+    deadline = time.monotonic() + 5
+    while {p.pid for p in children()} - before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not {p.pid for p in children()} - before  # the workers of every case shut down
+
+
+# -- persistent workers --------------------------------------------------------------
+
+
+class Draws(Items):
+    """Each sample with what its worker draws from torch, numpy and random, and its worker's seed."""
+
+    def __getitems__(self, ids: list[int]) -> list[dict[str, torch.Tensor]]:
+        info = torch.utils.data.get_worker_info()
+        draws = [
+            torch.initial_seed(),
+            int(torch.randint(2**31, ())),
+            int(np.random.randint(2**31)),
+            random.getrandbits(31),
+            info.seed if info is not None else -1,
+        ]
+        return [{**item, "draws": torch.tensor(draws)} for item in super().__getitems__(ids)]
+
+
+def ended(pids: list[int], wait: float = 5.0) -> bool:
+    """Whether the processes ``pids`` ended (within ``wait`` seconds)."""
+    deadline = time.monotonic() + wait
+    while any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE for pid in pids):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def alive(pids: list[int]) -> bool:
+    return all(psutil.pid_exists(pid) for pid in pids) and set(pids) <= {p.pid for p in children()}
+
+
+def epochs_of(loader, epochs: int = 3) -> tuple[list[list[list[int]]], list[list[int]]]:
+    """The batch ids of ``epochs`` epochs (set_epoch each), and the worker processes that fetched each epoch."""
+    batches, pids = [], []
+    for epoch in range(epochs):
+        loader.set_epoch(epoch)
+        got = list(loader)
+        batches.append(ids_of(got))
+        pids.append(sorted({int(b["pid"][0]) for b in got}))
+    return batches, pids
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize("make", [fixed, sized])
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_persistent_workers_give_the_batches_of_one_process_in_the_same_workers(make, shuffle):
+    expected, _ = epochs_of(make(shuffle=shuffle))
+    loader = make(shuffle=shuffle, num_workers=2, persistent_workers=True)
+    batches, pids = epochs_of(loader)
+    assert batches == expected
+    assert len(pids[0]) == 2 and os.getpid() not in pids[0] and pids == [pids[0]] * 3  # the same workers
+    assert alive(pids[0])  # between epochs
+    loader.close()
+    assert ended(pids[0])
+    assert epochs_of(loader, 1)[0] == expected[:1]  # new workers after close()
+    pids = loader._workers.pids
+    assert alive(pids) and len(pids) == 2
+    del loader
+    gc.collect()
+    assert ended(pids)
+
+
+@pytest.mark.timeout(20)
+def test_persistent_workers_draw_what_workers_started_each_epoch_draw():
+    def draws(**options):
+        loader = FastLoader(Draws(), 8, seed=4, num_workers=2, **options)
+        out = []
+        for epoch in (0, 1, 1, 2):  # an epoch run again draws again what it drew
+            loader.set_epoch(epoch)
+            out.append([b["draws"][0].tolist() for b in loader])
+        return out
+
+    started = draws()
+    assert draws(persistent_workers=True) == started
+    assert len({tuple(map(tuple, epoch)) for epoch in started}) == 3 and started[1] == started[2]
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize("make", [fixed, sized])
+def test_a_lowering_with_persistent_workers_gives_the_batches_of_one_process_in_the_same_workers(make):
+    def run(**options):
+        loader = make(**options)
+        seen: list[list[int]] = []
+        pids: set[int] = set()
+
+        def step(batch):
+            if len(seen) % 9 == 2 and len(loader.stats.limit_changes) < 1:
+                raise torch.OutOfMemoryError("CUDA out of memory.")
+            seen.append(batch["x"][:, 0].tolist())
+            pids.update(batch["pid"].tolist())
+
+        for epoch in range(2):
+            loader.set_epoch(epoch)
+            list(adaptive.run(loader, step))
+        return seen, pids
+
+    alone, _ = run()
+    seen, pids = run(num_workers=2, persistent_workers=True)
+    assert seen == alone and len(pids) == 2
+    loader = FastLoader(Items(), 8, shuffle=False, num_workers=2, persistent_workers=True)
+    batches = iter(loader)
+    first = ids_of([next(batches), next(batches)])
+    loader.lower_limit(3)
+    rest = list(batches)
+    assert first + ids_of(rest) == [list(range(0, 8)), list(range(8, 16))] + [
+        list(range(i, min(i + 3, N))) for i in range(16, N, 3)
+    ]
+    assert {int(b["pid"][0]) for b in rest} == set(loader._workers.pids)
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize("make", [fixed, sized])
+def test_a_resume_with_persistent_workers_gives_the_rest_of_the_epoch(make):
+    expected, _ = epochs_of(make(), 2)
+    loader = make(num_workers=2, persistent_workers=True)
+    loader.set_epoch(1)
+    batches = iter(loader)
+    first = ids_of([next(batches) for _ in range(3)])
+    state = loader.state_dict()  # the workers have fetched further ahead
+    del batches
+    resumed = make(num_workers=2, persistent_workers=True)
+    resumed.load_state_dict(state)
+    assert first + ids_of(resumed) == expected[1]
+    loader.load_state_dict(state)  # into the loader whose workers fetched ahead
+    assert first + ids_of(loader) == expected[1]
+    copy = pickle.loads(pickle.dumps(loader))  # a copy starts workers of its own
+    copy.set_epoch(0)
+    assert ids_of(copy) == expected[0]
+    pids = [pid for each in (loader, resumed, copy) for pid in each._workers.pids]
+    assert len(set(pids)) == 6
+    for each in (loader, resumed, copy):
+        each.close()
+    assert ended(pids)
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize("make", [fixed, sized])
+def test_leaving_an_epoch_early_with_persistent_workers_keeps_the_next_epochs_exact(make):
+    expected, _ = epochs_of(make(), 2)
+    loader = make(num_workers=2, persistent_workers=True)
+    for _ in loader:
+        break
+    pids = loader._workers.pids
+    assert alive(pids) and len(pids) == 2
+    loader.set_epoch(0)
+    assert ids_of(loader) == expected[0]  # the epoch left, run again
+    with pytest.raises(KeyError):
+        for i, _ in enumerate(loader):
+            if i == 3:
+                raise KeyError("stop")
+    loader.set_epoch(1)
+    assert ids_of(loader) == expected[1]
+    assert loader._workers.pids == pids and alive(pids)
+    del loader
+    gc.collect()
+    assert ended(pids)
+
+
+@pytest.mark.timeout(20)
+def test_a_worker_error_with_persistent_workers_shuts_them_down_and_the_next_epoch_starts_new_ones():
+    loader = FastLoader(Failing(), 4, shuffle=False, num_workers=2, persistent_workers=True)
+    batches = iter(loader)
+    next(batches)
+    pids = loader._workers.pids
+    with pytest.raises(ValueError, match=r"record 13 is broken"):
+        list(batches)
+    assert ended(pids)
+    with pytest.raises(ValueError, match=r"record 13 is broken"):
+        list(loader)  # in new workers
+    loader = FastLoader(Slow(), 2, shuffle=False, num_workers=2, persistent_workers=True)
+    batches = iter(loader)
+    next(batches)
+    pids = loader._workers.pids
+    os.kill(pids[0], signal.SIGKILL)
+    with pytest.raises(RuntimeError, match=r"DataLoader worker \(pid"):
+        for _ in batches:
+            pass
+    assert ended(pids)
+    assert ids_of(loader) == [[i, i + 1] for i in range(0, N, 2)]
+    loader.close()
+
+
+@pytest.mark.timeout(30)
+def test_persistent_workers_end_with_the_interpreter(tmp_path):
+    script = textwrap.dedent(
+        f"""
+        import sys, torch
+        sys.path.insert(0, {str(Path(__file__).parents[1])!r})
+        from fastsab import FastLoader
+
+        class Items:
+            def __len__(self):
+                return 100
+
+            def __getitems__(self, ids):
+                return torch.tensor(ids)
+
+        loader = FastLoader(Items(), 4, num_workers=2, persistent_workers=True)
+        assert len(list(loader)) == 25
+        batches = iter(loader)
+        next(batches)
+        import psutil
+        print(" ".join(str(p.pid) for p in psutil.Process().children()))
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    pids = [int(pid) for pid in done.stdout.split()]
+    assert len(pids) == 2
+    deadline = time.monotonic() + 5
+    while any(psutil.pid_exists(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(psutil.pid_exists(pid) for pid in pids)
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "message"),
+    [
+        ({"num_workers": 2, "persistent_workers": 1}, TypeError, r"persistent_workers must be True or False, got 1\."),
+        (
+            {"persistent_workers": True},
+            ValueError,
+            r"persistent_workers=True keeps worker processes across epochs, so it needs num_workers of 1 or more, "
+            r"got num_workers=0\.",
+        ),
+    ],
+)
+def test_persistent_workers_is_checked(options, error, message):
+    with pytest.raises(error, match=message):
+        LoaderOptions(**options)
+    with pytest.raises(error, match=message):
+        FastSizeAwareLoader(Items(), SIZES, 12, **options)
+
+
+def kinds(samples: list[dict[str, torch.Tensor]]) -> dict[str, object]:
+    """A batch of tensors of many dtypes and layouts, and one above the in-band size."""
+    ids = [int(sample["x"][0]) for sample in samples]
+    first = ids[0]
+    return {
+        "ids": torch.tensor(ids),
+        "bool": torch.tensor(ids) % 2 == 0,
+        "bf16": torch.tensor(ids, dtype=torch.bfloat16) / 3,
+        "half": torch.tensor(ids, dtype=torch.float16) / 7,
+        "complex": torch.tensor(ids, dtype=torch.complex64) * 1j,
+        "int8": torch.tensor(ids, dtype=torch.int8),
+        "scalar": torch.tensor(first * 1.5),
+        "empty": torch.zeros(0, 3, dtype=torch.int16),
+        "columns": torch.arange(len(ids) * 3).reshape(3, len(ids)).t() + first,  # not contiguous
+        "view": torch.arange(100)[first : first + 4],  # a view of a larger tensor
+        "large": torch.full((workers.IN_BAND_BYTES // 8 + 1,), first, dtype=torch.int64),
+        "pairs": [(torch.tensor([first]), "text", 3)],
+    }
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize("persistent", [False, True])
+def test_batches_from_workers_keep_every_dtype_shape_and_value_and_small_tensors_come_with_them(persistent):
+    def pieces(batch):
+        flat = optree.tree_leaves(batch, none_is_leaf=True)
+        return [(t.dtype, tuple(t.shape), t.tolist()) if isinstance(t, torch.Tensor) else t for t in flat]
+
+    alone = [pieces(batch) for batch in FastLoader(Items(), 4, seed=2, collate_fn=kinds)]
+    loader = FastLoader(Items(), 4, seed=2, collate_fn=kinds, num_workers=2, persistent_workers=persistent)
+    batches = list(loader)
+    assert [pieces(batch) for batch in batches] == alone
+    for batch in batches:  # sent with the batch, not through shared memory; the large tensor shared
+        assert not any(t.is_shared() for key, t in batch.items() if key not in ("large", "pairs"))
+        assert batch["large"].is_shared() and not batch["pairs"][0][0].is_shared()
+        batch["columns"] += 1  # writable
+
+
+@pytest.mark.timeout(20)
+def test_an_iterator_left_behind_takes_no_batch_of_the_newer_one_with_persistent_workers():
+    def run(**options):
+        loader = fixed(**options)
+        old = iter(loader)
+        next(old)
+        new = iter(loader)
+        seen = ids_of([next(new), next(new)])
+        with pytest.raises(RuntimeError, match=r"left behind"):
+            next(old)
+        return seen + ids_of(new), loader.stats.num_batches
+
+    expected = run()
+    assert run(num_workers=2, persistent_workers=True) == expected
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize("make", [fixed, sized])
+def test_each_rank_gets_its_share_with_persistent_workers(make):
+    for rank in range(2):
+        alone = epochs_of(make(rank=rank, world_size=2), 2)[0]
+        loader = make(rank=rank, world_size=2, num_workers=2, persistent_workers=True)
+        assert epochs_of(loader, 2)[0] == alone
+        loader.close()
+
+
+@pytest.mark.timeout(20)
+def test_closing_the_loader_mid_epoch_ends_the_iteration_and_the_next_one_is_exact():
+    expected = ids_of(fixed())
+    loader = fixed(num_workers=2, persistent_workers=True)
+    batches = iter(loader)
+    next(batches)
+    pids = loader._workers.pids
+    loader.close()
+    assert ended(pids)
+    with pytest.raises(RuntimeError, match=r"left behind: .* closed \(loader.close\(\)\)"):
+        next(batches)
+    loader.set_epoch(0)
+    assert ids_of(loader) == expected
+    loader.close()

@@ -1,9 +1,13 @@
 """The worker suite of ``fastsab bench``: a dataset whose ``__getitems__`` costs Python time, fetched in one
-process (a prefetch thread) and in worker processes, against a ``DataLoader`` with workers over the same plan."""
+process (a prefetch thread) and in worker processes (started per epoch, or persistent), against a ``DataLoader``
+with persistent workers over the same plan; a new loader's first epoch and the epochs after it apart."""
 
 from __future__ import annotations
 
+import gc
+import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -11,11 +15,11 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from fastsab.bench.epochs import Case, Progress, epoch_times
+from fastsab.bench.epochs import Case, Progress
 from fastsab.bench.report import Row
 from fastsab.loader import FastLoader, FastSizeAwareLoader, LoaderBase
 
-__all__ = ["WORKERS_SAMPLES", "TokenizedTexts", "pad_tokens", "workers_rows"]
+__all__ = ["WORKERS_SAMPLES", "EpochTiming", "TokenizedTexts", "first_and_later_epochs", "pad_tokens", "workers_rows"]
 
 #: Texts of the worker suite by default.
 WORKERS_SAMPLES = 10_000
@@ -90,15 +94,20 @@ def workers_rows(
     epochs: int = 3,
     num_workers: int = 2,
     progress: Progress | None = None,
+    rounds: int = 2,
 ) -> list[Row]:
-    """One process with a prefetch thread, ``num_workers`` worker processes, and a ``DataLoader`` with as many.
+    """One process with a prefetch thread against ``num_workers`` worker processes, first and later epochs.
 
     For :class:`~fastsab.FastLoader` (``batch_size`` texts) and
     :class:`~fastsab.FastSizeAwareLoader` (a budget of ``batch_size`` x the mean length in
-    tokens), over :class:`TokenizedTexts`. The ``DataLoader`` takes the loader's own plan
-    (``batch_sampler=loader.batch_sampler()``) and its ``collate_fn``. Ratios are to one
-    process in the same run, speed-ups the ``DataLoader``'s time over a row's; the time includes
-    starting the workers, once per epoch for both.
+    tokens), over :class:`TokenizedTexts`: one process (``prefetch=2``), workers started for
+    each epoch, persistent workers, and a ``DataLoader`` with persistent workers over the
+    loader's own plan (``batch_sampler=loader.batch_sampler()``) and ``collate_fn``. A
+    training loop runs many epochs, so each case is timed on a new loader's first epoch
+    (which starts the workers) and on the epochs after it (best of ``epochs - 1``, 1 to 4),
+    best over ``rounds`` new loaders, the cases interleaved. Ratios are to one process in the
+    same phase, speed-ups the ``DataLoader``'s time over a row's; the note gives the CPU time
+    this process spends per batch (what worker processes cannot take off it).
     """
     texts = TokenizedTexts(samples)
     budget = batch_size * int(texts.lengths.mean())
@@ -115,6 +124,7 @@ def workers_rows(
             batch_sampler=make().batch_sampler(),
             collate_fn=pad_tokens,
             num_workers=num_workers,
+            persistent_workers=True,
         )
 
     cases: list[Case] = []
@@ -126,17 +136,81 @@ def workers_rows(
         cases += [
             (f"{name}(prefetch=2), one process", partial(make, prefetch=2)),
             (f"{name}(num_workers={num_workers})", partial(make, num_workers=num_workers)),
-            (f"DataLoader(num_workers={num_workers}, batch_sampler={name}.batch_sampler())", partial(same_plan, make)),
+            (
+                f"{name}(num_workers={num_workers}, persistent_workers=True)",
+                partial(make, num_workers=num_workers, persistent_workers=True),
+            ),
+            (
+                f"DataLoader(num_workers={num_workers}, persistent_workers=True, batch_sampler={name}.batch_sampler())",
+                partial(same_plan, make),
+            ),
         ]
-    measured = epoch_times(cases, epochs, progress)
+    first, later = first_and_later_epochs(cases, min(max(epochs - 1, 1), 4), rounds, progress)
+    per_kind = len(cases) // len(makers)
     rows = []
-    for start in (0, 3):
-        baseline = cases[start][0]
-        for name, _ in cases[start : start + 3]:
-            seconds, batches = measured[name]
-            workload = f"{'fixed size' if start == 0 else 'size-aware'}, {samples:,} texts"
-            ratio = seconds / measured[baseline][0]
-            dataloader = measured[cases[start + 2][0]][0]  # speed-up: the DataLoader's time over this one
-            note = f"{batches:,} batches"
-            rows.append(Row("workers", workload, name, seconds, baseline, ratio, note, dataloader / seconds))
+    for start, kind in zip(range(0, len(cases), per_kind), ("fixed size", "size-aware")):
+        group = [name for name, _ in cases[start : start + per_kind]]
+        for phase, measured in (("first epoch", first), ("later epochs", later)):
+            baseline, dataloader = group[0], group[-1]
+            for name in group:
+                timing = measured[name]
+                rows.append(
+                    Row(
+                        "workers",
+                        f"{kind}, {samples:,} texts, {phase}",
+                        name,
+                        timing.seconds,
+                        baseline,
+                        timing.seconds / measured[baseline].seconds,
+                        f"{timing.batches:,} batches; {timing.cpu_per_batch * 1e3:.2f} ms CPU a batch in this process",
+                        measured[dataloader].seconds / timing.seconds,
+                    )
+                )
     return rows
+
+
+@dataclass
+class EpochTiming:
+    """A case's best epoch: wall seconds, batches, and this process's CPU seconds per batch in that epoch."""
+
+    seconds: float = float("inf")
+    batches: int = 0
+    cpu_per_batch: float = 0.0
+
+    def add(self, seconds: float, cpu: float, batches: int) -> None:
+        if seconds < self.seconds:
+            self.seconds, self.batches, self.cpu_per_batch = seconds, batches, cpu / max(batches, 1)
+
+
+def first_and_later_epochs(
+    cases: list[Case], later: int, rounds: int, progress: Progress | None = None
+) -> tuple[dict[str, EpochTiming], dict[str, EpochTiming]]:
+    """Each case's best first epoch (of a new iterable) and best later epoch (``later`` after the first).
+
+    Every round makes every case's iterable anew; its epochs run in turn with the other cases'
+    (all first epochs, then all second epochs, ...), so that a slow spell of a shared machine
+    hits all cases alike. The iterables of a round are dropped (their workers shut down)
+    before the next round.
+    """
+    first = {name: EpochTiming() for name, _ in cases}
+    after = {name: EpochTiming() for name, _ in cases}
+    for _ in range(rounds):
+        iterables = {}
+        for name, make in cases:
+            if progress is not None:
+                progress(name)
+            iterables[name] = make()
+        for epoch in range(1 + later):
+            for name, iterable in iterables.items():
+                gc.collect()
+                wall, cpu = time.perf_counter(), time.process_time()
+                batches = sum(1 for _ in iterable)
+                wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+                (first if epoch == 0 else after)[name].add(wall, cpu, batches)
+        for iterable in iterables.values():
+            close = getattr(iterable, "close", None)
+            if close is not None:
+                close()
+        del iterables
+        gc.collect()
+    return first, after
