@@ -222,8 +222,8 @@ class LoaderBase(EpochCursor, Generic[T], metaclass=TakesDataLoaderKeywords):
         # 0.83 us for numpy's permutation + reshape): 0.5 us planning, of which 0.31 us
         # torch.randperm itself (the seeded order: one per group of 65,536) and 0.13 us
         # widening, offsetting and wrapping its indices; 0.24 us the gather of the chunk's rows
-        # (index_select); 0.6 us the batch's tensor view (0.5 us torch.split's own cost per view,
-        # cheaper than view(...).unbind(0) at 0.6 us; the tensor floor pays it too); about
+        # (index_select); 0.6 us the batch's tensor view, made and dropped (torch.split's own
+        # cost is 0.5 us a view, view(...).unbind(0)'s 0.6 us; the tensor floor pays it too); about
         # 0.2 us this loop and the generators around it (an attribute update costs 15 to 25 ns).
         # FastSizeAwareLoader adds about 1.1 us per batch of planning, nearly all of it the
         # greedy split's walk (looking up the chunk's sizes: 0.03 us).
