@@ -234,6 +234,42 @@ def test_items_right_at_the_cap_are_not_oversize(oversize, cost):
         assert as_lists(split) == [[0], [1], [2]] and split.skipped.size == 0
 
 
+@pytest.mark.parametrize("oversize", ["skip", "own_batch", "error"])
+@pytest.mark.parametrize("cost", ["sum", "padded"])
+@pytest.mark.parametrize("where", [0, 3, 6])
+@pytest.mark.parametrize("big", [9, 8, 15])
+def test_one_oversize_int_item_anywhere_under_each_policy(oversize, cost, where, big):
+    # 7 | 1 and 4 | 2 stay at the cap of 7, so only the one item above it can pass it
+    for costs, cap in (([1, 2, 4, 2, 1, 2, 1], 7), ([[1, 1], [2, 4], [4, 2], [2, 1], [1, 1], [2, 2], [1, 1]], [7, 7])):
+        rows = [list(row) if isinstance(row, list) else row for row in costs]
+        rows[where] = [big, 1] if isinstance(rows[where], list) else big
+        if oversize == "error":
+            with pytest.raises(ValueError, match=rf"item {where} has cost .* above max_total_size .*oversize='error'"):
+                split_batches(np.array(rows), cap, cost=cost, oversize=oversize)
+            continue
+        expected, skipped = greedy_reference(rows, cap, cost=cost, oversize=oversize)
+        split = split_batches(np.array(rows), cap, cost=cost, oversize=oversize)
+        assert as_lists(split) == expected and split.skipped.tolist() == skipped
+        assert skipped == [where] if oversize == "skip" else [where] in expected
+
+
+@pytest.mark.parametrize(
+    ("costs", "message"),
+    [
+        ([3, -1, 2], r"costs must be non-negative, got -1 at position 1\."),
+        ([[3, 1], [2, -5], [-2, 0]], r"costs must be non-negative, got -5 at position \(1, 1\)\."),
+        ([-(2**63), 1], r"costs must be non-negative, got -9223372036854775808 at position 0\."),
+        ([1.0, -0.5], r"costs must be non-negative, got -0.5 at position 1\."),
+        ([1.0, -0.5, float("nan")], r"costs must be finite, got nan at position 2\."),
+    ],
+)
+@pytest.mark.parametrize("cost", ["sum", "padded"])
+def test_negative_and_nan_costs_are_refused_by_name_and_position(costs, message, cost):
+    for values in (costs, np.array(costs), torch.tensor(costs)):
+        with pytest.raises(ValueError, match=message):
+            split_batches(values, 100, cost=cost)
+
+
 def test_multi_column_caps():
     costs = np.array([[1, 5], [1, 5], [1, 1], [9, 1]])
     assert as_lists(split_batches(costs, [10, 10])) == [[0, 1], [2, 3]]
