@@ -815,6 +815,37 @@ def test_int_sums_made_chunk_by_chunk_equal_greedy_loop(problem):
     assert got == expected
 
 
+@st.composite
+def chunked_multi_sum_problems(draw):
+    """Two or three columns of integer costs, each under its own cap (0 included), and a chunk size."""
+    k = draw(st.integers(2, 3))
+    caps = [draw(st.integers(0, 20)) for _ in range(k)]
+    row = st.tuples(*(st.one_of(st.integers(0, cap), st.just(0), st.just(cap)) for cap in caps))
+    return (
+        draw(st.lists(row, max_size=60)),
+        caps,
+        draw(st.integers(1, 7)),
+        draw(st.lists(st.integers(0, 60), max_size=3)),
+    )
+
+
+@settings(max_examples=300, deadline=None)
+@given(chunked_multi_sum_problems())
+def test_int_column_sums_made_chunk_by_chunk_equal_greedy_loop(problem):
+    # invariant: each batch ends where the first column to pass its cap says, across chunk ends, whole and in chunks
+    rows, caps, chunk, cuts = problem
+    expected, _ = greedy_reference(rows, caps)
+    costs = np.array(rows, dtype=np.int64).reshape(len(rows), len(caps))
+    with patch.object(_kernels, "_CHUNK", chunk):
+        assert as_lists(split_batches(costs, caps)) == expected
+        got, carry, start = [], None, 0
+        for stop in [*sorted(cut for cut in cuts if cut <= len(rows)), len(rows)]:
+            split = split_batches(costs[start:stop], caps, carry=carry, final=stop == len(rows))
+            got += as_lists(split)
+            carry, start = split.carry, stop
+    assert got == expected
+
+
 @pytest.mark.parametrize("n", [_kernels._CHUNK - 1, _kernels._CHUNK, 3 * _kernels._CHUNK + 5])
 def test_int_sums_past_one_chunk_equal_running_loop(n):
     rng = np.random.default_rng(n)
