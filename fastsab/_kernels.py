@@ -24,6 +24,7 @@ import numpy as np
 
 _UNIT_ROUNDOFF = 2.0**-53
 _INT64_MAX = 2**63 - 1
+_FLOAT_EXACT = 2**53  # float64 holds every integer below this exactly
 _CHUNK = 32768  # items whose prefix sums :func:`_int_sum_ends` makes at a time (256 KiB)
 
 
@@ -280,17 +281,19 @@ def _padded_split(
         # NOTE: `L <= max_items` is one more bound on the length, as `L <= q` is for an item
         np.minimum(lengths, max_items, out=lengths)
     is_over = np.zeros(m, dtype=bool) if over is None else over
-    stuck = (lengths == 0) & ~is_over
-    if stuck.any():
-        # NOTE: only a carry from a split under a larger cap can hold an item that fits
-        # in no batch; every walk reaches the first such item as a batch start
-        raise ValueError(
-            f"item at position {int(np.argmax(stuck))} of this split costs more than max_total_size and came in "
-            "the carry; split a carry's chunk again under the cap it was made with."
-        )
-    # NOTE: a bound of 1 for an oversize item gives it a batch of its own and leaves every
-    # other batch as a bound of 0 would (they stop before it either way)
-    ends = _padded_ends(np.maximum(lengths, 1, out=lengths))
+    if m and not lengths.all():
+        stuck = (lengths == 0) & ~is_over
+        if stuck.any():
+            # NOTE: only a carry from a split under a larger cap can hold an item that fits
+            # in no batch; every walk reaches the first such item as a batch start
+            raise ValueError(
+                f"item at position {int(np.argmax(stuck))} of this split costs more than max_total_size and came "
+                "in the carry; split a carry's chunk again under the cap it was made with."
+            )
+        # NOTE: a bound of 1 for an oversize item gives it a batch of its own and leaves every
+        # other batch as a bound of 0 would (they stop before it either way)
+        np.maximum(lengths, 1, out=lengths)
+    ends = _padded_ends(lengths)
     if multiple > 1:
         _cut_to_multiple(ends, is_over, multiple)
     walked = _walk(ends)
@@ -353,6 +356,8 @@ def _int_lengths(column: np.ndarray, cap: int, m: int) -> np.ndarray:
     """``min(cap // c, m)`` for integer costs (``m`` for a cost of 0), exact for every cap."""
     if cap < 0:
         return np.zeros(len(column), dtype=np.int64)
+    if cap < _FLOAT_EXACT:
+        return _int_lengths_by_float(column, cap, m)
     if cap <= _INT64_MAX:
         q: np.ndarray = np.int64(cap) // np.maximum(column, 1)
         q[column == 0] = m
@@ -366,17 +371,45 @@ def _int_lengths(column: np.ndarray, cap: int, m: int) -> np.ndarray:
     return q
 
 
+def _int_lengths_by_float(column: np.ndarray, cap: int, m: int) -> np.ndarray:
+    """:func:`_int_lengths` for ``0 <= cap < 2**53``, from the float64 quotient ``cap / c``, exactly.
+
+    float64 holds ``cap`` and every cost up to ``2**53`` exactly, so ``cap / c`` is the exact
+    quotient rounded once, and rounding never reaches the next integer: with
+    ``cap = k * c - d`` (``d >= 1``), the quotient ``k - d / c`` would round up to ``k`` only
+    if ``d / c`` were under half the spacing of floats below ``k``, at most ``k * 2**-53``,
+    that is if ``k * c > 2**53``; but ``k * c = cap + d <= 2**53``. So its floor is ``cap // c``.
+    A cost past ``2**53`` rounds to at least ``2**53 > cap``: its quotient stays below 1, a
+    bound of 0, as it should be.
+    """
+    # NOTE: numpy's int64 floor division is several times slower than a float division
+    with np.errstate(divide="ignore", invalid="ignore"):
+        quotient: np.ndarray = np.divide(float(cap), column)
+    # fmin takes m over nan (0 / 0) and inf (a cost of 0): a cost of 0 fits every length
+    np.fmin(quotient, m, out=quotient)
+    # NOTE: truncation toward 0 is the floor of a quotient >= 0
+    return quotient.astype(np.int64)
+
+
 def _float_lengths(column: np.ndarray, cap: float, m: int) -> np.ndarray:
     """The largest ``L <= m`` with ``float(L) * c <= cap`` as float64 rounds the product (float costs)."""
     # NOTE: with r = cap / c (exact), the rounded quotient's floor and the answer are each
     # floor(r) or one off it: one below when r is just above an integer, one above when r is
     # just below one, never both (the lengths are far below 2**52). One step down and one up
     # make it exact; inf and 0 / 0 (a cost of 0) clip to m.
+    if cap < 0:
+        return np.zeros(len(column), dtype=np.int64)
+    # NOTE: float64 throughout (the lengths are exact in it), converted once at the end
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        q = np.fmax(np.fmin(np.floor(cap / column), m), 0).astype(np.int64)
-    q -= (q > 0) & (q * column > cap)
-    q += (q < m) & ((q + 1) * column <= cap)
-    return q
+        q: np.ndarray = np.divide(cap, column)
+        np.floor(np.fmin(q, m, out=q), out=q)
+        product = np.multiply(q, column)
+        q -= product > cap  # a product of 0 never passes a cap >= 0
+        np.add(q, 1.0, out=product)
+        product *= column
+        q += product <= cap
+    np.minimum(q, m, out=q)
+    return q.astype(np.int64)
 
 
 def _padded_ends(q: np.ndarray) -> np.ndarray:
@@ -391,10 +424,15 @@ def _padded_ends(q: np.ndarray) -> np.ndarray:
     """
     m = len(q)
     positions = np.arange(m, dtype=np.int64)
-    reach = np.maximum.accumulate(positions - q)  # non-decreasing, below each position
-    np.clip(reach, -1, m - 1, out=reach)
-    first = np.cumsum(np.bincount(reach + 1, minlength=m + 1)[:m])  # K[i]: how many reach below i
-    offsets = np.empty(m, dtype=np.int64)
+    # NOTE: each pass writes into an array made before where it can (out=): a fresh array of
+    # m int64 costs its page faults on top of the pass
+    work = np.subtract(positions, q)
+    np.maximum.accumulate(work, out=work)  # non-decreasing, below each position
+    np.clip(work, -1, m - 1, out=work)
+    work += 1
+    first = np.bincount(work, minlength=m + 1)[:m]
+    np.cumsum(first, out=first)  # K[i]: how many reach below i
+    offsets = work
     offsets.fill(0)
     offsets[_chain(first)] = m + 1
     # NOTE: offsets growing by m + 1 (above every q) per block keep each accumulated minimum
@@ -403,10 +441,12 @@ def _padded_ends(q: np.ndarray) -> np.ndarray:
     suffix: np.ndarray = np.add(q, offsets)
     np.minimum.accumulate(suffix[::-1], out=suffix[::-1])
     suffix -= offsets
-    prefix = np.subtract(q, offsets)
-    np.minimum.accumulate(prefix, out=prefix)
+    # prefix[1:], the running minimum of each block; K[i] >= i + 1 reads it at K[i] - 1
+    prefix = np.empty(m + 1, dtype=np.int64)
+    np.subtract(q, offsets, out=prefix[1:])
+    np.minimum.accumulate(prefix[1:], out=prefix[1:])
     # the next block's prefix ending at K[i] - 1; above every q when that is still i's own block
-    ahead = np.take(prefix, first - 1)
+    ahead = np.take(prefix, first)
     ahead += offsets
     ahead += m + 1
     np.minimum(suffix, ahead, out=suffix)

@@ -790,6 +790,50 @@ def test_integer_costs_past_int64_in_a_list_are_refused_not_rounded(costs, shown
         split_batches(costs, 2**63)
 
 
+@pytest.mark.parametrize(
+    ("costs", "cap", "expected"),
+    [
+        # 3 * (2**52 + 1) passes the cap by 1, yet float64 rounds cap / cost up to 3.0
+        ([2**52 + 1] * 3, 3 * 2**52 + 2, [[0, 1], [2]]),
+        ([2**52 + 1] * 3, 3 * 2**52 + 3, [[0, 1, 2]]),
+        # just under 2**53: 2 * (2**52 - 1) + 1 leaves room for 2 items, not 3
+        ([2**52 - 1] * 3, 2**53 - 1, [[0, 1], [2]]),
+        ([3, 2**52, 3, 3], 2**53 - 1, [[0], [1], [2, 3]]),
+        ([0, 0, 0, 5, 0], 0, [[0, 1, 2, 4]]),
+    ],
+)
+def test_padded_int_lengths_near_float_precision_equal_greedy_loop(costs, cap, expected):
+    want, skipped = greedy_reference(costs, cap, cost="padded")
+    split = split_batches(np.array(costs, dtype=np.int64), cap, cost="padded")
+    assert as_lists(split) == want == expected and split.skipped.tolist() == skipped
+
+
+@pytest.mark.parametrize(
+    ("cost", "cap", "fits"),
+    [
+        (15.400000000000002, 46.2, 3),  # 46.2 / cost rounds below 3, yet 3 * cost rounds to 46.2
+        (0.35, 4.199999999999999, 12),
+        (0.35, 1.7499999999999998, 4),  # 1.75 / 0.35 rounds to 5.0, yet 5 * 0.35 rounds above the cap
+        (2.4499999999999997, 14.699999999999998, 5),
+    ],
+)
+def test_padded_float_lengths_where_the_quotient_rounds_across_an_integer(cost, cap, fits):
+    costs = [cost] * (fits + 2)
+    expected, _ = greedy_reference(costs, cap, cost="padded")
+    assert len(expected[0]) == fits
+    assert as_lists(split_batches(costs, cap, cost="padded")) == expected
+
+
+@pytest.mark.parametrize("oversize", ["skip", "own_batch"])
+def test_padded_int_costs_past_float_precision_under_a_cap_below_it(oversize):
+    # a cost past 2**53 turns to a float at or above 2**53: still above every cap below it
+    costs = [1, 2**53 + 1, 2**53, 2**62, 3, 2**53 - 1]
+    for cap in (2**53 - 1, 2**53 - 2, 2**52):
+        expected, skipped = greedy_reference(costs, cap, cost="padded", oversize=oversize)
+        split = split_batches(np.array(costs, dtype=np.int64), cap, cost="padded", oversize=oversize)
+        assert as_lists(split) == expected and split.skipped.tolist() == skipped
+
+
 @st.composite
 def chunked_sum_problems(draw):
     """One column of integer costs (runs of zeros, items at the cap) under its cap alone, and a chunk size."""
