@@ -376,11 +376,12 @@ def _int_lengths_by_float(column: np.ndarray, cap: int, m: int) -> np.ndarray:
 
     float64 holds ``cap`` and every cost up to ``2**53`` exactly, so ``cap / c`` is the exact
     quotient rounded once, and rounding never reaches the next integer: with
-    ``cap = k * c - d`` (``d >= 1``), the quotient ``k - d / c`` would round up to ``k`` only
-    if ``d / c`` were under half the spacing of floats below ``k``, at most ``k * 2**-53``,
-    that is if ``k * c > 2**53``; but ``k * c = cap + d <= 2**53``. So its floor is ``cap // c``.
-    A cost past ``2**53`` rounds to at least ``2**53 > cap``: its quotient stays below 1, a
-    bound of 0, as it should be.
+    ``k = cap // c + 1`` and ``d = k * c - cap >= 1``, the quotient ``k - d / c`` rounds up to
+    ``k`` only if ``d / c`` is below half the spacing of the floats just below ``k``, at most
+    ``2**(e - 53)`` for ``2**e < k <= 2**(e + 1)``; then ``c > 2**(53 - e)`` and
+    ``cap > c * (k - 2**(e - 53)) >= 2**53`` (``k = 1`` would need ``c > 2**54``). So its floor
+    is ``cap // c``. A cost past ``2**53`` rounds to at least ``2**53 > cap``: its quotient
+    stays below 1, a bound of 0, as it should be.
     """
     # NOTE: numpy's int64 floor division is several times slower than a float division
     with np.errstate(divide="ignore", invalid="ignore"):
