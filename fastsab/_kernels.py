@@ -5,11 +5,12 @@ many items from a position fit the cap: :func:`_sum_counter` for ``cost="sum"`` 
 and a galloping binary search, exact for integer and float costs; Python integers where int64
 sums would overflow) or :func:`_padded_feature_counter` when features are padded
 (``len * f(running max row)``). Columns of integer costs under their caps alone take
-:func:`_int_sum_ends`, the same walk inlined over prefix sums made just ahead of it
-(:func:`_sum_split` chooses). For ``cost="padded"`` over costs, :func:`_padded_split` finds
-the end of a batch starting at every position at once (from each item's bound on a batch's
-length, ``cap // cost``) and walks them one lookup per batch. The caps come converted by
-:meth:`~fastsab.costs.BatchCost.kernel_caps` (less any fixed cost).
+:func:`_int_sum_ends` (one column) or :func:`_int_columns_sum_ends`, the same walk inlined
+over prefix sums made just ahead of it (:func:`_sum_split` chooses). For ``cost="padded"``
+over costs, :func:`_padded_split` finds the end of a batch starting at every position at
+once (from each item's bound on a batch's length, ``cap // cost``) and walks them one lookup
+per batch. The caps come converted by :meth:`~fastsab.costs.BatchCost.kernel_caps` (less
+any fixed cost).
 """
 
 from __future__ import annotations
@@ -95,20 +96,66 @@ def _sum_split(
     int_caps = [cap.item() for cap in caps]
     plain = over is None and max_items is None and multiple == 1 and c.dtype != np.float64
     if plain and all(_int64_prefix_fits(c[:, j], cap, False) for j, cap in enumerate(int_caps)):
-        return _int_sum_ends(c, int_caps, final)
+        # NOTE: one column keeps a walk of its own: the loop over columns costs it a quarter more
+        if c.shape[1] == 1:
+            return _int_sum_ends(c[:, 0], int_caps[0], final)
+        return _int_columns_sum_ends(c, int_caps, final)
     count = _sum_counter(c, caps, exact_caps, over is not None)
     return _greedy_ends(len(c), count, max_items, multiple, over, final)
 
 
-def _int_sum_ends(c: np.ndarray, caps: list[int], final: bool) -> tuple[list[int], int]:
-    """Batch ends and the open start of integer costs ``(m, k)`` under their ``caps`` alone (int64 sums that fit).
+def _int_sum_ends(column: np.ndarray, cap: int, final: bool) -> tuple[list[int], int]:
+    """Batch ends and the open start of integer costs under ``cap`` alone (int64 prefix sums that fit).
 
-    The search of :func:`_gallop` inlined, column by column within the end the columns before
-    allow, and the prefix sums made a chunk at a time, as far as the walk needs them.
+    The search of :func:`_gallop` inlined, and the prefix sums made a chunk at a time, as far as
+    the walk needs them.
     """
     # NOTE: the walk reads a few prefix sums per batch, scattered over the whole array: summed
     # just ahead of the walk, they are still in cache when it reads them (one cumsum over all
     # the items first leaves the walk a cache miss per read)
+    m = len(column)
+    prefix = np.empty(m + 1, dtype=np.int64)
+    prefix[0] = 0
+    sums = prefix.data
+    ends: list[int] = []
+    append = ends.append
+    i = done = 0  # the prefix sums up to done are made
+    guess = 64
+    while i < m:
+        reach = sums[i] + cap
+        while done < m and sums[done] <= reach:
+            done = _sum_chunk(column, prefix, done)
+        probe = i + 2 * guess + 1
+        if probe >= done:
+            end = bisect_right(sums, reach, i, done + 1) - 1
+        elif sums[probe] > reach:
+            end = bisect_right(sums, reach, i, probe) - 1
+        else:
+            end = bisect_right(sums, reach, probe, done + 1) - 1
+        if end <= i:
+            _stuck(i)
+        if end == m and not final:
+            break
+        append(end)
+        guess = end - i
+        i = end
+    return ends, i
+
+
+def _sum_chunk(column: np.ndarray, prefix: np.ndarray, done: int) -> int:
+    """Make the prefix sums after ``done`` for up to ``_CHUNK`` items; returns the new ``done``."""
+    stop = min(done + _CHUNK, len(column))
+    chunk = prefix[done + 1 : stop + 1]
+    np.cumsum(column[done:stop], out=chunk)
+    chunk += prefix[done]
+    return stop
+
+
+def _int_columns_sum_ends(c: np.ndarray, caps: list[int], final: bool) -> tuple[list[int], int]:
+    """:func:`_int_sum_ends` for integer costs ``(m, k)`` under their ``caps`` alone (int64 sums that fit).
+
+    Each batch searches the columns in turn, each within the end the columns before allow.
+    """
     m, k = c.shape
     prefix = np.empty((k, m + 1), dtype=np.int64)
     prefix[:, 0] = 0
@@ -130,7 +177,7 @@ def _int_sum_ends(c: np.ndarray, caps: list[int], final: bool) -> tuple[list[int
                 end = bisect_right(sums, reach, i, probe) - 1
         if end == done < m:
             # NOTE: every column lets the batch reach the last prefix sum made: make more
-            done = _sum_chunk(c, prefix, done)
+            done = _sum_rows_chunk(c, prefix, done)
             continue
         if end <= i:
             _stuck(i)
@@ -142,7 +189,7 @@ def _int_sum_ends(c: np.ndarray, caps: list[int], final: bool) -> tuple[list[int
     return ends, i
 
 
-def _sum_chunk(c: np.ndarray, prefix: np.ndarray, done: int) -> int:
+def _sum_rows_chunk(c: np.ndarray, prefix: np.ndarray, done: int) -> int:
     """Make the prefix sums ``prefix[:, done + 1:]`` of up to ``_CHUNK`` rows of ``c``; returns the new ``done``."""
     stop = min(done + _CHUNK, len(c))
     chunk = prefix[:, done + 1 : stop + 1]
