@@ -14,6 +14,7 @@ __all__ = [
     "NotANumberError",
     "NotASingleNumberError",
     "NotAnIntegerError",
+    "as_cost_array",
     "as_numeric_array",
     "as_python_number",
     "as_real_array",
@@ -245,10 +246,40 @@ def as_numeric_array(name: str, values: Any, *, ndim: tuple[int, ...] = (1,)) ->
         values = values.detach().cpu().numpy()
     array = _as_real_numpy(name, values, ndim)
     if array.size and array.min() < 0:
-        pos = np.unravel_index(int(np.argmin(array)), array.shape)
-        where = pos[0] if len(pos) == 1 else pos
-        raise ValueError(f"{name} must be non-negative, got {array[pos].item()!r} at position {where}.")
+        _refuse_negative(name, array)
     return array
+
+
+def as_cost_array(name: str, values: Any, *, ndim: tuple[int, ...] = (1,)) -> tuple[np.ndarray, int | None]:
+    """:func:`as_numeric_array`, and for integers a bound at or above every value (``None`` for floats).
+
+    Examples:
+        >>> as_cost_array("costs", [3, 1, 2])
+        (array([3, 1, 2]), 3)
+        >>> as_cost_array("costs", [5, -1])
+        Traceback (most recent call last):
+        ...
+        ValueError: costs must be non-negative, got -1 at position 1.
+    """
+    if isinstance(values, torch.Tensor):
+        values = values.detach().cpu().numpy()
+    array = _as_real_numpy(name, values, ndim)
+    if not array.size or array.dtype != np.int64:
+        if array.size and array.min() < 0:
+            _refuse_negative(name, array)
+        return array, None
+    # NOTE: one pass gives both checks: the bitwise or of int64 values is negative iff one of them
+    # is, and otherwise at least as large as each (it holds all their bits)
+    bound = int(np.bitwise_or.reduce(array, axis=None))
+    if bound < 0:
+        _refuse_negative(name, array)
+    return array, bound
+
+
+def _refuse_negative(name: str, array: np.ndarray) -> None:
+    """Raise the error naming the first smallest (negative) value of ``array``."""
+    pos = tuple(int(i) for i in np.unravel_index(int(np.argmin(array)), array.shape))
+    raise ValueError(f"{name} must be non-negative, got {array[pos].item()!r} at position {_position(pos)}.")
 
 
 def as_real_array(name: str, values: Any, *, ndim: tuple[int, ...] = (1, 2)) -> np.ndarray | torch.Tensor:

@@ -4,12 +4,13 @@
 many items from a position fit the cap: :func:`_sum_counter` for ``cost="sum"`` (prefix sums
 and a galloping binary search, exact for integer and float costs; Python integers where int64
 sums would overflow) or :func:`_padded_feature_counter` when features are padded
-(``len * f(running max row)``). One column of integer costs under its cap alone takes
-:func:`_int_sum_ends`, the same walk inlined over prefix sums made just ahead of it
-(:func:`_sum_split` chooses). For ``cost="padded"`` over costs, :func:`_padded_split` finds
-the end of a batch starting at every position at once (from each item's bound on a batch's
-length, ``cap // cost``) and walks them one lookup per batch. The caps come converted by
-:meth:`~fastsab.costs.BatchCost.kernel_caps` (less any fixed cost).
+(``len * f(running max row)``). Columns of integer costs under their caps alone take
+:func:`_int_sum_ends` (one column) or :func:`_int_columns_sum_ends`, the same walk inlined
+over prefix sums made just ahead of it (:func:`_sum_split` chooses). For ``cost="padded"``
+over costs, :func:`_padded_split` finds the end of a batch starting at every position at
+once (from each item's bound on a batch's length, ``cap // cost``) and walks them one lookup
+per batch. The caps come converted by :meth:`~fastsab.costs.BatchCost.kernel_caps` (less
+any fixed cost).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import numpy as np
 
 _UNIT_ROUNDOFF = 2.0**-53
 _INT64_MAX = 2**63 - 1
+_FLOAT_EXACT = 2**53  # float64 holds every integer below this exactly
 _CHUNK = 32768  # items whose prefix sums :func:`_int_sum_ends` makes at a time (256 KiB)
 
 
@@ -88,13 +90,16 @@ def _sum_split(
 ) -> tuple[list[int], int]:
     """Batch ends and the open start for ``cost="sum"``, the rules of :func:`_greedy_ends`.
 
-    One column of integer costs under its cap alone (the common case) takes :func:`_int_sum_ends`;
+    Integer columns under their caps alone (the common case) take :func:`_int_sum_ends`;
     every other split walks :func:`_sum_counter`.
     """
-    column, cap = c[:, 0], caps[0].item()
-    plain = c.shape[1] == 1 and over is None and max_items is None and multiple == 1
-    if plain and c.dtype != np.float64 and _int64_prefix_fits(column, cap, False):
-        return _int_sum_ends(column, cap, final)
+    int_caps = [cap.item() for cap in caps]
+    plain = over is None and max_items is None and multiple == 1 and c.dtype != np.float64
+    if plain and all(_int64_prefix_fits(c[:, j], cap, False) for j, cap in enumerate(int_caps)):
+        # NOTE: one column keeps a walk of its own: the loop over columns costs it a quarter more
+        if c.shape[1] == 1:
+            return _int_sum_ends(c[:, 0], int_caps[0], final)
+        return _int_columns_sum_ends(c, int_caps, final)
     count = _sum_counter(c, caps, exact_caps, over is not None)
     return _greedy_ends(len(c), count, max_items, multiple, over, final)
 
@@ -143,6 +148,57 @@ def _sum_chunk(column: np.ndarray, prefix: np.ndarray, done: int) -> int:
     chunk = prefix[done + 1 : stop + 1]
     np.cumsum(column[done:stop], out=chunk)
     chunk += prefix[done]
+    return stop
+
+
+def _int_columns_sum_ends(c: np.ndarray, caps: list[int], final: bool) -> tuple[list[int], int]:
+    """:func:`_int_sum_ends` for integer costs ``(m, k)`` under their ``caps`` alone (int64 sums that fit).
+
+    Each batch searches the columns in turn, each within the end the columns before allow.
+    """
+    m, k = c.shape
+    prefix = np.empty((k, m + 1), dtype=np.int64)
+    prefix[:, 0] = 0
+    columns = [(prefix[j].data, caps[j]) for j in range(k)]
+    ends: list[int] = []
+    append = ends.append
+    i = done = 0  # the prefix sums up to done are made
+    guess = 64
+    while i < m:
+        end = done
+        for sums, cap in columns:
+            reach = sums[i] + cap
+            if sums[end] <= reach:
+                continue
+            probe = i + 2 * guess + 1
+            if probe >= end or sums[probe] <= reach:
+                end = bisect_right(sums, reach, i if probe >= end else probe, end) - 1
+            else:
+                end = bisect_right(sums, reach, i, probe) - 1
+        if end == done < m:
+            # NOTE: every column lets the batch reach the last prefix sum made: make more
+            done = _sum_rows_chunk(c, prefix, done)
+            continue
+        if end <= i:
+            _stuck(i)
+        if end == m and not final:
+            break
+        append(end)
+        guess = end - i
+        i = end
+    return ends, i
+
+
+def _sum_rows_chunk(c: np.ndarray, prefix: np.ndarray, done: int) -> int:
+    """Make the prefix sums ``prefix[:, done + 1:]`` of up to ``_CHUNK`` rows of ``c``; returns the new ``done``."""
+    stop = min(done + _CHUNK, len(c))
+    chunk = prefix[:, done + 1 : stop + 1]
+    # NOTE: the rows copied column-major first: numpy sums a contiguous row several times
+    # faster than a column strided through an (m, k) array
+    np.copyto(chunk, c[done:stop].T)
+    for row in chunk:
+        np.cumsum(row, out=row)
+    chunk += prefix[:, done : done + 1]
     return stop
 
 
@@ -272,17 +328,19 @@ def _padded_split(
         # NOTE: `L <= max_items` is one more bound on the length, as `L <= q` is for an item
         np.minimum(lengths, max_items, out=lengths)
     is_over = np.zeros(m, dtype=bool) if over is None else over
-    stuck = (lengths == 0) & ~is_over
-    if stuck.any():
-        # NOTE: only a carry from a split under a larger cap can hold an item that fits
-        # in no batch; every walk reaches the first such item as a batch start
-        raise ValueError(
-            f"item at position {int(np.argmax(stuck))} of this split costs more than max_total_size and came in "
-            "the carry; split a carry's chunk again under the cap it was made with."
-        )
-    # NOTE: a bound of 1 for an oversize item gives it a batch of its own and leaves every
-    # other batch as a bound of 0 would (they stop before it either way)
-    ends = _padded_ends(np.maximum(lengths, 1, out=lengths))
+    if m and not lengths.all():
+        stuck = (lengths == 0) & ~is_over
+        if stuck.any():
+            # NOTE: only a carry from a split under a larger cap can hold an item that fits
+            # in no batch; every walk reaches the first such item as a batch start
+            raise ValueError(
+                f"item at position {int(np.argmax(stuck))} of this split costs more than max_total_size and came "
+                "in the carry; split a carry's chunk again under the cap it was made with."
+            )
+        # NOTE: a bound of 1 for an oversize item gives it a batch of its own and leaves every
+        # other batch as a bound of 0 would (they stop before it either way)
+        np.maximum(lengths, 1, out=lengths)
+    ends = _padded_ends(lengths)
     if multiple > 1:
         _cut_to_multiple(ends, is_over, multiple)
     walked = _walk(ends)
@@ -345,6 +403,8 @@ def _int_lengths(column: np.ndarray, cap: int, m: int) -> np.ndarray:
     """``min(cap // c, m)`` for integer costs (``m`` for a cost of 0), exact for every cap."""
     if cap < 0:
         return np.zeros(len(column), dtype=np.int64)
+    if cap < _FLOAT_EXACT:
+        return _int_lengths_by_float(column, cap, m)
     if cap <= _INT64_MAX:
         q: np.ndarray = np.int64(cap) // np.maximum(column, 1)
         q[column == 0] = m
@@ -358,17 +418,46 @@ def _int_lengths(column: np.ndarray, cap: int, m: int) -> np.ndarray:
     return q
 
 
+def _int_lengths_by_float(column: np.ndarray, cap: int, m: int) -> np.ndarray:
+    """:func:`_int_lengths` for ``0 <= cap < 2**53``, from the float64 quotient ``cap / c``, exactly.
+
+    float64 holds ``cap`` and every cost up to ``2**53`` exactly, so ``cap / c`` is the exact
+    quotient rounded once, and rounding never reaches the next integer: with
+    ``k = cap // c + 1`` and ``d = k * c - cap >= 1``, the quotient ``k - d / c`` rounds up to
+    ``k`` only if ``d / c`` is below half the spacing of the floats just below ``k``, at most
+    ``2**(e - 53)`` for ``2**e < k <= 2**(e + 1)``; then ``c > 2**(53 - e)`` and
+    ``cap > c * (k - 2**(e - 53)) >= 2**53`` (``k = 1`` would need ``c > 2**54``). So its floor
+    is ``cap // c``. A cost past ``2**53`` rounds to at least ``2**53 > cap``: its quotient
+    stays below 1, a bound of 0, as it should be.
+    """
+    # NOTE: numpy's int64 floor division is several times slower than a float division
+    with np.errstate(divide="ignore", invalid="ignore"):
+        quotient: np.ndarray = np.divide(float(cap), column)
+    # fmin takes m over nan (0 / 0) and inf (a cost of 0): a cost of 0 fits every length
+    np.fmin(quotient, m, out=quotient)
+    # NOTE: truncation toward 0 is the floor of a quotient >= 0
+    return quotient.astype(np.int64)
+
+
 def _float_lengths(column: np.ndarray, cap: float, m: int) -> np.ndarray:
     """The largest ``L <= m`` with ``float(L) * c <= cap`` as float64 rounds the product (float costs)."""
     # NOTE: with r = cap / c (exact), the rounded quotient's floor and the answer are each
     # floor(r) or one off it: one below when r is just above an integer, one above when r is
     # just below one, never both (the lengths are far below 2**52). One step down and one up
     # make it exact; inf and 0 / 0 (a cost of 0) clip to m.
+    if cap < 0:
+        return np.zeros(len(column), dtype=np.int64)
+    # NOTE: float64 throughout (the lengths are exact in it), converted once at the end
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        q = np.fmax(np.fmin(np.floor(cap / column), m), 0).astype(np.int64)
-    q -= (q > 0) & (q * column > cap)
-    q += (q < m) & ((q + 1) * column <= cap)
-    return q
+        q: np.ndarray = np.divide(cap, column)
+        np.floor(np.fmin(q, m, out=q), out=q)
+        product = np.multiply(q, column)
+        q -= product > cap  # a product of 0 never passes a cap >= 0
+        np.add(q, 1.0, out=product)
+        product *= column
+        q += product <= cap
+    np.minimum(q, m, out=q)
+    return q.astype(np.int64)
 
 
 def _padded_ends(q: np.ndarray) -> np.ndarray:
@@ -383,10 +472,15 @@ def _padded_ends(q: np.ndarray) -> np.ndarray:
     """
     m = len(q)
     positions = np.arange(m, dtype=np.int64)
-    reach = np.maximum.accumulate(positions - q)  # non-decreasing, below each position
-    np.clip(reach, -1, m - 1, out=reach)
-    first = np.cumsum(np.bincount(reach + 1, minlength=m + 1)[:m])  # K[i]: how many reach below i
-    offsets = np.empty(m, dtype=np.int64)
+    # NOTE: each pass writes into an array made before where it can (out=): a fresh array of
+    # m int64 costs its page faults on top of the pass
+    work = np.subtract(positions, q)
+    np.maximum.accumulate(work, out=work)  # non-decreasing, below each position
+    np.clip(work, -1, m - 1, out=work)
+    work += 1
+    first = np.bincount(work, minlength=m + 1)[:m]
+    np.cumsum(first, out=first)  # K[i]: how many reach below i
+    offsets = work
     offsets.fill(0)
     offsets[_chain(first)] = m + 1
     # NOTE: offsets growing by m + 1 (above every q) per block keep each accumulated minimum
@@ -395,10 +489,12 @@ def _padded_ends(q: np.ndarray) -> np.ndarray:
     suffix: np.ndarray = np.add(q, offsets)
     np.minimum.accumulate(suffix[::-1], out=suffix[::-1])
     suffix -= offsets
-    prefix = np.subtract(q, offsets)
-    np.minimum.accumulate(prefix, out=prefix)
+    # prefix[1:], the running minimum of each block; K[i] >= i + 1 reads it at K[i] - 1
+    prefix = np.empty(m + 1, dtype=np.int64)
+    np.subtract(q, offsets, out=prefix[1:])
+    np.minimum.accumulate(prefix[1:], out=prefix[1:])
     # the next block's prefix ending at K[i] - 1; above every q when that is still i's own block
-    ahead = np.take(prefix, first - 1)
+    ahead = np.take(prefix, first)
     ahead += offsets
     ahead += m + 1
     np.minimum(suffix, ahead, out=suffix)

@@ -26,7 +26,7 @@ from typing import Any, Literal, cast
 
 import numpy as np
 
-from fastsab._checks import as_numeric_array, check_choice
+from fastsab._checks import as_cost_array, as_numeric_array, check_choice
 from fastsab._kernels import _greedy_ends, _padded_feature_counter, _padded_split, _sum_split
 from fastsab.costs import BatchCost
 from fastsab.costs import CostMode as CostMode
@@ -133,7 +133,7 @@ def split_with(
     if carry is not None and not isinstance(carry, Carry):
         raise TypeError(f"carry must be a Carry from a previous split, got {type(carry).__name__}.")
 
-    c = as_numeric_array("costs", costs, ndim=(1, 2))
+    c, bound = as_cost_array("costs", costs, ndim=(1, 2))
     if c.ndim == 1:
         c = c[:, None]
     # NOTE: when the rule pads features, the rows given are features: the carry keeps them,
@@ -178,7 +178,7 @@ def split_with(
 
     over: np.ndarray | None = None
     skipped = np.empty(0, dtype=np.int64 if item_ids is None else item_ids.dtype)
-    if n and any(column.max() > cap for column, cap in zip(c.T, caps, strict=True)):
+    if n and _may_pass(c, caps, None if float_mode or features is not None else bound):
         over = _above(c, caps)
         if policy == "error":
             pos = int(np.argmax(over))
@@ -226,6 +226,14 @@ def split_with(
         next_carry = Carry(rest, kept[open_start:], start + n)
     batched = range(start, start + open_start) if item_ids is None else item_ids[:open_start]
     return PlanChunk(batched, offsets, skipped, carry=next_carry)  # type: ignore[arg-type]
+
+
+def _may_pass(c: np.ndarray, caps: np.ndarray, bound: int | None) -> bool:
+    """Whether some column of ``c`` holds a cost above its cap; ``bound`` (or None) is at or above every cost."""
+    # NOTE: the bound comes with the costs' checks; only when it passes a cap are the columns' maxima needed
+    if bound is not None and all(bound <= int(cap) for cap in caps):
+        return False
+    return any(column.max() > cap for column, cap in zip(c.T, caps, strict=True))
 
 
 def _above(c: np.ndarray, caps: np.ndarray) -> np.ndarray:

@@ -234,6 +234,42 @@ def test_items_right_at_the_cap_are_not_oversize(oversize, cost):
         assert as_lists(split) == [[0], [1], [2]] and split.skipped.size == 0
 
 
+@pytest.mark.parametrize("oversize", ["skip", "own_batch", "error"])
+@pytest.mark.parametrize("cost", ["sum", "padded"])
+@pytest.mark.parametrize("where", [0, 3, 6])
+@pytest.mark.parametrize("big", [9, 8, 15])
+def test_one_oversize_int_item_anywhere_under_each_policy(oversize, cost, where, big):
+    # 7 | 1 and 4 | 2 stay at the cap of 7, so only the one item above it can pass it
+    for costs, cap in (([1, 2, 4, 2, 1, 2, 1], 7), ([[1, 1], [2, 4], [4, 2], [2, 1], [1, 1], [2, 2], [1, 1]], [7, 7])):
+        rows = [list(row) if isinstance(row, list) else row for row in costs]
+        rows[where] = [big, 1] if isinstance(rows[where], list) else big
+        if oversize == "error":
+            with pytest.raises(ValueError, match=rf"item {where} has cost .* above max_total_size .*oversize='error'"):
+                split_batches(np.array(rows), cap, cost=cost, oversize=oversize)
+            continue
+        expected, skipped = greedy_reference(rows, cap, cost=cost, oversize=oversize)
+        split = split_batches(np.array(rows), cap, cost=cost, oversize=oversize)
+        assert as_lists(split) == expected and split.skipped.tolist() == skipped
+        assert skipped == [where] if oversize == "skip" else [where] in expected
+
+
+@pytest.mark.parametrize(
+    ("costs", "message"),
+    [
+        ([3, -1, 2], r"costs must be non-negative, got -1 at position 1\."),
+        ([[3, 1], [2, -5], [-2, 0]], r"costs must be non-negative, got -5 at position \(1, 1\)\."),
+        ([-(2**63), 1], r"costs must be non-negative, got -9223372036854775808 at position 0\."),
+        ([1.0, -0.5], r"costs must be non-negative, got -0.5 at position 1\."),
+        ([1.0, -0.5, float("nan")], r"costs must be finite, got nan at position 2\."),
+    ],
+)
+@pytest.mark.parametrize("cost", ["sum", "padded"])
+def test_negative_and_nan_costs_are_refused_by_name_and_position(costs, message, cost):
+    for values in (costs, np.array(costs), torch.tensor(costs)):
+        with pytest.raises(ValueError, match=message):
+            split_batches(values, 100, cost=cost)
+
+
 def test_multi_column_caps():
     costs = np.array([[1, 5], [1, 5], [1, 1], [9, 1]])
     assert as_lists(split_batches(costs, [10, 10])) == [[0, 1], [2, 3]]
@@ -754,6 +790,50 @@ def test_integer_costs_past_int64_in_a_list_are_refused_not_rounded(costs, shown
         split_batches(costs, 2**63)
 
 
+@pytest.mark.parametrize(
+    ("costs", "cap", "expected"),
+    [
+        # 3 * (2**52 + 1) passes the cap by 1, yet float64 rounds cap / cost up to 3.0
+        ([2**52 + 1] * 3, 3 * 2**52 + 2, [[0, 1], [2]]),
+        ([2**52 + 1] * 3, 3 * 2**52 + 3, [[0, 1, 2]]),
+        # just under 2**53: 2 * (2**52 - 1) + 1 leaves room for 2 items, not 3
+        ([2**52 - 1] * 3, 2**53 - 1, [[0, 1], [2]]),
+        ([3, 2**52, 3, 3], 2**53 - 1, [[0], [1], [2, 3]]),
+        ([0, 0, 0, 5, 0], 0, [[0, 1, 2, 4]]),
+    ],
+)
+def test_padded_int_lengths_near_float_precision_equal_greedy_loop(costs, cap, expected):
+    want, skipped = greedy_reference(costs, cap, cost="padded")
+    split = split_batches(np.array(costs, dtype=np.int64), cap, cost="padded")
+    assert as_lists(split) == want == expected and split.skipped.tolist() == skipped
+
+
+@pytest.mark.parametrize(
+    ("cost", "cap", "fits"),
+    [
+        (15.400000000000002, 46.2, 3),  # 46.2 / cost rounds below 3, yet 3 * cost rounds to 46.2
+        (0.35, 4.199999999999999, 12),
+        (0.35, 1.7499999999999998, 4),  # 1.75 / 0.35 rounds to 5.0, yet 5 * 0.35 rounds above the cap
+        (2.4499999999999997, 14.699999999999998, 5),
+    ],
+)
+def test_padded_float_lengths_where_the_quotient_rounds_across_an_integer(cost, cap, fits):
+    costs = [cost] * (fits + 2)
+    expected, _ = greedy_reference(costs, cap, cost="padded")
+    assert len(expected[0]) == fits
+    assert as_lists(split_batches(costs, cap, cost="padded")) == expected
+
+
+@pytest.mark.parametrize("oversize", ["skip", "own_batch"])
+def test_padded_int_costs_past_float_precision_under_a_cap_below_it(oversize):
+    # a cost past 2**53 turns to a float at or above 2**53: still above every cap below it
+    costs = [1, 2**53 + 1, 2**53, 2**62, 3, 2**53 - 1]
+    for cap in (2**53 - 1, 2**53 - 2, 2**52):
+        expected, skipped = greedy_reference(costs, cap, cost="padded", oversize=oversize)
+        split = split_batches(np.array(costs, dtype=np.int64), cap, cost="padded", oversize=oversize)
+        assert as_lists(split) == expected and split.skipped.tolist() == skipped
+
+
 @st.composite
 def chunked_sum_problems(draw):
     """One column of integer costs (runs of zeros, items at the cap) under its cap alone, and a chunk size."""
@@ -774,6 +854,37 @@ def test_int_sums_made_chunk_by_chunk_equal_greedy_loop(problem):
         got, carry, start = [], None, 0
         for stop in [*sorted(cut for cut in cuts if cut <= len(rows)), len(rows)]:
             split = split_batches(np.array(rows[start:stop], dtype=np.int64), cap, carry=carry, final=stop == len(rows))
+            got += as_lists(split)
+            carry, start = split.carry, stop
+    assert got == expected
+
+
+@st.composite
+def chunked_multi_sum_problems(draw):
+    """Two or three columns of integer costs, each under its own cap (0 included), and a chunk size."""
+    k = draw(st.integers(2, 3))
+    caps = [draw(st.integers(0, 20)) for _ in range(k)]
+    row = st.tuples(*(st.one_of(st.integers(0, cap), st.just(0), st.just(cap)) for cap in caps))
+    return (
+        draw(st.lists(row, max_size=60)),
+        caps,
+        draw(st.integers(1, 7)),
+        draw(st.lists(st.integers(0, 60), max_size=3)),
+    )
+
+
+@settings(max_examples=300, deadline=None)
+@given(chunked_multi_sum_problems())
+def test_int_column_sums_made_chunk_by_chunk_equal_greedy_loop(problem):
+    # invariant: each batch ends where the first column to pass its cap says, across chunk ends, whole and in chunks
+    rows, caps, chunk, cuts = problem
+    expected, _ = greedy_reference(rows, caps)
+    costs = np.array(rows, dtype=np.int64).reshape(len(rows), len(caps))
+    with patch.object(_kernels, "_CHUNK", chunk):
+        assert as_lists(split_batches(costs, caps)) == expected
+        got, carry, start = [], None, 0
+        for stop in [*sorted(cut for cut in cuts if cut <= len(rows)), len(rows)]:
+            split = split_batches(costs[start:stop], caps, carry=carry, final=stop == len(rows))
             got += as_lists(split)
             carry, start = split.carry, stop
     assert got == expected

@@ -144,6 +144,15 @@ def test_kernel_suite_times_sum_and_padded_splits_of_one_to_three_columns():
     assert all(row.note.endswith(" batches") for row in rows if row.method.startswith("split_batches"))
 
 
+def test_kernel_suite_costs_are_c_contiguous_so_the_floor_is_one_pass():
+    from fastsab.bench.workloads import kernel_cases
+
+    cases = kernel_cases(500)
+    assert [kind for kind, _, _ in cases] == ["int", "float", "int (n, 2)", "int (n, 3)"]
+    assert all(costs.flags.c_contiguous and len(costs) == 500 for _, costs, _ in cases)
+    assert [costs.shape[1] for _, costs, _ in cases[2:]] == [2, 3]
+
+
 def test_scale_suite_reports_a_ranks_first_batch_and_its_memory(capsys):
     # the suite `--suite all` (and so the README's tables) includes: both loaders, rank 7 of 8
     assert "scale" in SUITES

@@ -17,7 +17,7 @@ from fastsab.batching import split_batches
 from fastsab.bench.report import Row, time_best
 from fastsab.shuffle import GroupedPermutation
 
-__all__ = ["adaptive_rows", "kernel_rows", "lognormal_lengths", "permutation_rows"]
+__all__ = ["adaptive_rows", "kernel_cases", "kernel_rows", "lognormal_lengths", "permutation_rows"]
 
 
 def lognormal_lengths(n: int, seed: int = 0, mean: float = 150.0, sigma: float = 1.0) -> np.ndarray:
@@ -38,7 +38,8 @@ def kernel_rows(sizes: Iterable[int], repeat: int = 5) -> list[Row]:
 
     Budget is 300 x the mean length, as in the size-aware loader workload; ``(n, k)`` costs
     hold the lengths and ``k - 1`` shifted copies of them, each column under that budget, and
-    their floor is one ``np.cumsum`` over all ``n * k`` costs.
+    their floor is one ``np.cumsum`` over all ``n * k`` costs. Each repeat times the floor and
+    the splits in turn, so that drifts of a shared machine hit them alike.
 
     Examples:
         >>> [row.method for row in kernel_rows([1000], repeat=1)][:3]
@@ -46,33 +47,62 @@ def kernel_rows(sizes: Iterable[int], repeat: int = 5) -> list[Row]:
     """
     rows = []
     for n in sizes:
-        lengths = lognormal_lengths(n)
-        budget = 300 * int(lengths.mean())
-        floats = lengths * 1.0009765625  # non-integer float costs, exact in binary
-        columns = np.stack([np.roll(lengths, 7 * j) for j in range(3)], axis=1)
-        cases: list[tuple[str, np.ndarray, Any]] = [
-            ("int", lengths, budget),
-            ("float", floats, float(budget)),
-            ("int (n, 2)", columns[:, :2], [budget] * 2),
-            ("int (n, 3)", columns, [budget] * 3),
-        ]
-        for kind, costs, cap in cases:
+        for kind, costs, cap in kernel_cases(n):
             rows += _kernel_case(f"n={n:,}", kind, costs, cap, repeat)
     return rows
 
 
+def kernel_cases(n: int) -> list[tuple[str, np.ndarray, Any]]:
+    """The costs and caps :func:`kernel_rows` splits: ``(kind, costs, cap)``, every array C-contiguous.
+
+    Examples:
+        >>> [(kind, costs.shape) for kind, costs, _ in kernel_cases(10)]
+        [('int', (10,)), ('float', (10,)), ('int (n, 2)', (10, 2)), ('int (n, 3)', (10, 3))]
+    """
+    lengths = lognormal_lengths(n)
+    budget = 300 * int(lengths.mean())
+    floats = lengths * 1.0009765625  # non-integer float costs, exact in binary
+    # NOTE: each (n, k) array is made C-contiguous: a strided view (columns[:, :2]) makes
+    # np.cumsum copy it first, which would time the copy as part of the floor
+    columns = [np.stack([np.roll(lengths, 7 * j) for j in range(k)], axis=1) for k in (2, 3)]
+    return [
+        ("int", lengths, budget),
+        ("float", floats, float(budget)),
+        ("int (n, 2)", columns[0], [budget] * 2),
+        ("int (n, 3)", columns[1], [budget] * 3),
+    ]
+
+
 def _kernel_case(work: str, kind: str, costs: np.ndarray, cap: Any, repeat: int) -> list[Row]:
-    """The floor and the sum and padded splits of one kind of costs."""
+    """The floor and the sum and padded splits of one kind of costs, timed in turn each repeat."""
     base = f"np.cumsum {kind} (floor)"
-    floor = time_best(partial(np.cumsum, costs), repeat)  # one pass over all the n * k costs
-    rows = [Row("split kernel", work, base, floor, base, 1.0)]
+    # NOTE: the floor is one pass over all the n * k costs in memory order: np.cumsum of the
+    # flat array. np.cumsum(costs, axis=0) would run k strided passes, slower and noisier
+    methods: dict[str, Callable[[], Any]] = {base: partial(np.cumsum, costs.ravel())}
     modes: tuple[Literal["sum", "padded"], ...] = ("sum", "padded")
     for mode in modes:
-        fn = partial(split_batches, costs, cap, cost=mode)
-        seconds = time_best(fn, repeat)
+        methods[f"split_batches {kind} {mode}"] = partial(split_batches, costs, cap, cost=mode)
+    best = _best_interleaved(methods, repeat)
+    floor = best[base]
+    rows = [Row("split kernel", work, base, floor, base, 1.0)]
+    for name, fn in list(methods.items())[1:]:
         note = f"{fn().num_batches:,} batches"
-        rows.append(Row("split kernel", work, f"split_batches {kind} {mode}", seconds, base, seconds / floor, note))
+        rows.append(Row("split kernel", work, name, best[name], base, best[name] / floor, note))
     return rows
+
+
+def _best_interleaved(methods: dict[str, Callable[[], Any]], repeat: int) -> dict[str, float]:
+    """Best wall time of each method over ``repeat`` rounds (after one warm-up), the methods run in turn each round."""
+    for fn in methods.values():
+        fn()
+    best = dict.fromkeys(methods, float("inf"))
+    for _ in range(repeat):
+        for name, fn in methods.items():
+            gc.collect()
+            start = time.perf_counter()
+            fn()
+            best[name] = min(best[name], time.perf_counter() - start)
+    return best
 
 
 def permutation_rows(sizes: Iterable[int], repeat: int = 3, group_size: int = 2**16) -> list[Row]:
