@@ -1,4 +1,4 @@
-"""Hypothesis profiles of the test suite.
+"""Hypothesis profiles of the test suite, and the import path of the processes it starts.
 
 ``default`` is the one CI runs (loaded unless another is chosen); ``long`` runs ten times as
 many examples per property (minutes each, past the default per-test timeout):
@@ -8,7 +8,15 @@ Tests scale their own ``max_examples`` by the loaded profile's ``max_examples / 
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 from hypothesis import HealthCheck, Phase, settings
+
+# NOTE: processes the tests start (DDP workers and scripts run by path, notebook kernels) import
+# this checkout's fastsab, as the tests themselves do, whether or not it is installed
+_ROOT = str(Path(__file__).resolve().parent.parent)
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [_ROOT, os.environ.get("PYTHONPATH")]))
 
 # NOTE: no deadline (a loader's first epoch pays for planning, and the machine is shared);
 # random seeds, printed with the falsifying example and its reproduction blob on failure.
