@@ -156,6 +156,8 @@ def _int_columns_sum_ends(c: np.ndarray, caps: list[int], final: bool) -> tuple[
 
     Each batch searches the columns in turn, each within the end the columns before allow.
     """
+    # NOTE: the same walk as _int_sum_ends with a loop over the columns; one column keeps its own
+    # walk, where this loop costs about a quarter more time
     m, k = c.shape
     prefix = np.empty((k, m + 1), dtype=np.int64)
     prefix[:, 0] = 0
