@@ -1,7 +1,9 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
+from fastsab.bench.epochs import one_thread
 from fastsab.bench.loaders import NUMPY_FLOOR, TENSOR_FLOOR, per_batch_rows
 from fastsab.cli import main
 
@@ -33,3 +35,15 @@ def test_bad_batch_sizes_exit_with_usage(sizes, capsys):
         main(["bench", "--batch-sizes", sizes])
     assert exit_info.value.code == 2
     assert "expected a positive integer" in capsys.readouterr().err
+
+
+def test_one_thread_computes_in_one_thread_and_gives_the_count_back_after_an_error():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with pytest.raises(KeyError), one_thread():
+            assert torch.get_num_threads() == 1
+            raise KeyError("step")
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(threads)

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, RandomSampler
 
-from fastsab.bench.epochs import Case, Progress
+from fastsab.bench.epochs import Case, Progress, one_thread
 from fastsab.bench.loaders import BatchedDataset, PerItemDataset
 from fastsab.bench.report import Row
 from fastsab.bench.workloads import lognormal_lengths
@@ -121,14 +121,10 @@ def end_to_end_rows(
         (_SIZE_AWARE_BASELINE, size_aware_dataloader),
         ("FastSizeAwareLoader", lambda: FastSizeAwareLoader(data, lengths, budget)),
     ]
-    threads = torch.get_num_threads()
     # NOTE: one thread: the model's step then takes a steady time, and the loader's share is not
     # that of a step sped up by threads the loaders do not use
-    torch.set_num_threads(1)
-    try:
+    with one_thread():
         measured = _measure(cases, epochs, progress)
-    finally:
-        torch.set_num_threads(threads)
     return _rows(measured)
 
 

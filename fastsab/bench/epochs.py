@@ -4,17 +4,35 @@ from __future__ import annotations
 
 import gc
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
+
+import torch
 
 from fastsab.bench.report import Row
 
-__all__ = ["Case", "Progress", "epoch_times", "floor_rows"]
+__all__ = ["Case", "Progress", "epoch_times", "floor_rows", "one_thread"]
 
 #: A named case: what makes its iterable of batches (one epoch per iteration).
 Case = tuple[str, Callable[[], Iterable[Any]]]
 #: Called with a case's name before it is set up.
 Progress = Callable[[str], None]
+
+
+@contextmanager
+def one_thread() -> Iterator[None]:
+    """torch computes in one thread inside the block (its thread count restored after).
+
+    A step then takes a steady time on a shared machine: idle threads of torch's pool spin on
+    busy cores, and a case's time would follow the machine's load more than its own work.
+    """
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def epoch_times(cases: list[Case], epochs: int, progress: Progress | None = None) -> dict[str, tuple[float, int]]:

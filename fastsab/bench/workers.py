@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from fastsab.bench.epochs import Case, Progress
+from fastsab.bench.epochs import Case, Progress, one_thread
 from fastsab.bench.report import Row
 from fastsab.loader import FastLoader, FastSizeAwareLoader, LoaderBase
 
@@ -107,7 +107,8 @@ def workers_rows(
     (which starts the workers) and on the epochs after it (best of ``epochs - 1``, 1 to 4),
     best over ``rounds`` new loaders, the cases interleaved. Ratios are to one process in the
     same phase, speed-ups the ``DataLoader``'s time over a row's; the note gives the CPU time
-    this process spends per batch (what worker processes cannot take off it).
+    this process spends per batch (what worker processes cannot take off it). torch computes in
+    one thread in this process, as it does in each worker process.
     """
     texts = TokenizedTexts(samples)
     budget = batch_size * int(texts.lengths.mean())
@@ -145,7 +146,10 @@ def workers_rows(
                 partial(same_plan, make),
             ),
         ]
-    first, later = first_and_later_epochs(cases, min(max(epochs - 1, 1), 4), rounds, progress)
+    # NOTE: one thread in this process too, as torch gives each worker process: the one-process
+    # case's collate otherwise keeps a second thread spinning on a core the workers need
+    with one_thread():
+        first, later = first_and_later_epochs(cases, min(max(epochs - 1, 1), 4), rounds, progress)
     per_kind = len(cases) // len(makers)
     rows = []
     for start, kind in zip(range(0, len(cases), per_kind), ("fixed size", "size-aware")):
