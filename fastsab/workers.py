@@ -88,13 +88,23 @@ class _InBand:
 
     def __reduce__(self) -> tuple[Any, ...]:
         tensor = self.tensor
-        data = tensor.contiguous().reshape(-1).view(torch.uint8).numpy()  # every dtype as bytes
-        return _from_bytes, (data, tensor.dtype, tuple(tensor.shape))
+        if tensor.is_contiguous():
+            data = tensor.reshape(-1).view(torch.uint8).numpy()  # every dtype as bytes
+            return _from_bytes, (data, tensor.dtype, tuple(tensor.shape))
+        # NOTE: the tensor's own layout (channels_last, a transpose) is kept, as shared memory keeps it:
+        # the copy preserve_format makes is dense with the same strides, its storage read in memory order
+        dense = tensor.clone(memory_format=torch.preserve_format)
+        data = dense.as_strided((dense.numel(),), (1,)).view(torch.uint8).numpy()
+        return _from_bytes, (data, tensor.dtype, tuple(tensor.shape), dense.stride())
 
 
-def _from_bytes(data: np.ndarray, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
-    """The tensor an :class:`_InBand` pickled (``data``: its bytes, writable and owned, as unpickled)."""
-    return torch.from_numpy(data).view(dtype).reshape(shape)
+def _from_bytes(
+    data: np.ndarray, dtype: torch.dtype, shape: tuple[int, ...], strides: tuple[int, ...] | None = None
+) -> torch.Tensor:
+    """The tensor an :class:`_InBand` pickled (``data``: its bytes in memory order, writable and owned, as
+    unpickled; ``strides``: the tensor's, ``None`` when contiguous)."""
+    flat = torch.from_numpy(data).view(dtype)
+    return flat.reshape(shape) if strides is None else flat.as_strided(shape, strides)
 
 
 def _sent_in_band(leaf: Any) -> Any:
@@ -113,7 +123,8 @@ def in_band(batch: Any) -> Any:
     """``batch`` with its small plain CPU tensors (at most :data:`IN_BAND_BYTES`) sent as bytes when pickled.
 
     What a worker returns: unpickled in the loop's process, those tensors are tensors again
-    (the same dtype, shape and values, contiguous); other leaves and larger tensors are left to
+    (the same dtype, shape, values and strides, or dense strides in the same order for a tensor
+    with gaps or overlaps, such as an expanded one); other leaves and larger tensors are left to
     torch (tensors in shared memory).
 
     Examples:

@@ -639,6 +639,32 @@ def test_batches_from_workers_keep_every_dtype_shape_and_value_and_small_tensors
         batch["columns"] += 1  # writable
 
 
+def layouts(samples: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """A batch of small tensors whose strides are not those of a contiguous tensor."""
+    ids = torch.tensor([int(sample["x"][0]) for sample in samples])
+    images = (ids[:, None, None, None] + torch.arange(3 * 4 * 5).reshape(1, 3, 4, 5)).float()
+    return {
+        "images": images.to(memory_format=torch.channels_last),
+        "columns": (ids[None, :] + torch.arange(3)[:, None]).t(),  # (B, 3) with strides (1, B)
+        "ids": ids,
+    }
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize("persistent", [False, True])
+def test_small_tensors_from_workers_keep_their_strides(persistent):
+    def pieces(batch):
+        return {key: (t.dtype, tuple(t.shape), t.stride(), t.tolist()) for key, t in batch.items()}
+
+    alone = [pieces(batch) for batch in FastLoader(Items(), 4, seed=2, collate_fn=layouts)]
+    loader = FastLoader(Items(), 4, seed=2, collate_fn=layouts, num_workers=2, persistent_workers=persistent)
+    batches = list(loader)
+    loader.close()
+    assert [pieces(batch) for batch in batches] == alone
+    assert all(batch["images"].is_contiguous(memory_format=torch.channels_last) for batch in batches)
+    assert not any(t.is_shared() for batch in batches for t in batch.values())  # sent with the batch
+
+
 @pytest.mark.timeout(20)
 def test_an_iterator_left_behind_takes_no_batch_of_the_newer_one_with_persistent_workers():
     def run(**options):
