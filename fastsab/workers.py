@@ -124,8 +124,9 @@ def in_band(batch: Any) -> Any:
 
     What a worker returns: unpickled in the loop's process, those tensors are tensors again
     (the same dtype, shape, values and strides, or dense strides in the same order for a tensor
-    with gaps or overlaps, such as an expanded one); other leaves and larger tensors are left to
-    torch (tensors in shared memory).
+    with gaps or overlaps, such as an expanded one); a tensor found at several places of the
+    batch is one tensor again. Other leaves and larger tensors are left to torch (tensors in
+    shared memory).
 
     Examples:
         >>> import pickle
@@ -135,7 +136,19 @@ def in_band(batch: Any) -> Any:
                 [1., 4.],
                 [2., 5.]]), 'n': 2}
     """
-    return tree_map_arrays(_sent_in_band, batch)
+    if type(batch) is torch.Tensor:  # the common batch: one tensor
+        return _sent_in_band(batch)
+    sent: dict[int, Any] = {}  # id of a leaf (alive in the batch meanwhile): what it is sent as
+
+    def send(leaf: Any) -> Any:
+        # NOTE: one wrapper per tensor, which pickle then sends once: the same tensor under two keys
+        # (labels that are the input ids) stays one tensor, as it does in shared memory
+        wrapped = sent.get(id(leaf))
+        if wrapped is None:
+            wrapped = sent[id(leaf)] = _sent_in_band(leaf)
+        return wrapped
+
+    return tree_map_arrays(send, batch)
 
 
 class ReseedingBatchFetch(BatchFetch):

@@ -665,6 +665,23 @@ def test_small_tensors_from_workers_keep_their_strides(persistent):
     assert not any(t.is_shared() for batch in batches for t in batch.values())  # sent with the batch
 
 
+class SharedLabels(Items):
+    """Each batch holds one tensor twice: its labels are its input ids."""
+
+    def __getitems__(self, ids: list[int]) -> dict[str, torch.Tensor]:
+        tokens = torch.tensor(ids)
+        return {"input_ids": tokens, "labels": tokens}
+
+
+@pytest.mark.timeout(20)
+def test_a_tensor_at_two_places_of_a_batch_from_workers_stays_one_tensor():
+    (alone,) = [batch for batch in FastLoader(SharedLabels(), N, shuffle=False)]
+    (sent,) = [batch for batch in FastLoader(SharedLabels(), N, shuffle=False, num_workers=1)]
+    assert alone["labels"] is alone["input_ids"]
+    assert sent["labels"] is sent["input_ids"]
+    assert sent["labels"].tolist() == alone["labels"].tolist()
+
+
 @pytest.mark.timeout(20)
 def test_an_iterator_left_behind_takes_no_batch_of_the_newer_one_with_persistent_workers():
     def run(**options):
