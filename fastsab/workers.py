@@ -88,14 +88,29 @@ class _InBand:
 
     def __reduce__(self) -> tuple[Any, ...]:
         tensor = self.tensor
-        if tensor.is_contiguous():
-            data = tensor.reshape(-1).view(torch.uint8).numpy()  # every dtype as bytes
-            return _from_bytes, (data, tensor.dtype, tuple(tensor.shape))
-        # NOTE: the tensor's own layout (channels_last, a transpose) is kept, as shared memory keeps it:
-        # the copy preserve_format makes is dense with the same strides, its storage read in memory order
-        dense = tensor.clone(memory_format=torch.preserve_format)
-        data = dense.as_strided((dense.numel(),), (1,)).view(torch.uint8).numpy()
-        return _from_bytes, (data, tensor.dtype, tuple(tensor.shape), dense.stride())
+        try:
+            return _from_bytes, _as_bytes(tensor)
+        except Exception:
+            # NOTE: an error raised here (in the worker's queue feeder thread) is printed and the batch is
+            # never sent, the loop waiting for it forever: a tensor its bytes cannot describe goes as torch sends it
+            return _same, (tensor,)
+
+
+def _as_bytes(tensor: torch.Tensor) -> tuple[Any, ...]:
+    """The arguments of :func:`_from_bytes` that make ``tensor`` again."""
+    if tensor.is_contiguous():
+        data = tensor.reshape(-1).view(torch.uint8).numpy()  # every dtype as bytes
+        return data, tensor.dtype, tuple(tensor.shape)
+    # NOTE: the tensor's own layout (channels_last, a transpose) is kept, as shared memory keeps it:
+    # the copy preserve_format makes is dense with the same strides, its storage read in memory order
+    dense = tensor.clone(memory_format=torch.preserve_format)
+    data = dense.as_strided((dense.numel(),), (1,)).view(torch.uint8).numpy()
+    return data, tensor.dtype, tuple(tensor.shape), dense.stride()
+
+
+def _same(value: Any) -> Any:
+    """``value`` itself: what an :class:`_InBand` whose tensor goes through torch's own pickling unpickles to."""
+    return value
 
 
 def _from_bytes(
@@ -113,7 +128,7 @@ def _sent_in_band(leaf: Any) -> Any:
         and leaf.device.type == "cpu"
         and leaf.layout == torch.strided
         and leaf.nbytes <= IN_BAND_BYTES
-        and not (leaf.requires_grad or leaf.is_quantized or leaf.is_conj() or leaf.is_neg())
+        and not (leaf.requires_grad or leaf.is_quantized or leaf.is_nested or leaf.is_conj() or leaf.is_neg())
     ):
         return _InBand(leaf)
     return leaf

@@ -682,6 +682,29 @@ def test_a_tensor_at_two_places_of_a_batch_from_workers_stays_one_tensor():
     assert sent["labels"].tolist() == alone["labels"].tolist()
 
 
+def nested(samples: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """A batch holding a small nested tensor (one row per sample, of its own length)."""
+    ids = [int(sample["x"][0]) for sample in samples]
+    return {"rows": torch.nested.nested_tensor([torch.arange(i % 3 + 1) + i for i in ids])}
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")
+def test_a_small_nested_tensor_comes_from_workers():
+    def rows(batches):
+        return [[row.tolist() for row in batch["rows"].unbind()] for batch in batches]
+
+    expected = rows(FastLoader(Items(), 4, seed=2, collate_fn=nested))
+    assert rows(FastLoader(Items(), 4, seed=2, collate_fn=nested, num_workers=2)) == expected
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")
+def test_a_tensor_its_bytes_cannot_describe_is_pickled_as_torch_pickles_it():
+    tensor = torch.nested.nested_tensor([torch.ones(2), torch.zeros(3)])
+    again = pickle.loads(pickle.dumps(workers._InBand(tensor)))
+    assert again.is_nested and [row.tolist() for row in again.unbind()] == [[1.0, 1.0], [0.0, 0.0, 0.0]]
+
+
 @pytest.mark.timeout(20)
 def test_an_iterator_left_behind_takes_no_batch_of_the_newer_one_with_persistent_workers():
     def run(**options):
