@@ -88,13 +88,38 @@ class _InBand:
 
     def __reduce__(self) -> tuple[Any, ...]:
         tensor = self.tensor
-        data = tensor.contiguous().reshape(-1).view(torch.uint8).numpy()  # every dtype as bytes
-        return _from_bytes, (data, tensor.dtype, tuple(tensor.shape))
+        try:
+            return _from_bytes, _as_bytes(tensor)
+        except Exception:
+            # NOTE: an error raised here (in the worker's queue feeder thread) is printed and the batch is
+            # never sent, the loop waiting for it forever: a tensor its bytes cannot describe goes as torch sends it
+            return _same, (tensor,)
 
 
-def _from_bytes(data: np.ndarray, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
-    """The tensor an :class:`_InBand` pickled (``data``: its bytes, writable and owned, as unpickled)."""
-    return torch.from_numpy(data).view(dtype).reshape(shape)
+def _as_bytes(tensor: torch.Tensor) -> tuple[Any, ...]:
+    """The arguments of :func:`_from_bytes` that make ``tensor`` again."""
+    if tensor.is_contiguous():
+        data = tensor.reshape(-1).view(torch.uint8).numpy()  # every dtype as bytes
+        return data, tensor.dtype, tuple(tensor.shape)
+    # NOTE: the tensor's own layout (channels_last, a transpose) is kept, as shared memory keeps it:
+    # the copy preserve_format makes is dense with the same strides, its storage read in memory order
+    dense = tensor.clone(memory_format=torch.preserve_format)
+    data = dense.as_strided((dense.numel(),), (1,)).view(torch.uint8).numpy()
+    return data, tensor.dtype, tuple(tensor.shape), dense.stride()
+
+
+def _same(value: Any) -> Any:
+    """``value`` itself: what an :class:`_InBand` whose tensor goes through torch's own pickling unpickles to."""
+    return value
+
+
+def _from_bytes(
+    data: np.ndarray, dtype: torch.dtype, shape: tuple[int, ...], strides: tuple[int, ...] | None = None
+) -> torch.Tensor:
+    """The tensor an :class:`_InBand` pickled (``data``: its bytes in memory order, writable and owned, as
+    unpickled; ``strides``: the tensor's, ``None`` when contiguous)."""
+    flat = torch.from_numpy(data).view(dtype)
+    return flat.reshape(shape) if strides is None else flat.as_strided(shape, strides)
 
 
 def _sent_in_band(leaf: Any) -> Any:
@@ -103,7 +128,7 @@ def _sent_in_band(leaf: Any) -> Any:
         and leaf.device.type == "cpu"
         and leaf.layout == torch.strided
         and leaf.nbytes <= IN_BAND_BYTES
-        and not (leaf.requires_grad or leaf.is_quantized or leaf.is_conj() or leaf.is_neg())
+        and not (leaf.requires_grad or leaf.is_quantized or leaf.is_nested or leaf.is_conj() or leaf.is_neg())
     ):
         return _InBand(leaf)
     return leaf
@@ -113,8 +138,10 @@ def in_band(batch: Any) -> Any:
     """``batch`` with its small plain CPU tensors (at most :data:`IN_BAND_BYTES`) sent as bytes when pickled.
 
     What a worker returns: unpickled in the loop's process, those tensors are tensors again
-    (the same dtype, shape and values, contiguous); other leaves and larger tensors are left to
-    torch (tensors in shared memory).
+    (the same dtype, shape, values and strides, or dense strides in the same order for a tensor
+    with gaps or overlaps, such as an expanded one); a tensor found at several places of the
+    batch is one tensor again. Other leaves and larger tensors are left to torch (tensors in
+    shared memory).
 
     Examples:
         >>> import pickle
@@ -124,7 +151,19 @@ def in_band(batch: Any) -> Any:
                 [1., 4.],
                 [2., 5.]]), 'n': 2}
     """
-    return tree_map_arrays(_sent_in_band, batch)
+    if type(batch) is torch.Tensor:  # the common batch: one tensor
+        return _sent_in_band(batch)
+    sent: dict[int, Any] = {}  # id of a leaf (alive in the batch meanwhile): what it is sent as
+
+    def send(leaf: Any) -> Any:
+        # NOTE: one wrapper per tensor, which pickle then sends once: the same tensor under two keys
+        # (labels that are the input ids) stays one tensor, as it does in shared memory
+        wrapped = sent.get(id(leaf))
+        if wrapped is None:
+            wrapped = sent[id(leaf)] = _sent_in_band(leaf)
+        return wrapped
+
+    return tree_map_arrays(send, batch)
 
 
 class ReseedingBatchFetch(BatchFetch):

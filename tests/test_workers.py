@@ -639,6 +639,72 @@ def test_batches_from_workers_keep_every_dtype_shape_and_value_and_small_tensors
         batch["columns"] += 1  # writable
 
 
+def layouts(samples: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """A batch of small tensors whose strides are not those of a contiguous tensor."""
+    ids = torch.tensor([int(sample["x"][0]) for sample in samples])
+    images = (ids[:, None, None, None] + torch.arange(3 * 4 * 5).reshape(1, 3, 4, 5)).float()
+    return {
+        "images": images.to(memory_format=torch.channels_last),
+        "columns": (ids[None, :] + torch.arange(3)[:, None]).t(),  # (B, 3) with strides (1, B)
+        "ids": ids,
+    }
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize("persistent", [False, True])
+def test_small_tensors_from_workers_keep_their_strides(persistent):
+    def pieces(batch):
+        return {key: (t.dtype, tuple(t.shape), t.stride(), t.tolist()) for key, t in batch.items()}
+
+    alone = [pieces(batch) for batch in FastLoader(Items(), 4, seed=2, collate_fn=layouts)]
+    loader = FastLoader(Items(), 4, seed=2, collate_fn=layouts, num_workers=2, persistent_workers=persistent)
+    batches = list(loader)
+    loader.close()
+    assert [pieces(batch) for batch in batches] == alone
+    assert all(batch["images"].is_contiguous(memory_format=torch.channels_last) for batch in batches)
+    assert not any(t.is_shared() for batch in batches for t in batch.values())  # sent with the batch
+
+
+class SharedLabels(Items):
+    """Each batch holds one tensor twice: its labels are its input ids."""
+
+    def __getitems__(self, ids: list[int]) -> dict[str, torch.Tensor]:
+        tokens = torch.tensor(ids)
+        return {"input_ids": tokens, "labels": tokens}
+
+
+@pytest.mark.timeout(20)
+def test_a_tensor_at_two_places_of_a_batch_from_workers_stays_one_tensor():
+    (alone,) = [batch for batch in FastLoader(SharedLabels(), N, shuffle=False)]
+    (sent,) = [batch for batch in FastLoader(SharedLabels(), N, shuffle=False, num_workers=1)]
+    assert alone["labels"] is alone["input_ids"]
+    assert sent["labels"] is sent["input_ids"]
+    assert sent["labels"].tolist() == alone["labels"].tolist()
+
+
+def nested(samples: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """A batch holding a small nested tensor (one row per sample, of its own length)."""
+    ids = [int(sample["x"][0]) for sample in samples]
+    return {"rows": torch.nested.nested_tensor([torch.arange(i % 3 + 1) + i for i in ids])}
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")
+def test_a_small_nested_tensor_comes_from_workers():
+    def rows(batches):
+        return [[row.tolist() for row in batch["rows"].unbind()] for batch in batches]
+
+    expected = rows(FastLoader(Items(), 4, seed=2, collate_fn=nested))
+    assert rows(FastLoader(Items(), 4, seed=2, collate_fn=nested, num_workers=2)) == expected
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")
+def test_a_tensor_its_bytes_cannot_describe_is_pickled_as_torch_pickles_it():
+    tensor = torch.nested.nested_tensor([torch.ones(2), torch.zeros(3)])
+    again = pickle.loads(pickle.dumps(workers._InBand(tensor)))
+    assert again.is_nested and [row.tolist() for row in again.unbind()] == [[1.0, 1.0], [0.0, 0.0, 0.0]]
+
+
 @pytest.mark.timeout(20)
 def test_an_iterator_left_behind_takes_no_batch_of_the_newer_one_with_persistent_workers():
     def run(**options):
