@@ -314,7 +314,8 @@ class PersistentWorkers:
     collection or the interpreter's exit. Leaving an iteration early (a ``break``, a lowered
     limit) leaves them running: the batches they fetched ahead are dropped when the next
     iteration begins, and the stream left behind is read no further. A worker's error, or a
-    worker that died, shuts them all down; the next iteration starts new ones.
+    worker that died, shuts them all down; the next iteration starts new ones (also when a
+    worker died between iterations).
 
     Args:
         fetcher, num_workers, prefetch, worker_init_fn, multiprocessing_context: As for
@@ -341,11 +342,16 @@ class PersistentWorkers:
     @property
     def pids(self) -> list[int]:
         """The worker processes' ids (empty before they start and after :meth:`close`)."""
+        return [worker.pid for worker in self._processes()]
+
+    def _processes(self) -> list[Any]:
         iterator = getattr(self._loader, "_iterator", None)
-        return [worker.pid for worker in getattr(iterator, "_workers", [])]
+        return list(getattr(iterator, "_workers", []))
 
     def batches(self, stream: Stream, seed: int) -> Generator[tuple[np.ndarray, Any], None, None]:
         """``(ids, batch)`` for every batch of ``stream``, in plan order, as :func:`worker_batches` with ``seed``."""
+        if not all(worker.is_alive() for worker in self._processes()):
+            self.close()  # NOTE: a worker died between iterations: new workers, not an iteration failing on it
         self._generation += 1
         task = (self._generation, base_seed(seed))
         if self._loader is None:

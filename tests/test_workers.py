@@ -551,6 +551,31 @@ def test_a_worker_error_with_persistent_workers_shuts_them_down_and_the_next_epo
 
 
 @pytest.mark.timeout(30)
+def test_a_persistent_worker_killed_between_epochs_is_replaced_for_the_next_epoch():
+    loader = FastLoader(Slow(), 2, shuffle=False, num_workers=2, persistent_workers=True)
+    expected = [[i, i + 1] for i in range(0, N, 2)]
+    assert ids_of(loader) == expected
+    pids = loader._workers.pids
+    killed = loader._workers._processes()[0]
+    os.kill(killed.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        # NOTE: torch's handler of a child's end may raise in this thread while it waits (as
+        # with DataLoader's persistent workers); the next epoch must not fail on the dead worker
+        try:
+            if not killed.is_alive():
+                break
+            time.sleep(0.02)
+        except RuntimeError as error:
+            assert "killed by signal" in str(error)
+    assert not killed.is_alive()
+    assert ids_of(loader) == expected
+    assert not set(loader._workers.pids) & set(pids[:1])
+    loader.close()
+    assert ended(pids)
+
+
+@pytest.mark.timeout(30)
 def test_persistent_workers_end_with_the_interpreter(tmp_path):
     script = textwrap.dedent(
         f"""
