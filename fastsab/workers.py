@@ -140,8 +140,9 @@ def in_band(batch: Any) -> Any:
     What a worker returns: unpickled in the loop's process, those tensors are tensors again
     (the same dtype, shape, values and strides, or dense strides in the same order for a tensor
     with gaps or overlaps, such as an expanded one); a tensor found at several places of the
-    batch is one tensor again. Other leaves and larger tensors are left to torch (tensors in
-    shared memory).
+    batch is one tensor again. Other leaves, larger tensors and tensors that share their storage
+    with another tensor of the batch (views of one tensor) are left to torch (tensors in shared
+    memory, still views of one storage).
 
     Examples:
         >>> import pickle
@@ -153,7 +154,9 @@ def in_band(batch: Any) -> Any:
     """
     if type(batch) is torch.Tensor:  # the common batch: one tensor
         return _sent_in_band(batch)
-    sent: dict[int, Any] = {}  # id of a leaf (alive in the batch meanwhile): what it is sent as
+    # NOTE: tensors that are views of one storage (inputs and labels shifted by a token) are left to
+    # torch, whose shared memory keeps them views of one storage; bytes would make them copies
+    sent: dict[int, Any] = {id(view): view for view in _views_of_one_storage(batch)}
 
     def send(leaf: Any) -> Any:
         # NOTE: one wrapper per tensor, which pickle then sends once: the same tensor under two keys
@@ -164,6 +167,19 @@ def in_band(batch: Any) -> Any:
         return wrapped
 
     return tree_map_arrays(send, batch)
+
+
+def _views_of_one_storage(batch: Any) -> list[torch.Tensor]:
+    """The distinct tensors of ``batch`` whose storage another distinct tensor of it shares."""
+    by_storage: dict[int, dict[int, torch.Tensor]] = {}
+
+    def note(leaf: Any) -> Any:
+        if isinstance(leaf, torch.Tensor) and leaf.layout == torch.strided and leaf.untyped_storage().nbytes():
+            by_storage.setdefault(leaf.untyped_storage().data_ptr(), {})[id(leaf)] = leaf
+        return leaf
+
+    tree_map_arrays(note, batch)
+    return [view for views in by_storage.values() if len(views) > 1 for view in views.values()]
 
 
 class ReseedingBatchFetch(BatchFetch):

@@ -707,6 +707,28 @@ def test_a_tensor_at_two_places_of_a_batch_from_workers_stays_one_tensor():
     assert sent["labels"].tolist() == alone["labels"].tolist()
 
 
+class ShiftedLabels(Items):
+    """Each batch's inputs and labels are two views of one tensor, shifted by one token."""
+
+    def __getitems__(self, ids: list[int]) -> dict[str, torch.Tensor]:
+        tokens = torch.tensor(ids)[:, None] + torch.arange(4)
+        return {"input_ids": tokens[:, :-1], "labels": tokens[:, 1:], "alone": torch.tensor(ids)}
+
+
+@pytest.mark.timeout(20)
+def test_views_of_one_tensor_from_workers_still_share_their_memory():
+    def shares(batch: dict[str, torch.Tensor]) -> bool:
+        return batch["input_ids"].untyped_storage().data_ptr() == batch["labels"].untyped_storage().data_ptr()
+
+    (alone,) = [batch for batch in FastLoader(ShiftedLabels(), N, shuffle=False)]
+    (sent,) = [batch for batch in FastLoader(ShiftedLabels(), N, shuffle=False, num_workers=1)]
+    assert shares(alone) and shares(sent)
+    assert {key: value.tolist() for key, value in sent.items()} == {key: value.tolist() for key, value in alone.items()}
+    sent["labels"][0, 0] = -1  # (an in-place write shows through the other view, as in one process)
+    assert sent["input_ids"][0, 1] == -1
+    assert not sent["alone"].is_shared()  # a tensor of its own still comes with the batch
+
+
 def nested(samples: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
     """A batch holding a small nested tensor (one row per sample, of its own length)."""
     ids = [int(sample["x"][0]) for sample in samples]
