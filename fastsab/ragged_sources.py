@@ -191,7 +191,7 @@ def _flatten(name: str, sequences: Any) -> tuple[np.ndarray, np.ndarray]:
     arrays = []
     typed = []  # NOTE: the arrays and tensors, whose dtype is their own (an empty list's is numpy's float64)
     for position, sequence in enumerate(sequences):
-        array = np.asarray(sequence.detach().cpu() if isinstance(sequence, torch.Tensor) else sequence)
+        array = _sequence_array(name, position, sequence)
         if array.ndim != 1:
             raise ValueError(
                 f"{name}[{position}] must be one-dimensional, got shape {array.shape}: {short_repr(sequence)}."
@@ -207,6 +207,19 @@ def _flatten(name: str, sequences: Any) -> tuple[np.ndarray, np.ndarray]:
     offsets = np.zeros(len(arrays) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
     return values, offsets
+
+
+def _sequence_array(name: str, position: int, sequence: Any) -> np.ndarray:
+    """``sequence`` (a list, array or tensor) as a numpy array."""
+    if not isinstance(sequence, torch.Tensor):
+        return np.asarray(sequence)
+    try:
+        return sequence.detach().cpu().numpy()
+    except TypeError:  # a dtype numpy lacks (bfloat16)
+        raise TypeError(
+            f"{name}[{position}] is a tensor of dtype {sequence.dtype}, which numpy cannot hold; pass the "
+            "sequences as one flat tensor and their offsets instead: RaggedDataset(torch.cat(sequences), offsets)."
+        ) from None
 
 
 def _empty_dtype(typed: list[np.ndarray]) -> np.dtype[Any]:

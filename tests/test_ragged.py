@@ -214,6 +214,16 @@ def test_a_column_of_empty_sequences_keeps_their_dtype(sequences, dtype):
     assert keyed.__getitems__([1])["weights"].dtype == torch.float16
 
 
+def test_sequences_of_a_dtype_numpy_lacks_are_refused_with_the_way_that_takes_them():
+    sequences = [torch.tensor([1.5, 2.0], dtype=torch.bfloat16), torch.tensor([3.0], dtype=torch.bfloat16)]
+    with pytest.raises(TypeError, match=r"sequences\[0\] is a tensor of dtype torch.bfloat16, which numpy cannot hold"):
+        RaggedDataset.from_sequences(sequences)
+    data = RaggedDataset(torch.cat(sequences), torch.tensor([0, 2, 3]), collator=PadCollator())
+    batch = data.__getitems__([1, 0])
+    assert batch["input_ids"].dtype == torch.bfloat16
+    assert batch["input_ids"].tolist() == [[3.0, 0.0], [1.5, 2.0]]
+
+
 def sequences_of(batch: dict[str, Any]) -> dict[int, list[int]]:
     """Sequence index -> its tokens, read back from a padded or a packed batch."""
     if "cu_seqlens" in batch:
