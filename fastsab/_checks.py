@@ -242,12 +242,7 @@ def as_numeric_array(name: str, values: Any, *, ndim: tuple[int, ...] = (1,)) ->
         ...
         ValueError: sizes must be finite, got nan at position 1.
     """
-    if isinstance(values, torch.Tensor):
-        values = values.detach().cpu().numpy()
-    array = _as_real_numpy(name, values, ndim)
-    if array.size and array.min() < 0:
-        _refuse_negative(name, array)
-    return array
+    return as_cost_array(name, values, ndim=ndim)[0]
 
 
 def as_cost_array(name: str, values: Any, *, ndim: tuple[int, ...] = (1,)) -> tuple[np.ndarray, int | None]:
