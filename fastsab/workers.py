@@ -7,7 +7,8 @@ whose batch sampler pulls the index batches from the loader's plan stream on dem
 ``prefetch * n`` ahead. A batch's small tensors come with it through the worker's pipe
 (:func:`in_band`), torch moves larger ones through shared memory; it yields the batches in
 order, re-raises a worker's exception with its traceback, reports a worker that died, and
-shuts the workers down when the iteration ends or is closed.
+shuts the workers down when the iteration ends or is closed (:func:`worker_batches`: the
+workers of one iteration are :class:`PersistentWorkers` used once).
 
 :class:`PersistentWorkers` keeps the worker processes across epochs (``persistent_workers=True``):
 one ``DataLoader(persistent_workers=True)`` whose batch sampler reads each epoch's plan stream in
@@ -204,7 +205,7 @@ class ReseedingBatchFetch(BatchFetch):
         if generation != self.generation:
             self.generation = generation
             _reseed(seed)
-        return ids, self.fetcher(ids)
+        return super().__getitems__(ids)
 
 
 def _reseed(base_seed: int) -> None:
@@ -235,24 +236,21 @@ def base_seed(seed: int) -> int:
 class _PlanBatches:
     """The index batches of a plan stream, read on demand (a ``DataLoader``'s ``batch_sampler``).
 
-    With a ``task`` (persistent workers), each index batch goes with it: ``(ids, *task)``.
+    Each index batch goes with the iteration's ``task`` (generation, seed): ``(ids, *task)``;
+    no batches while ``stream`` is ``None``.
     """
 
-    def __init__(self, stream: Stream | None, task: tuple[int, int] | None = None) -> None:
-        self.stream = stream
-        self.task = task
+    def __init__(self) -> None:
+        self.stream: Stream | None = None
+        self.task: tuple[int, int] = (0, 0)
 
     def __iter__(self) -> Iterator[Any]:
         # NOTE: the stream is taken now (at iter()), not at the first next()
         return _index_batches(self.stream, self.task)
 
 
-def _index_batches(stream: Stream | None, task: tuple[int, int] | None) -> Iterator[Any]:
+def _index_batches(stream: Stream | None, task: tuple[int, int]) -> Iterator[Any]:
     if stream is None:
-        return
-    if task is None:
-        for chunk in stream:
-            yield from chunk.batches()
         return
     generation, seed = task
     for chunk in stream:
@@ -297,29 +295,14 @@ def worker_batches(
         RuntimeError: If a worker dies (e.g. killed), also while a batch is being received.
         Exception: A worker's exception, with its traceback (as ``DataLoader`` raises it).
     """
-    loader: DataLoader[tuple[np.ndarray, Any]] = DataLoader(
-        BatchFetch(fetcher),  # type: ignore[arg-type]  # a map-style dataset without the Dataset base
-        batch_sampler=_PlanBatches(stream),
-        collate_fn=_whole,
-        num_workers=num_workers,
-        prefetch_factor=prefetch,
-        worker_init_fn=worker_init_fn,
-        multiprocessing_context=multiprocessing_context,
-        # NOTE: a generator of its own, so that starting workers does not draw from the global
-        # torch generator of this process (the training loop's): DataLoader draws the workers' seed from it
-        generator=torch.Generator().manual_seed(seed),
-    )
-    batches: Any = iter(loader)
+    # NOTE: the workers of one iteration are persistent workers used once: one way of running them
+    workers = PersistentWorkers(fetcher, num_workers, prefetch, worker_init_fn, multiprocessing_context)
     try:
-        yield from batches
-    except (ConnectionError, EOFError) as error:
-        # NOTE: a worker killed between sending a batch and handing over its shared memory
-        # breaks the connection this process reads the batch's tensors from
-        raise RuntimeError(_ended_message(batches, error)) from error
+        yield from workers.batches(stream, seed)
     finally:
         # NOTE: at once, not when the iterator is collected: the stream must not be read
         # (index batches put ahead) once the caller plans its remaining batches again
-        batches._shutdown_workers()
+        workers.close()
 
 
 class PersistentWorkers:
@@ -352,7 +335,7 @@ class PersistentWorkers:
         self.worker_init_fn = worker_init_fn
         self.multiprocessing_context = multiprocessing_context
         self._loader: DataLoader[tuple[np.ndarray, Any]] | None = None
-        self._plan = _PlanBatches(None)
+        self._plan = _PlanBatches()
         self._generation = 0
 
     @property
@@ -380,7 +363,9 @@ class PersistentWorkers:
                 worker_init_fn=self.worker_init_fn,
                 multiprocessing_context=self.multiprocessing_context,
                 persistent_workers=True,
-                # NOTE: started with this generation's seed, which the workers then need not set again
+                # NOTE: started with this generation's seed, which the workers then need not set again; a
+                # generator of its own, since DataLoader otherwise draws the workers' seeds from the global
+                # torch generator of this process (the training loop's)
                 generator=torch.Generator().manual_seed(seed),
             )
         # NOTE: read by iter() below, which drops what the workers fetched for the iteration before
