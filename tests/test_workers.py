@@ -303,34 +303,47 @@ def test_worker_options_are_checked(options, error, message):
         FastLoader(Items(), 4, **options)
 
 
-def test_a_loop_left_unfinished_at_exit_ends_without_error_or_orphans(tmp_path):
-    # a loader iterator still referenced at exit: the interpreter exits cleanly and no worker outlives it
-    script = textwrap.dedent(
-        f"""
-        import os, sys, torch
-        sys.path.insert(0, {str(Path(__file__).parents[1])!r})
-        from fastsab import FastLoader
+_AT_EXIT = """
+import sys, psutil, torch
+sys.path.insert(0, {root!r})
+from fastsab import FastLoader
 
-        class Items:
-            def __len__(self):
-                return 100
+class Items:
+    def __len__(self):
+        return 100
 
-            def __getitems__(self, ids):
-                return torch.tensor(ids)
+    def __getitems__(self, ids):
+        return torch.tensor(ids)
 
-        batches = iter(FastLoader(Items(), 4, num_workers=2))
-        next(batches)
-        import psutil
-        print(" ".join(str(p.pid) for p in psutil.Process().children()))
-        """
-    )
+{body}
+print(" ".join(str(p.pid) for p in psutil.Process().children()))
+"""
+
+
+def workers_left_at_exit(body: str) -> list[int]:
+    """The worker processes a new interpreter running ``body`` (a ``FastLoader`` over ``Items``) had at its exit.
+
+    Also checks that it exited without error, and waits up to 5 s for those processes to end.
+    """
+    script = _AT_EXIT.format(root=str(Path(__file__).parents[1]), body=textwrap.dedent(body))
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and done.stderr == "", done.stderr
     pids = [int(pid) for pid in done.stdout.split()]
-    assert len(pids) == 2
     deadline = time.monotonic() + 5
     while any(psutil.pid_exists(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
+    return pids
+
+
+def test_a_loop_left_unfinished_at_exit_ends_without_error_or_orphans(tmp_path):
+    # a loader iterator still referenced at exit: the interpreter exits cleanly and no worker outlives it
+    pids = workers_left_at_exit(
+        """
+        batches = iter(FastLoader(Items(), 4, num_workers=2))
+        next(batches)
+        """
+    )
+    assert len(pids) == 2
     assert not any(psutil.pid_exists(pid) for pid in pids)
 
 
@@ -577,34 +590,15 @@ def test_a_persistent_worker_killed_between_epochs_is_replaced_for_the_next_epoc
 
 @pytest.mark.timeout(30)
 def test_persistent_workers_end_with_the_interpreter(tmp_path):
-    script = textwrap.dedent(
-        f"""
-        import sys, torch
-        sys.path.insert(0, {str(Path(__file__).parents[1])!r})
-        from fastsab import FastLoader
-
-        class Items:
-            def __len__(self):
-                return 100
-
-            def __getitems__(self, ids):
-                return torch.tensor(ids)
-
+    pids = workers_left_at_exit(
+        """
         loader = FastLoader(Items(), 4, num_workers=2, persistent_workers=True)
         assert len(list(loader)) == 25
         batches = iter(loader)
         next(batches)
-        import psutil
-        print(" ".join(str(p.pid) for p in psutil.Process().children()))
         """
     )
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0 and done.stderr == "", done.stderr
-    pids = [int(pid) for pid in done.stdout.split()]
     assert len(pids) == 2
-    deadline = time.monotonic() + 5
-    while any(psutil.pid_exists(pid) for pid in pids) and time.monotonic() < deadline:
-        time.sleep(0.05)
     assert not any(psutil.pid_exists(pid) for pid in pids)
 
 
