@@ -96,6 +96,10 @@ class Stream:
             if self.skip >= end and self.skip > start:  # ran before the state was saved
                 # NOTE: a chunk without batches at the stream's start is returned, not passed
                 # over: what it skipped is reported by those who read the chunks
+                if end == self.skip:
+                    # NOTE: kept (with no batches) as the chunk ending where the stream resumes, as
+                    # in the run: a lowering there re-plans from after it, whatever came after it
+                    self._returned.append((end, end, chunk.tail(chunk.num_batches)))
                 if replayed:
                     self._cut = (end, len(self._returned))
                 continue

@@ -1216,6 +1216,29 @@ def run_actions(
     return loader, kept, received
 
 
+def test_a_resume_at_the_end_of_a_chunk_plans_a_retry_there_as_the_run_did():
+    # a state saved where a chunk ends, then two retries of the next batch: the run re-plans from
+    # after that chunk; so must the resumed loader, which passed over the chunk (all its batches
+    # ran before the state)
+    ones = (7, 195, 236)
+    case = Case(
+        kind="sized", n=237, dataset="tensor", chunk=1, numeric="int",
+        sizes=tuple((int(i in ones),) for i in range(237)), caps=(2,), cost="padded", max_batch_size=None,
+        multiple=1, oversize="skip", batch_size=1, drop_last=False, shuffle=True, seed=5, group_size=15,
+        prefetch=None, world_size=1, even_batches="pad", balance=False, sort_window=1,
+    )  # fmt: skip
+    actions: dict[int, Action] = {2: ("retry", (1.0,)), 3: ("retry", (1.0,))}
+    with ExitStack() as stack:
+        _, whole, _ = run_actions(case, stack, actions)
+    with ExitStack() as stack:
+        loader, done, _ = run_actions(case, stack, actions, 1)
+        state = json.loads(json.dumps(loader.state_dict()))
+    with ExitStack() as stack:
+        _, rest, _ = run_actions(case, stack, {1: actions[2], 2: actions[3]}, state=state)
+    # invariant: the resumed loader yields exactly the batches the run had left, in the same order
+    assert done + rest == whole
+
+
 @settings(max_examples=examples(40))
 @given(lowered=repeated_lowerings(), data=st.data())
 def test_resume_after_several_lowerings_at_one_position(lowered: tuple[Case, dict[int, Action]], data: Any) -> None:
