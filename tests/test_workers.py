@@ -18,7 +18,7 @@ import pytest
 import torch
 from torch.utils.data import dataloader
 
-from fastsab import FastLoader, FastSizeAwareLoader, OutOfCoreDataset, adaptive, workers
+from fastsab import FastLoader, FastSizeAwareLoader, OutOfCoreDataset, adaptive, sending
 from fastsab.bench.workers import workers_rows
 from fastsab.cli import main
 from fastsab.options import LoaderOptions
@@ -636,7 +636,7 @@ def kinds(samples: list[dict[str, torch.Tensor]]) -> dict[str, object]:
         "empty": torch.zeros(0, 3, dtype=torch.int16),
         "columns": torch.arange(len(ids) * 3).reshape(3, len(ids)).t() + first,  # not contiguous
         "view": torch.arange(100)[first : first + 4],  # a view of a larger tensor
-        "large": torch.full((workers.IN_BAND_BYTES // 8 + 1,), first, dtype=torch.int64),
+        "large": torch.full((sending.IN_BAND_BYTES // 8 + 1,), first, dtype=torch.int64),
         "pairs": [(torch.tensor([first]), "text", 3)],
     }
 
@@ -742,7 +742,7 @@ def test_a_small_nested_tensor_comes_from_workers():
 @pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")
 def test_a_tensor_its_bytes_cannot_describe_is_pickled_as_torch_pickles_it():
     tensor = torch.nested.nested_tensor([torch.ones(2), torch.zeros(3)])
-    again = pickle.loads(pickle.dumps(workers._InBand(tensor)))
+    again = pickle.loads(pickle.dumps(sending._InBand(tensor)))
     assert again.is_nested and [row.tolist() for row in again.unbind()] == [[1.0, 1.0], [0.0, 0.0, 0.0]]
 
 
