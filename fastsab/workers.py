@@ -8,7 +8,8 @@ whose batch sampler pulls the index batches from the loader's plan stream on dem
 (:func:`~fastsab.sending.in_band`), torch moves larger ones through shared memory; it yields the batches in
 order, re-raises a worker's exception with its traceback, reports a worker that died, and
 shuts the workers down when the iteration ends or is closed (:func:`worker_batches`: the
-workers of one iteration are :class:`PersistentWorkers` used once).
+workers of one iteration are :class:`PersistentWorkers` used once). Closing them from another
+thread, or from a signal handler, ends a wait for a batch with a ``RuntimeError``.
 
 :class:`PersistentWorkers` keeps the worker processes across epochs (``persistent_workers=True``):
 one ``DataLoader(persistent_workers=True)`` whose batch sampler reads each epoch's plan stream in
@@ -21,6 +22,7 @@ for that iteration.
 from __future__ import annotations
 
 import random
+import threading
 from collections.abc import Callable, Generator, Iterator
 from typing import Any
 
@@ -28,6 +30,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, get_worker_info
 from torch.utils.data._utils.worker import _generate_state
+from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 
 from fastsab.fetch import Fetcher
 from fastsab.sending import in_band
@@ -150,6 +153,49 @@ def _whole(fetched: Any) -> tuple[np.ndarray, Any]:
     return ids, in_band(batch)
 
 
+#: Seconds between two looks, while waiting for a batch from the workers, at whether they were closed.
+_LOOK_S = 0.5
+
+_CLOSED = (
+    "the loader was closed (loader.close()) during this iteration, which ends here: its worker processes are "
+    "shut down (the next iteration starts new ones)."
+)
+
+
+class _Closed(Exception):
+    """The workers were closed while this process waited for a batch from them."""
+
+
+class _WorkerLoader(DataLoader[tuple[np.ndarray, Any]]):
+    """A ``DataLoader`` over worker processes whose wait for a batch ends once ``closed`` is set."""
+
+    def __init__(self, *args: Any, **options: Any) -> None:
+        super().__init__(*args, **options)
+        self.closed = threading.Event()
+
+    def _get_iterator(self) -> _WorkerIterator:
+        self.check_worker_number_rationality()  # (as DataLoader's own)
+        return _WorkerIterator(self, self.closed)
+
+
+class _WorkerIterator(_MultiProcessingDataLoaderIter):
+    """``DataLoader``'s iterator over worker processes, whose wait for a batch ends when ``closed`` is set."""
+
+    def __init__(self, loader: DataLoader[Any], closed: threading.Event) -> None:
+        self._closed = closed
+        super().__init__(loader)
+
+    def _get_data(self) -> Any:
+        # NOTE: DataLoader waits as long as a worker it has not shut down lives, so a wait under
+        # way when the workers are shut down (close() from another thread, or from a signal
+        # handler in this one) would never end; no timeout= and no pin_memory thread here
+        while not self._closed.is_set():
+            success, data = self._try_get_data(_LOOK_S)  # type: ignore[no-untyped-call]
+            if success:
+                return data
+        raise _Closed(_CLOSED)
+
+
 def worker_batches(
     fetcher: Fetcher,
     stream: Stream,
@@ -220,9 +266,10 @@ class PersistentWorkers:
         self.prefetch = prefetch
         self.worker_init_fn = worker_init_fn
         self.multiprocessing_context = multiprocessing_context
-        self._loader: DataLoader[tuple[np.ndarray, Any]] | None = None
+        self._loader: _WorkerLoader | None = None
         self._plan = _PlanBatches()
         self._generation = 0
+        self._waiting: int | None = None  # the thread waiting for the workers, if any
 
     @property
     def pids(self) -> list[int]:
@@ -240,8 +287,8 @@ class PersistentWorkers:
         self._generation += 1
         task = (self._generation, base_seed(seed))
         if self._loader is None:
-            self._loader = DataLoader(
-                ReseedingBatchFetch(self.fetcher, self._generation),  # type: ignore[arg-type]  # as BatchFetch
+            self._loader = _WorkerLoader(
+                ReseedingBatchFetch(self.fetcher, self._generation),
                 batch_sampler=self._plan,  # (ids, generation, seed) tasks
                 collate_fn=_whole,
                 num_workers=self.num_workers,
@@ -256,44 +303,72 @@ class PersistentWorkers:
             )
         # NOTE: read by iter() below, which drops what the workers fetched for the iteration before
         self._plan.stream, self._plan.task = stream, task
-        generation = self._generation
+        generation, loader = self._generation, self._loader
         batches: Any = None
         try:
-            batches = iter(self._loader)
+            batches = self._waiting_for(lambda: iter(loader))
             # NOTE: one DataLoader iterator serves every iteration: one left behind by a newer
-            # iteration must not take (and lose) a batch of that one's
+            # iteration must not take (and lose) a batch of that one's, nor one closed meanwhile
+            # hand out a batch that came in place of one lost
             while self._generation == generation:
-                try:
-                    batch = next(batches)
-                except StopIteration:
+                batch = self._waiting_for(lambda: next(batches, None))
+                if self._generation != generation:
+                    break
+                if batch is None:
                     return
                 yield batch
         except GeneratorExit:
             raise
-        except (ConnectionError, EOFError) as error:
-            message = _ended_message(batches, error)
-            self.close()
-            raise RuntimeError(message) from error
-        except BaseException:
+        except BaseException as error:
+            closed = loader.closed.is_set()
+            ended = _ended_message(batches, error) if isinstance(error, (ConnectionError, EOFError)) else None
             # NOTE: a worker's error or death (or an interrupt while waiting for one) may leave
             # tasks unanswered: new workers for the next iteration rather than a guess at their state
-            self.close()
+            if self._loader is loader:
+                self.close()
+            if closed and isinstance(error, Exception):
+                # (closed while this thread waited for a batch, or sent index batches to queues closed under it)
+                raise RuntimeError(_CLOSED) from None if isinstance(error, _Closed) else error
+            if ended is not None:
+                raise RuntimeError(ended) from error
             raise
         finally:
             if self._generation == generation:
                 self._plan.stream = None  # read no further: its rest may be planned again
+        if loader.closed.is_set():
+            if self._loader is loader:
+                self.close()  # (asked from a signal handler while this thread waited)
+            raise RuntimeError(_CLOSED)
         raise RuntimeError(
-            "this iterator of the loader was left behind: a newer iteration began, or the persistent worker processes "
-            "were closed (loader.close()), since its last batch. Iterate one epoch at a time (one iter(loader) in use)."
+            "this iterator of the loader was left behind: a newer iteration began since its last batch. Iterate one "
+            "epoch at a time (one iter(loader) in use)."
         )
+
+    def _waiting_for(self, step: Callable[[], Any]) -> Any:
+        """``step()`` (a wait for the workers), during which :meth:`close` in this thread only asks to close."""
+        self._waiting = threading.get_ident()
+        try:
+            return step()
+        finally:
+            self._waiting = None
 
     def close(self) -> None:
         """Shut the worker processes down (the next :meth:`batches` starts new ones).
 
-        An iteration under way raises a ``RuntimeError`` at its next batch.
+        May be called from any thread, or a signal handler. An iteration under way raises a
+        ``RuntimeError`` saying the loader was closed: at once if it waits for a batch (within
+        half a second), else at its next batch.
         """
         self._generation += 1  # (the iteration under way ends)
-        loader, self._loader = self._loader, None
+        loader = self._loader
+        if loader is None:
+            return
+        loader.closed.set()  # (ends a wait for a batch)
+        if self._waiting == threading.get_ident():
+            # NOTE: a signal handler's, run while this thread waits for the workers, maybe inside a
+            # queue's lock that shutting them down takes again: the iteration shuts them down as it ends
+            return
+        self._loader = None
         iterator = getattr(loader, "_iterator", None)
         if iterator is not None:
             iterator._shutdown_workers()

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -781,8 +782,84 @@ def test_closing_the_loader_mid_epoch_ends_the_iteration_and_the_next_one_is_exa
     pids = loader._workers.pids
     loader.close()
     assert ended(pids)
-    with pytest.raises(RuntimeError, match=r"left behind: .* closed \(loader.close\(\)\)"):
+    with pytest.raises(RuntimeError, match=r"the loader was closed \(loader.close\(\)\) during this iteration"):
         next(batches)
     loader.set_epoch(0)
     assert ids_of(loader) == expected
     loader.close()
+
+
+class Stuck(Items):
+    """Fetching the batch of sample 13 never ends (a worker stuck reading)."""
+
+    def __getitems__(self, ids: list[int]) -> list[dict[str, torch.Tensor]]:
+        if 13 in ids:
+            time.sleep(60)
+        return super().__getitems__(ids)
+
+
+def finished(run, limit: float = 20.0):
+    """What ``run()`` returned or raised, run in a thread given ``limit`` seconds (a hang guard)."""
+    outcome: list[object] = []
+
+    def target():
+        try:
+            outcome.append(run())
+        except BaseException as error:
+            outcome.append(error)
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(limit)
+    assert outcome, f"still running after {limit} s"
+    return outcome[0]
+
+
+@pytest.mark.timeout(30)
+def test_closing_the_loader_from_another_thread_ends_the_wait_for_a_batch(monkeypatch):
+    # NOTE: torch waits 5 s for a worker to end before it terminates it (the stuck one here)
+    monkeypatch.setattr(dataloader._utils, "MP_STATUS_CHECK_INTERVAL", 0.5)
+    loader = FastLoader(Stuck(), 4, shuffle=False, num_workers=2, persistent_workers=True)
+    batches = iter(loader)
+    seen = ids_of([next(batches) for _ in range(3)])
+    pids = loader._workers.pids
+    closer = threading.Timer(0.3, loader.close)  # (while the loop waits for the batch of 12 to 15)
+    closer.start()
+    error = finished(lambda: ids_of(batches))
+    assert isinstance(error, RuntimeError) and "the loader was closed (loader.close())" in str(error)
+    assert seen == [list(range(i, i + 4)) for i in (0, 4, 8)]
+    closer.join(20)
+    assert ended(pids)
+
+
+@pytest.mark.timeout(90)
+def test_closing_the_loader_from_a_signal_handler_ends_the_wait_for_a_batch():
+    # a preemption handler (SIGTERM) closes the loader while the loop waits in the same thread
+    pids = workers_left_at_exit(
+        """
+        import os, signal, threading, time
+        from torch.utils.data import _utils
+
+        _utils.MP_STATUS_CHECK_INTERVAL = 0.5  # (torch's wait for the stuck worker to end)
+
+        class Stuck(Items):
+            def __getitems__(self, ids):
+                if 13 in ids:
+                    time.sleep(60)
+                return super().__getitems__(ids)
+
+        loader = FastLoader(Stuck(), 4, shuffle=False, num_workers=2, persistent_workers=True)
+        signal.signal(signal.SIGTERM, lambda *_: loader.close())
+        batches = iter(loader)
+        seen = [next(batches).tolist() for _ in range(3)]
+        threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGTERM)).start()
+        try:
+            next(batches)
+        except RuntimeError as error:
+            assert "the loader was closed (loader.close())" in str(error), error
+        else:
+            raise AssertionError("no error")
+        assert seen == [list(range(i, i + 4)) for i in (0, 4, 8)], seen
+        """
+    )
+    assert pids == []
