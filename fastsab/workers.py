@@ -33,7 +33,7 @@ from torch.utils.data._utils.worker import _generate_state
 from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 
 from fastsab.fetch import Fetcher
-from fastsab.sending import in_band
+from fastsab.sending import in_band, pickled
 from fastsab.stream import Stream
 
 __all__ = [
@@ -148,9 +148,16 @@ def _index_batches(stream: Stream | None, task: tuple[int, int]) -> Iterator[Any
 
 
 def _whole(fetched: Any) -> tuple[np.ndarray, Any]:
-    """The workers' ``collate_fn``: the batch made by :class:`BatchFetch`, sent :func:`in_band`."""
+    """The workers' ``collate_fn``: the batch made by :class:`BatchFetch`, sent :func:`in_band`, pickled here.
+
+    Raises:
+        TypeError: If the batch does not pickle (naming what in it does not), raised in the
+            loop's process as a worker's error.
+    """
     ids, batch = fetched
-    return ids, in_band(batch)
+    # NOTE: pickled now, in the worker's own thread, rather than by its queue's thread, which
+    # prints the error and drops the batch, the loop waiting for it forever
+    return ids, pickled(in_band(batch))
 
 
 #: Seconds between two looks, while waiting for a batch from the workers, at whether they were closed.

@@ -863,3 +863,46 @@ def test_closing_the_loader_from_a_signal_handler_ends_the_wait_for_a_batch():
         """
     )
     assert pids == []
+
+
+def unpicklable(what: str):
+    """A ``collate_fn`` whose batch of sample 13 holds ``what``, which does not pickle."""
+
+    def collate(samples):
+        ids = [int(sample["x"][0]) for sample in samples]
+        extra = None
+        if 13 in ids:
+            extra = {
+                "lock": threading.Lock(),
+                "lambda": lambda: 0,
+                "generator": (i for i in ids),
+                "grad": torch.ones(2, requires_grad=True) * 2,
+            }[what]
+        return {"x": torch.stack([s["x"] for s in samples]), "pid": samples[0]["pid"], "meta": {"extra": extra}}
+
+    return collate
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("what", "kind"), [("lock", "lock"), ("lambda", "function"), ("generator", "generator"), ("grad", "Tensor")]
+)
+@pytest.mark.parametrize("persistent", [False, True])
+def test_a_batch_that_does_not_pickle_raises_in_the_loop_with_the_worker_traceback(what, kind, persistent):
+    loader = FastLoader(
+        Items(), 4, shuffle=False, collate_fn=unpicklable(what), num_workers=2, persistent_workers=persistent
+    )
+    received: list[dict[str, torch.Tensor]] = []
+
+    def run():
+        for batch in loader:
+            received.append(batch)
+
+    error = finished(run)
+    assert isinstance(error, TypeError), error
+    message = str(error)
+    assert "Caught TypeError in DataLoader worker process" in message and "Original Traceback" in message
+    assert f"batch['meta']['extra'] ({kind}) does not pickle" in message
+    assert ids_of(received) == [list(range(i, i + 4)) for i in (0, 4, 8)]  # the batches before it, in order
+    pids = {int(batch["pid"]) for batch in received}
+    assert len(pids) == 2 and ended(list(pids))  # the workers shut down
