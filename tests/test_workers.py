@@ -789,6 +789,35 @@ def test_closing_the_loader_mid_epoch_ends_the_iteration_and_the_next_one_is_exa
     loader.close()
 
 
+@pytest.mark.timeout(20)
+def test_persistent_workers_end_with_their_loader_without_waiting_for_the_garbage_collector():
+    # the loader of a training function that raised, and one left with `break`, freed by reference counting
+    pids: list[int] = []
+
+    def train():
+        loader = fixed(num_workers=2, persistent_workers=True)
+        for i, _ in enumerate(loader):
+            if i == 2:
+                pids.extend(loader._workers.pids)
+                raise KeyError("step failed")
+
+    gc.disable()
+    try:
+        try:
+            train()
+        except KeyError:
+            pass
+        assert len(pids) == 2 and ended(pids)
+        loader = fixed(num_workers=2, persistent_workers=True)
+        for _ in loader:
+            break
+        pids = loader._workers.pids
+        del loader
+        assert len(pids) == 2 and ended(pids)
+    finally:
+        gc.enable()
+
+
 class Stuck(Items):
     """Fetching the batch of sample 13 never ends (a worker stuck reading)."""
 
