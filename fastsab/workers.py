@@ -5,11 +5,13 @@ by torch's own ``DataLoader`` machinery: a ``DataLoader`` over :class:`BatchFetc
 ``__getitems__`` makes one whole batch with the loader's :class:`~fastsab.fetch.Fetcher`)
 whose batch sampler pulls the index batches from the loader's plan stream on demand, at most
 ``prefetch * n`` ahead. A batch's small tensors come with it through the worker's pipe
-(:func:`~fastsab.sending.in_band`), torch moves larger ones through shared memory; it yields the batches in
-order, re-raises a worker's exception with its traceback, reports a worker that died, and
-shuts the workers down when the iteration ends or is closed (:func:`worker_batches`: the
-workers of one iteration are :class:`PersistentWorkers` used once). Closing them from another
-thread, or from a signal handler, ends a wait for a batch with a ``RuntimeError``.
+(:func:`~fastsab.sending.in_band`), torch moves larger ones through shared memory; each batch is
+pickled by the worker itself (:func:`~fastsab.sending.pickled`), so that one that does not pickle is
+the worker's error. It yields the batches in order, re-raises a worker's exception with its
+traceback, reports a worker that died, and shuts the workers down when the iteration ends or
+is closed (:func:`worker_batches`: the workers of one iteration are :class:`PersistentWorkers`
+used once). Closing them from another thread, or from a signal handler, ends a wait for a
+batch with a ``RuntimeError``.
 
 :class:`PersistentWorkers` keeps the worker processes across epochs (``persistent_workers=True``):
 one ``DataLoader(persistent_workers=True)`` whose batch sampler reads each epoch's plan stream in
