@@ -338,8 +338,10 @@ class LoaderBase(EpochCursor, Generic[T], metaclass=TakesDataLoaderKeywords):
     def close(self) -> None:
         """Shut down the worker processes kept with ``persistent_workers=True`` (the next epoch starts new ones).
 
-        Garbage collection and the interpreter's exit shut them down too; without persistent
-        workers there is nothing to close (each iteration shuts its workers down).
+        May be called from any thread or a signal handler: an iteration under way raises a
+        ``RuntimeError`` saying the loader was closed (within half a second if it waits for a
+        batch). Garbage collection and the interpreter's exit shut them down too; without
+        persistent workers there is nothing to close (each iteration shuts its workers down).
         """
         workers, self._workers = self._workers, None
         if workers is not None:

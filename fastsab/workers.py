@@ -5,10 +5,13 @@ by torch's own ``DataLoader`` machinery: a ``DataLoader`` over :class:`BatchFetc
 ``__getitems__`` makes one whole batch with the loader's :class:`~fastsab.fetch.Fetcher`)
 whose batch sampler pulls the index batches from the loader's plan stream on demand, at most
 ``prefetch * n`` ahead. A batch's small tensors come with it through the worker's pipe
-(:func:`in_band`), torch moves larger ones through shared memory; it yields the batches in
-order, re-raises a worker's exception with its traceback, reports a worker that died, and
-shuts the workers down when the iteration ends or is closed (:func:`worker_batches`: the
-workers of one iteration are :class:`PersistentWorkers` used once).
+(:func:`~fastsab.sending.in_band`), torch moves larger ones through shared memory; each batch is
+pickled by the worker itself (:func:`~fastsab.sending.pickled`), so that one that does not pickle is
+the worker's error. It yields the batches in order, re-raises a worker's exception with its
+traceback, reports a worker that died, and shuts the workers down when the iteration ends or
+is closed (:func:`worker_batches`: the workers of one iteration are :class:`PersistentWorkers`
+used once). Closing them from another thread, or from a signal handler, ends a wait for a
+batch with a ``RuntimeError``.
 
 :class:`PersistentWorkers` keeps the worker processes across epochs (``persistent_workers=True``):
 one ``DataLoader(persistent_workers=True)`` whose batch sampler reads each epoch's plan stream in
@@ -21,6 +24,7 @@ for that iteration.
 from __future__ import annotations
 
 import random
+import threading
 from collections.abc import Callable, Generator, Iterator
 from typing import Any
 
@@ -28,28 +32,19 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, get_worker_info
 from torch.utils.data._utils.worker import _generate_state
+from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 
 from fastsab.fetch import Fetcher
-from fastsab.pytree import tree_map_arrays
+from fastsab.sending import in_band, pickled
 from fastsab.stream import Stream
 
 __all__ = [
-    "IN_BAND_BYTES",
     "BatchFetch",
     "PersistentWorkers",
     "ReseedingBatchFetch",
     "base_seed",
-    "in_band",
     "worker_batches",
 ]
-
-#: Largest tensor of a batch that a worker sends with the batch itself rather than in shared memory.
-# NOTE: torch shares a tensor's memory by passing a file descriptor, which costs the loop's process a
-# connection to the worker (a socket, an authentication, a wait for a thread of the busy worker) per
-# tensor; copying the bytes through the worker's pipe costs with the size instead. This process's CPU
-# per tensor, shared memory against the pipe (2 cores): 0.51 against 0.35 ms at 256 KiB, 0.60 against
-# 0.51 ms at 512 KiB, 0.60 against 0.92 ms at 768 KiB, 0.69 against 1.58 ms at 1 MiB.
-IN_BAND_BYTES = 2**19
 
 
 class BatchFetch:
@@ -77,110 +72,6 @@ class BatchFetch:
 
     def __getitems__(self, ids: np.ndarray) -> tuple[np.ndarray, Any]:
         return ids, self.fetcher(ids)
-
-
-class _InBand:
-    """A tensor that pickles as its bytes (a copy sent with the batch), unpickled as a tensor again."""
-
-    __slots__ = ("tensor",)
-
-    def __init__(self, tensor: torch.Tensor) -> None:
-        self.tensor = tensor
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        tensor = self.tensor
-        try:
-            return _from_bytes, _as_bytes(tensor)
-        except Exception:
-            # NOTE: an error raised here (in the worker's queue feeder thread) is printed and the batch is
-            # never sent, the loop waiting for it forever: a tensor its bytes cannot describe goes as torch sends it
-            return _same, (tensor,)
-
-
-def _as_bytes(tensor: torch.Tensor) -> tuple[Any, ...]:
-    """The arguments of :func:`_from_bytes` that make ``tensor`` again."""
-    if tensor.is_contiguous():
-        data = tensor.reshape(-1).view(torch.uint8).numpy()  # every dtype as bytes
-        return data, tensor.dtype, tuple(tensor.shape)
-    # NOTE: the tensor's own layout (channels_last, a transpose) is kept, as shared memory keeps it:
-    # the copy preserve_format makes is dense with the same strides, its storage read in memory order
-    dense = tensor.clone(memory_format=torch.preserve_format)
-    data = dense.as_strided((dense.numel(),), (1,)).view(torch.uint8).numpy()
-    return data, tensor.dtype, tuple(tensor.shape), dense.stride()
-
-
-def _same(value: Any) -> Any:
-    """``value`` itself: what an :class:`_InBand` whose tensor goes through torch's own pickling unpickles to."""
-    return value
-
-
-def _from_bytes(
-    data: np.ndarray, dtype: torch.dtype, shape: tuple[int, ...], strides: tuple[int, ...] | None = None
-) -> torch.Tensor:
-    """The tensor an :class:`_InBand` pickled (``data``: its bytes in memory order, writable and owned, as
-    unpickled; ``strides``: the tensor's, ``None`` when contiguous)."""
-    flat = torch.from_numpy(data).view(dtype)
-    return flat.reshape(shape) if strides is None else flat.as_strided(shape, strides)
-
-
-def _sent_in_band(leaf: Any) -> Any:
-    if (
-        type(leaf) is torch.Tensor
-        and leaf.device.type == "cpu"
-        and leaf.layout == torch.strided
-        and leaf.nbytes <= IN_BAND_BYTES
-        and not (leaf.requires_grad or leaf.is_quantized or leaf.is_nested or leaf.is_conj() or leaf.is_neg())
-    ):
-        return _InBand(leaf)
-    return leaf
-
-
-def in_band(batch: Any) -> Any:
-    """``batch`` with its small plain CPU tensors (at most :data:`IN_BAND_BYTES`) sent as bytes when pickled.
-
-    What a worker returns: unpickled in the loop's process, those tensors are tensors again
-    (the same dtype, shape, values and strides, or dense strides in the same order for a tensor
-    with gaps or overlaps, such as an expanded one); a tensor found at several places of the
-    batch is one tensor again. Other leaves, larger tensors and tensors that share their storage
-    with another tensor of the batch (views of one tensor) are left to torch (tensors in shared
-    memory, still views of one storage).
-
-    Examples:
-        >>> import pickle
-        >>> batch = {"x": torch.arange(6.0).reshape(2, 3).t(), "n": 2}
-        >>> pickle.loads(pickle.dumps(in_band(batch)))
-        {'x': tensor([[0., 3.],
-                [1., 4.],
-                [2., 5.]]), 'n': 2}
-    """
-    if type(batch) is torch.Tensor:  # the common batch: one tensor
-        return _sent_in_band(batch)
-    # NOTE: tensors that are views of one storage (inputs and labels shifted by a token) are left to
-    # torch, whose shared memory keeps them views of one storage; bytes would make them copies
-    sent: dict[int, Any] = {id(view): view for view in _views_of_one_storage(batch)}
-
-    def send(leaf: Any) -> Any:
-        # NOTE: one wrapper per tensor, which pickle then sends once: the same tensor under two keys
-        # (labels that are the input ids) stays one tensor, as it does in shared memory
-        wrapped = sent.get(id(leaf))
-        if wrapped is None:
-            wrapped = sent[id(leaf)] = _sent_in_band(leaf)
-        return wrapped
-
-    return tree_map_arrays(send, batch)
-
-
-def _views_of_one_storage(batch: Any) -> list[torch.Tensor]:
-    """The distinct tensors of ``batch`` whose storage another distinct tensor of it shares."""
-    by_storage: dict[int, dict[int, torch.Tensor]] = {}
-
-    def note(leaf: Any) -> Any:
-        if isinstance(leaf, torch.Tensor) and leaf.layout == torch.strided and leaf.untyped_storage().nbytes():
-            by_storage.setdefault(leaf.untyped_storage().data_ptr(), {})[id(leaf)] = leaf
-        return leaf
-
-    tree_map_arrays(note, batch)
-    return [view for views in by_storage.values() if len(views) > 1 for view in views.values()]
 
 
 class ReseedingBatchFetch(BatchFetch):
@@ -259,9 +150,59 @@ def _index_batches(stream: Stream | None, task: tuple[int, int]) -> Iterator[Any
 
 
 def _whole(fetched: Any) -> tuple[np.ndarray, Any]:
-    """The workers' ``collate_fn``: the batch made by :class:`BatchFetch`, sent :func:`in_band`."""
+    """The workers' ``collate_fn``: the batch made by :class:`BatchFetch`, sent :func:`in_band`, pickled here.
+
+    Raises:
+        TypeError: If the batch does not pickle (naming what in it does not), raised in the
+            loop's process as a worker's error.
+    """
     ids, batch = fetched
-    return ids, in_band(batch)
+    # NOTE: pickled now, in the worker's own thread, rather than by its queue's thread, which
+    # prints the error and drops the batch, the loop waiting for it forever
+    return ids, pickled(in_band(batch))
+
+
+#: Seconds between two looks, while waiting for a batch from the workers, at whether they were closed.
+_LOOK_S = 0.5
+
+_CLOSED = (
+    "the loader was closed (loader.close()) during this iteration, which ends here: its worker processes are "
+    "shut down (the next iteration starts new ones)."
+)
+
+
+class _Closed(Exception):
+    """The workers were closed while this process waited for a batch from them."""
+
+
+class _WorkerLoader(DataLoader[tuple[np.ndarray, Any]]):
+    """A ``DataLoader`` over worker processes whose wait for a batch ends once ``closed`` is set."""
+
+    def __init__(self, *args: Any, **options: Any) -> None:
+        super().__init__(*args, **options)
+        self.closed = threading.Event()
+
+    def _get_iterator(self) -> _WorkerIterator:
+        self.check_worker_number_rationality()  # (as DataLoader's own)
+        return _WorkerIterator(self, self.closed)
+
+
+class _WorkerIterator(_MultiProcessingDataLoaderIter):
+    """``DataLoader``'s iterator over worker processes, whose wait for a batch ends when ``closed`` is set."""
+
+    def __init__(self, loader: DataLoader[Any], closed: threading.Event) -> None:
+        self._closed = closed
+        super().__init__(loader)
+
+    def _get_data(self) -> Any:
+        # NOTE: DataLoader waits as long as a worker it has not shut down lives, so a wait under
+        # way when the workers are shut down (close() from another thread, or from a signal
+        # handler in this one) would never end; no timeout= and no pin_memory thread here
+        while not self._closed.is_set():
+            success, data = self._try_get_data(_LOOK_S)  # type: ignore[no-untyped-call]
+            if success:
+                return data
+        raise _Closed(_CLOSED)
 
 
 def worker_batches(
@@ -334,9 +275,10 @@ class PersistentWorkers:
         self.prefetch = prefetch
         self.worker_init_fn = worker_init_fn
         self.multiprocessing_context = multiprocessing_context
-        self._loader: DataLoader[tuple[np.ndarray, Any]] | None = None
+        self._loader: _WorkerLoader | None = None
         self._plan = _PlanBatches()
         self._generation = 0
+        self._waiting: int | None = None  # the thread waiting for the workers, if any
 
     @property
     def pids(self) -> list[int]:
@@ -354,8 +296,8 @@ class PersistentWorkers:
         self._generation += 1
         task = (self._generation, base_seed(seed))
         if self._loader is None:
-            self._loader = DataLoader(
-                ReseedingBatchFetch(self.fetcher, self._generation),  # type: ignore[arg-type]  # as BatchFetch
+            self._loader = _WorkerLoader(
+                ReseedingBatchFetch(self.fetcher, self._generation),
                 batch_sampler=self._plan,  # (ids, generation, seed) tasks
                 collate_fn=_whole,
                 num_workers=self.num_workers,
@@ -370,44 +312,72 @@ class PersistentWorkers:
             )
         # NOTE: read by iter() below, which drops what the workers fetched for the iteration before
         self._plan.stream, self._plan.task = stream, task
-        generation = self._generation
+        generation, loader = self._generation, self._loader
         batches: Any = None
         try:
-            batches = iter(self._loader)
+            batches = self._waiting_for(lambda: iter(loader))
             # NOTE: one DataLoader iterator serves every iteration: one left behind by a newer
-            # iteration must not take (and lose) a batch of that one's
+            # iteration must not take (and lose) a batch of that one's, nor one closed meanwhile
+            # hand out a batch that came in place of one lost
             while self._generation == generation:
-                try:
-                    batch = next(batches)
-                except StopIteration:
+                batch = self._waiting_for(lambda: next(batches, None))
+                if self._generation != generation:
+                    break
+                if batch is None:
                     return
                 yield batch
         except GeneratorExit:
             raise
-        except (ConnectionError, EOFError) as error:
-            message = _ended_message(batches, error)
-            self.close()
-            raise RuntimeError(message) from error
-        except BaseException:
+        except BaseException as error:
+            closed = loader.closed.is_set()
+            ended = _ended_message(batches, error) if isinstance(error, (ConnectionError, EOFError)) else None
             # NOTE: a worker's error or death (or an interrupt while waiting for one) may leave
             # tasks unanswered: new workers for the next iteration rather than a guess at their state
-            self.close()
+            if self._loader is loader:
+                self.close()
+            if closed and isinstance(error, Exception):
+                # (closed while this thread waited for a batch, or sent index batches to queues closed under it)
+                raise RuntimeError(_CLOSED) from None if isinstance(error, _Closed) else error
+            if ended is not None:
+                raise RuntimeError(ended) from error
             raise
         finally:
             if self._generation == generation:
                 self._plan.stream = None  # read no further: its rest may be planned again
+        if loader.closed.is_set():
+            if self._loader is loader:
+                self.close()  # (asked from a signal handler while this thread waited)
+            raise RuntimeError(_CLOSED)
         raise RuntimeError(
-            "this iterator of the loader was left behind: a newer iteration began, or the persistent worker processes "
-            "were closed (loader.close()), since its last batch. Iterate one epoch at a time (one iter(loader) in use)."
+            "this iterator of the loader was left behind: a newer iteration began since its last batch. Iterate one "
+            "epoch at a time (one iter(loader) in use)."
         )
+
+    def _waiting_for(self, step: Callable[[], Any]) -> Any:
+        """``step()`` (a wait for the workers), during which :meth:`close` in this thread only asks to close."""
+        self._waiting = threading.get_ident()
+        try:
+            return step()
+        finally:
+            self._waiting = None
 
     def close(self) -> None:
         """Shut the worker processes down (the next :meth:`batches` starts new ones).
 
-        An iteration under way raises a ``RuntimeError`` at its next batch.
+        May be called from any thread, or a signal handler. An iteration under way raises a
+        ``RuntimeError`` saying the loader was closed: at once if it waits for a batch (within
+        half a second), else at its next batch.
         """
         self._generation += 1  # (the iteration under way ends)
-        loader, self._loader = self._loader, None
+        loader = self._loader
+        if loader is None:
+            return
+        loader.closed.set()  # (ends a wait for a batch)
+        if self._waiting == threading.get_ident():
+            # NOTE: a signal handler's, run while this thread waits for the workers, maybe inside a
+            # queue's lock that shutting them down takes again: the iteration shuts them down as it ends
+            return
+        self._loader = None
         iterator = getattr(loader, "_iterator", None)
         if iterator is not None:
             iterator._shutdown_workers()

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -18,7 +19,7 @@ import pytest
 import torch
 from torch.utils.data import dataloader
 
-from fastsab import FastLoader, FastSizeAwareLoader, OutOfCoreDataset, adaptive, workers
+from fastsab import FastLoader, FastSizeAwareLoader, OutOfCoreDataset, adaptive, sending
 from fastsab.bench.workers import workers_rows
 from fastsab.cli import main
 from fastsab.options import LoaderOptions
@@ -636,7 +637,7 @@ def kinds(samples: list[dict[str, torch.Tensor]]) -> dict[str, object]:
         "empty": torch.zeros(0, 3, dtype=torch.int16),
         "columns": torch.arange(len(ids) * 3).reshape(3, len(ids)).t() + first,  # not contiguous
         "view": torch.arange(100)[first : first + 4],  # a view of a larger tensor
-        "large": torch.full((workers.IN_BAND_BYTES // 8 + 1,), first, dtype=torch.int64),
+        "large": torch.full((sending.IN_BAND_BYTES // 8 + 1,), first, dtype=torch.int64),
         "pairs": [(torch.tensor([first]), "text", 3)],
     }
 
@@ -742,7 +743,7 @@ def test_a_small_nested_tensor_comes_from_workers():
 @pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")
 def test_a_tensor_its_bytes_cannot_describe_is_pickled_as_torch_pickles_it():
     tensor = torch.nested.nested_tensor([torch.ones(2), torch.zeros(3)])
-    again = pickle.loads(pickle.dumps(workers._InBand(tensor)))
+    again = pickle.loads(pickle.dumps(sending._InBand(tensor)))
     assert again.is_nested and [row.tolist() for row in again.unbind()] == [[1.0, 1.0], [0.0, 0.0, 0.0]]
 
 
@@ -781,8 +782,156 @@ def test_closing_the_loader_mid_epoch_ends_the_iteration_and_the_next_one_is_exa
     pids = loader._workers.pids
     loader.close()
     assert ended(pids)
-    with pytest.raises(RuntimeError, match=r"left behind: .* closed \(loader.close\(\)\)"):
+    with pytest.raises(RuntimeError, match=r"the loader was closed \(loader.close\(\)\) during this iteration"):
         next(batches)
     loader.set_epoch(0)
     assert ids_of(loader) == expected
     loader.close()
+
+
+@pytest.mark.timeout(20)
+def test_persistent_workers_end_with_their_loader_without_waiting_for_the_garbage_collector():
+    # the loader of a training function that raised, and one left with `break`, freed by reference counting
+    pids: list[int] = []
+
+    def train():
+        loader = fixed(num_workers=2, persistent_workers=True)
+        for i, _ in enumerate(loader):
+            if i == 2:
+                pids.extend(loader._workers.pids)
+                raise KeyError("step failed")
+
+    gc.disable()
+    try:
+        try:
+            train()
+        except KeyError:
+            pass
+        assert len(pids) == 2 and ended(pids)
+        loader = fixed(num_workers=2, persistent_workers=True)
+        for _ in loader:
+            break
+        pids = loader._workers.pids
+        del loader
+        assert len(pids) == 2 and ended(pids)
+    finally:
+        gc.enable()
+
+
+class Stuck(Items):
+    """Fetching the batch of sample 13 never ends (a worker stuck reading)."""
+
+    def __getitems__(self, ids: list[int]) -> list[dict[str, torch.Tensor]]:
+        if 13 in ids:
+            time.sleep(60)
+        return super().__getitems__(ids)
+
+
+def finished(run, limit: float = 20.0):
+    """What ``run()`` returned or raised, run in a thread given ``limit`` seconds (a hang guard)."""
+    outcome: list[object] = []
+
+    def target():
+        try:
+            outcome.append(run())
+        except BaseException as error:
+            outcome.append(error)
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(limit)
+    assert outcome, f"still running after {limit} s"
+    return outcome[0]
+
+
+@pytest.mark.timeout(30)
+def test_closing_the_loader_from_another_thread_ends_the_wait_for_a_batch(monkeypatch):
+    # NOTE: torch waits 5 s for a worker to end before it terminates it (the stuck one here)
+    monkeypatch.setattr(dataloader._utils, "MP_STATUS_CHECK_INTERVAL", 0.5)
+    loader = FastLoader(Stuck(), 4, shuffle=False, num_workers=2, persistent_workers=True)
+    batches = iter(loader)
+    seen = ids_of([next(batches) for _ in range(3)])
+    pids = loader._workers.pids
+    closer = threading.Timer(0.3, loader.close)  # (while the loop waits for the batch of 12 to 15)
+    closer.start()
+    error = finished(lambda: ids_of(batches))
+    assert isinstance(error, RuntimeError) and "the loader was closed (loader.close())" in str(error)
+    assert seen == [list(range(i, i + 4)) for i in (0, 4, 8)]
+    closer.join(20)
+    assert ended(pids)
+
+
+@pytest.mark.timeout(90)
+def test_closing_the_loader_from_a_signal_handler_ends_the_wait_for_a_batch():
+    # a preemption handler (SIGTERM) closes the loader while the loop waits in the same thread
+    pids = workers_left_at_exit(
+        """
+        import os, signal, threading, time
+        from torch.utils.data import _utils
+
+        _utils.MP_STATUS_CHECK_INTERVAL = 0.5  # (torch's wait for the stuck worker to end)
+
+        class Stuck(Items):
+            def __getitems__(self, ids):
+                if 13 in ids:
+                    time.sleep(60)
+                return super().__getitems__(ids)
+
+        loader = FastLoader(Stuck(), 4, shuffle=False, num_workers=2, persistent_workers=True)
+        signal.signal(signal.SIGTERM, lambda *_: loader.close())
+        batches = iter(loader)
+        seen = [next(batches).tolist() for _ in range(3)]
+        threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGTERM)).start()
+        try:
+            next(batches)
+        except RuntimeError as error:
+            assert "the loader was closed (loader.close())" in str(error), error
+        else:
+            raise AssertionError("no error")
+        assert seen == [list(range(i, i + 4)) for i in (0, 4, 8)], seen
+        """
+    )
+    assert pids == []
+
+
+def unpicklable(what: str):
+    """A ``collate_fn`` whose batch of sample 13 holds ``what``, which does not pickle."""
+
+    def collate(samples):
+        ids = [int(sample["x"][0]) for sample in samples]
+        extra = None
+        if 13 in ids:
+            extra = {
+                "lock": threading.Lock(),
+                "lambda": lambda: 0,
+                "generator": (i for i in ids),
+                "grad": torch.ones(2, requires_grad=True) * 2,
+            }[what]
+        return {"x": torch.stack([s["x"] for s in samples]), "pid": samples[0]["pid"], "meta": {"extra": extra}}
+
+    return collate
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("what", "kind"), [("lock", "lock"), ("lambda", "function"), ("generator", "generator"), ("grad", "Tensor")]
+)
+@pytest.mark.parametrize("persistent", [False, True])
+def test_a_batch_that_does_not_pickle_raises_in_the_loop_with_the_worker_traceback(what, kind, persistent):
+    loader = FastLoader(
+        Items(), 4, shuffle=False, collate_fn=unpicklable(what), num_workers=2, persistent_workers=persistent
+    )
+    received: list[dict[str, torch.Tensor]] = []
+
+    def run():
+        for batch in loader:
+            received.append(batch)
+
+    error = finished(run)
+    assert isinstance(error, TypeError), error
+    message = str(error)
+    assert "Caught TypeError in DataLoader worker process" in message and "Original Traceback" in message
+    assert f"batch['meta']['extra'] ({kind}) does not pickle" in message
+    assert ids_of(received) == [list(range(i, i + 4)) for i in (0, 4, 8)]  # the batches before it, in order
+    pids = {int(batch["pid"]) for batch in received}
+    assert len(pids) == 2 and ended(list(pids))  # the workers shut down
