@@ -13,7 +13,7 @@ made exact for the kernel's dtype and less a fixed cost by :mod:`fastsab.exact_c
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -24,6 +24,7 @@ from fastsab._checks import (
     check_optional_positive_int,
     check_positive_int,
     check_positive_real,
+    short_repr,
 )
 from fastsab.cost_sources import CostSource, PaddedLengths, make_cost_source
 from fastsab.exact_caps import dtype_caps, threshold
@@ -122,6 +123,34 @@ class BatchCost:
     def charged(self, source: CostSource) -> CostSource:
         """The costs this rule charges for the items of ``source``: padded lengths with ``pad_to_multiple_of``."""
         return source if self.pad_to_multiple_of is None else PaddedLengths(source, self.pad_to_multiple_of)
+
+    def check_collators(self, collators: Mapping[str, object]) -> None:
+        """Refuse a collator that pads lengths further than this rule charges them.
+
+        A collator with a ``pad_to_multiple_of`` (:class:`~fastsab.collate.PadCollator`, or
+        transformers' padding collators) pads a batch to its longest length rounded up to that
+        multiple; a padded rule of lengths charges it only if its own ``pad_to_multiple_of`` is
+        a multiple of the collator's.
+
+        Args:
+            collators: Where each collator is given (e.g. ``"collate_fn"``) -> the collator, or ``None``.
+
+        Raises:
+            ValueError: If a collator rounds lengths up to a multiple this padded rule does not charge.
+        """
+        # NOTE: a sum budget charges the real tokens by choice, and padded features are charged
+        # what feature_cost says of them: neither charges the padded length a collator makes
+        if self.cost != "padded" or self.feature_cost is not None:
+            return
+        for where, collator in collators.items():
+            multiple = getattr(collator, "pad_to_multiple_of", None)
+            if isinstance(multiple, int) and multiple > 1 and (self.pad_to_multiple_of or 1) % multiple:
+                raise ValueError(
+                    f"{where} {short_repr(collator)} rounds every batch's length up to a multiple of {multiple}, "
+                    f"which the padded budget does not charge (its pad_to_multiple_of is {self.pad_to_multiple_of!r}): "
+                    f"pass pad_to_multiple_of={multiple} (or a multiple of it) to FastSizeAwareLoader so that the "
+                    "budget charges the padded length."
+                )
 
     @property
     def limit(self) -> Caps:

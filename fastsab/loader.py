@@ -21,7 +21,6 @@ from typing_extensions import Unpack
 
 from fastsab._checks import check_choice, check_positive_int
 from fastsab.batching import CostMode, OversizePolicy
-from fastsab.collate import PadCollator
 from fastsab.cost_sources import feature_rows
 from fastsab.costs import CostSource, make_cost_source
 from fastsab.loader_base import LoaderBase
@@ -53,35 +52,6 @@ def resolve_padding(padding: object, cost: object, features: object) -> Padding:
     if checked == "features" and cost != "padded":
         raise ValueError(f"padding='features' pads a padded batch's features, so it needs cost='padded', got {cost!r}.")
     return checked
-
-
-def check_collator_padding(
-    collators: dict[str, object], padding: Padding | None, pad_to_multiple_of: int | None
-) -> None:
-    """Refuse a ``PadCollator`` that pads lengths further than the padded budget charges them.
-
-    Args:
-        collators: Where each collator is given (``"collate_fn"``, ``"the dataset's collator"``) -> it.
-        padding: What the budget pads (``None``: it charges real tokens, ``cost="sum"``).
-        pad_to_multiple_of: The multiple the budget rounds lengths up to, or ``None``.
-
-    Raises:
-        ValueError: If a padded budget of lengths (``padding="costs"``) charges lengths rounded
-            to a multiple the collator's ``pad_to_multiple_of`` does not divide.
-    """
-    # NOTE: a sum budget charges the real tokens by choice, and padded features are charged
-    # what sizeof says of them: neither charges the padded length the collator makes
-    if padding != "costs":
-        return
-    for where, collator in collators.items():
-        multiple = collator.pad_to_multiple_of if isinstance(collator, PadCollator) else None
-        if multiple is not None and (pad_to_multiple_of or 1) % multiple:
-            raise ValueError(
-                f"{where} {collator!r} rounds every batch's length up to a multiple of {multiple}, which the "
-                f"padded budget does not charge (its pad_to_multiple_of is {pad_to_multiple_of!r}): pass "
-                f"pad_to_multiple_of={multiple} (or a multiple of it) to FastSizeAwareLoader so that the budget "
-                "charges the padded length."
-            )
 
 
 class FastLoader(LoaderBase[T]):
@@ -214,8 +184,7 @@ class FastSizeAwareLoader(LoaderBase[T]):
         self._max_total_size = max_total_size
         costs: CostSource = make_cost_source(sizeof, self.order.n, features)
         feature_cost = None
-        padded = resolve_padding(padding, cost, features)
-        if padded == "features":
+        if resolve_padding(padding, cost, features) == "features":
             rows = feature_rows(costs)
             costs, feature_cost = rows, rows.item_costs
         planner = SizeAwarePlanner(
@@ -235,7 +204,7 @@ class FastSizeAwareLoader(LoaderBase[T]):
             "collate_fn": self.options.collate_fn,
             "the dataset's collator": getattr(dataset, "collator", None),
         }
-        check_collator_padding(collators, padded if cost == "padded" else None, pad_to_multiple_of)
+        planner.rule.check_collators(collators)
         self._use_planner(planner)
 
     @property

@@ -168,6 +168,8 @@ class LoaderBase(EpochCursor, Generic[T], metaclass=TakesDataLoaderKeywords):
         used (the default ``collate_fn`` is :func:`~fastsab.collate_batch`): pass what
         ``DataLoader`` needs.
         """
+        if isinstance(self.planner, SizeAwarePlanner):
+            self.planner.rule.check_collators({"data_loader's collate_fn": options.get("collate_fn")})
         return PlannedDataLoader(self.dataset, self.batch_sampler(), **options)
 
     # -- iteration ----------------------------------------------------------------------

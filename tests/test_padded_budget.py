@@ -177,3 +177,13 @@ def test_a_state_of_another_multiple_is_refused():
     other = FastSizeAwareLoader(torch.arange(4), lengths, 40, cost="padded")
     with pytest.raises(ValueError, match=r"fingerprint|batching configuration"):
         other.load_state_dict(saved.state_dict())
+
+
+def test_a_data_loaders_collator_is_checked_too():
+    lengths = [5, 9, 14]
+    loader = FastSizeAwareLoader(Samples(lengths), lengths, 64, cost="padded")
+    with pytest.raises(ValueError, match=r"data_loader's collate_fn PadCollator\(pad_value=0, pad_to_multiple_of=8\)"):
+        loader.data_loader(collate_fn=PadCollator(pad_to_multiple_of=8))
+    padded = FastSizeAwareLoader(Samples(lengths), lengths, 64, cost="padded", pad_to_multiple_of=8, shuffle=False)
+    batches = list(padded.data_loader(collate_fn=PadCollator(pad_to_multiple_of=8)))
+    assert all(b["input_ids"].numel() <= 64 for b in batches) and sum(len(b["index"]) for b in batches) == 3
