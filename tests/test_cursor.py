@@ -1057,3 +1057,9 @@ def test_in_one_process_each_iteration_still_starts_the_next_epoch():
     plain = FastLoader(torch.arange(50), 4, seed=3)
     plain.set_epoch(1)
     assert _epochs(loader, 1) == _epochs(plain, 1)
+
+
+def test_under_ranks_a_peek_at_a_batch_sampler_changes_no_epoch():
+    plain, peeking = (_two_ranks()[1].batch_sampler() for _ in range(2))
+    next(iter(peeking))
+    assert [list(peeking) for _ in range(2)] == [list(plain) for _ in range(2)]
