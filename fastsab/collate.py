@@ -33,6 +33,7 @@ from numpy.lib.stride_tricks import as_strided
 
 from fastsab._checks import check_optional_positive_int, short_repr
 from fastsab.collator import Collator, Flat, as_numpy_if_possible, as_tensor, pack_positions
+from fastsab.cost_sources import padded_length
 
 __all__ = ["Collator", "Flat", "PackCollator", "PadCollator", "pack_positions"]
 
@@ -84,10 +85,8 @@ class PadCollator(Collator):
         return f"PadCollator(pad_value={self.pad_value!r}, pad_to_multiple_of={self.pad_to_multiple_of!r})"
 
     def width(self, lengths: np.ndarray) -> int:
-        """The padded length ``L`` of a batch of sequences of ``lengths``."""
-        longest = int(lengths.max()) if len(lengths) else 0
-        multiple = self.pad_to_multiple_of
-        return longest if multiple is None else -(-longest // multiple) * multiple
+        """The padded length ``L`` of a batch of ``lengths``: the longest one's (see ``padded_length``)."""
+        return padded_length(int(lengths.max()) if len(lengths) else 0, self.pad_to_multiple_of)
 
     def _layout(
         self, tokens: Mapping[str, Flat], lengths: np.ndarray, positions: tuple[np.ndarray, np.ndarray], keys: list[str]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 import torch
@@ -26,12 +26,32 @@ __all__ = [
     "item_size",
     "make_cost_source",
     "oversize_message",
+    "padded_length",
     "per_item_sizeof",
     "size_array",
 ]
 
 #: How many evenly spread items a computed cost source's fingerprint samples.
 FINGERPRINT_SAMPLE = 4096
+
+_Length = TypeVar("_Length", int, float, np.ndarray)
+
+
+def padded_length(length: _Length, multiple: int | None) -> _Length:
+    """The length a sequence of ``length`` is padded to: rounded up to a multiple of ``multiple``.
+
+    The one rule of padding to a multiple: :class:`~fastsab.collate.PadCollator` pads a batch
+    to the padded length of its longest sequence, and a padded budget with
+    ``pad_to_multiple_of`` charges each item its padded length (:class:`PaddedLengths`).
+    Rounding up is monotone, so the longest padded length of a batch is the padded length
+    of its longest item: a batch charged ``len * max(padded lengths)`` is charged its
+    padded ``(B, L)`` tensor. ``None`` leaves lengths as they are.
+
+    Examples:
+        >>> padded_length(np.array([0, 1, 8, 9]), 8).tolist(), padded_length(13, None)
+        ([0, 8, 8, 16], 13)
+    """
+    return length if multiple is None else -(-length // multiple) * multiple
 
 
 class CostSource(Protocol):
@@ -215,6 +235,20 @@ class FeatureRows(_CostSource):
         # NOTE: the batches depend on sizeof beyond the items' own costs (at per-feature maxima):
         # the features are part of what identifies them
         return self.costs.fingerprint(n) + np.ascontiguousarray(self.rows).tobytes()
+
+
+class PaddedLengths:
+    """The costs of ``source``, per-item lengths, charged as their :func:`padded_length` to ``multiple``."""
+
+    def __init__(self, source: CostSource, multiple: int) -> None:
+        self.source, self.multiple = source, multiple
+
+    def __call__(self, ids: np.ndarray) -> np.ndarray:
+        return padded_length(self.source(ids), self.multiple)
+
+    def fingerprint(self, n: int) -> bytes:
+        # NOTE: the multiple is one of the plan's options, fingerprinted with them
+        return self.source.fingerprint(n)
 
 
 def feature_rows(source: CostSource) -> FeatureRows:

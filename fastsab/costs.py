@@ -13,7 +13,7 @@ made exact for the kernel's dtype and less a fixed cost by :mod:`fastsab.exact_c
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -24,8 +24,9 @@ from fastsab._checks import (
     check_optional_positive_int,
     check_positive_int,
     check_positive_real,
+    short_repr,
 )
-from fastsab.cost_sources import CostSource, make_cost_source
+from fastsab.cost_sources import CostSource, PaddedLengths, make_cost_source
 from fastsab.exact_caps import dtype_caps, threshold
 
 __all__ = ["BatchCost", "CostMode", "CostSource", "make_cost_source"]
@@ -58,6 +59,10 @@ class BatchCost:
             row)``; ``feature_cost`` maps an ``(m, d)`` array of rows to their ``m`` checked
             costs (1-D, or ``(m, k)`` for ``k`` caps). ``None`` (default): a batch costs
             ``len * max(cost)`` per column.
+        pad_to_multiple_of: With ``cost="padded"`` and one cost column of lengths, charge each
+            item its length rounded up to a multiple of this (:func:`~fastsab.cost_sources.padded_length`),
+            the length a :class:`~fastsab.collate.PadCollator` with this ``pad_to_multiple_of``
+            pads to; the planners read costs through :meth:`charged`. ``None``: lengths as they are.
 
     Attributes:
         caps: The caps as Python numbers (integers stay integers, so comparisons are exact).
@@ -72,7 +77,16 @@ class BatchCost:
         [2.5, 0.5]
     """
 
-    __slots__ = ("batch_size_multiple", "caps", "cost", "feature_cost", "fixed", "max_batch_size", "per_column")
+    __slots__ = (
+        "batch_size_multiple",
+        "caps",
+        "cost",
+        "feature_cost",
+        "fixed",
+        "max_batch_size",
+        "pad_to_multiple_of",
+        "per_column",
+    )
 
     def __init__(
         self,
@@ -83,6 +97,7 @@ class BatchCost:
         batch_size_multiple: int = 1,
         fixed_cost: Any = 0,
         feature_cost: Callable[[np.ndarray], np.ndarray] | None = None,
+        pad_to_multiple_of: int | None = None,
     ) -> None:
         self.cost: CostMode = check_choice("cost", cost, ("sum", "padded"))  # type: ignore[assignment]
         self.max_batch_size = check_optional_positive_int("max_batch_size", max_batch_size)
@@ -97,6 +112,45 @@ class BatchCost:
         if feature_cost is not None and self.cost != "padded":
             raise ValueError(f"feature_cost pads features, so it needs cost='padded', got cost={cost!r}.")
         self.feature_cost = feature_cost
+        self.pad_to_multiple_of = check_optional_positive_int("pad_to_multiple_of", pad_to_multiple_of)
+        if self.pad_to_multiple_of is not None and (self.cost != "padded" or feature_cost is not None):
+            raise ValueError(
+                f"pad_to_multiple_of={pad_to_multiple_of!r} rounds up the lengths a padded batch charges, so it needs "
+                f"cost='padded' with costs that are lengths (not padded features), got cost={cost!r}"
+                f"{' with padded features' if feature_cost is not None else ''}."
+            )
+
+    def charged(self, source: CostSource) -> CostSource:
+        """The costs this rule charges for the items of ``source``: padded lengths with ``pad_to_multiple_of``."""
+        return source if self.pad_to_multiple_of is None else PaddedLengths(source, self.pad_to_multiple_of)
+
+    def check_collators(self, collators: Mapping[str, object]) -> None:
+        """Refuse a collator that pads lengths further than this rule charges them.
+
+        A collator with a ``pad_to_multiple_of`` (:class:`~fastsab.collate.PadCollator`, or
+        transformers' padding collators) pads a batch to its longest length rounded up to that
+        multiple; a padded rule of lengths charges it only if its own ``pad_to_multiple_of`` is
+        a multiple of the collator's.
+
+        Args:
+            collators: Where each collator is given (e.g. ``"collate_fn"``) -> the collator, or ``None``.
+
+        Raises:
+            ValueError: If a collator rounds lengths up to a multiple this padded rule does not charge.
+        """
+        # NOTE: a sum budget charges the real tokens by choice, and padded features are charged
+        # what feature_cost says of them: neither charges the padded length a collator makes
+        if self.cost != "padded" or self.feature_cost is not None:
+            return
+        for where, collator in collators.items():
+            multiple = getattr(collator, "pad_to_multiple_of", None)
+            if isinstance(multiple, int) and multiple > 1 and (self.pad_to_multiple_of or 1) % multiple:
+                raise ValueError(
+                    f"{where} {short_repr(collator)} rounds every batch's length up to a multiple of {multiple}, "
+                    f"which the padded budget does not charge (its pad_to_multiple_of is {self.pad_to_multiple_of!r}): "
+                    f"pass pad_to_multiple_of={multiple} (or a multiple of it) to FastSizeAwareLoader so that the "
+                    "budget charges the padded length."
+                )
 
     @property
     def limit(self) -> Caps:
@@ -131,7 +185,13 @@ class BatchCost:
             ...
             ValueError: max_total_size has 2 caps but costs has 3 columns: [4, 5].
         """
-        self.column_caps(costs.shape[1] if costs.ndim == 2 else 1)
+        k = costs.shape[1] if costs.ndim == 2 else 1
+        if self.pad_to_multiple_of is not None and k > 1:
+            raise ValueError(
+                f"pad_to_multiple_of={self.pad_to_multiple_of!r} rounds up one column of lengths, but costs has "
+                f"{k} columns: give the lengths alone as sizeof."
+            )
+        self.column_caps(k)
 
     @property
     def has_fixed(self) -> bool:
@@ -258,6 +318,8 @@ class BatchCost:
             options["fixed_cost"] = self.fixed[0] if len(self.fixed) == 1 else list(self.fixed)
         if self.feature_cost is not None:
             options["padding"] = "features"
+        if self.pad_to_multiple_of is not None:
+            options["pad_to_multiple_of"] = self.pad_to_multiple_of
         return options
 
     def fingerprint_options(self, oversize: str | None = None) -> dict[str, Any]:

@@ -126,6 +126,7 @@ class EpochCursor:
         self._finished: tuple[int, list[Segment], Segment] | None = None  # a loaded state at its epoch's end
         self._progress: list[int] | None = None  # [epoch, steps] while an epoch is iterated
         self._run: _Run | None = None  # the epoch last started: its stretches and stream
+        self._advance = False  # under ranks: the end of the epoch last started sets the next one
         self._fingerprint: str | None = None
         self._shares = EpochShares(planner, rank)
 
@@ -140,9 +141,12 @@ class EpochCursor:
         """Use ``epoch`` for the next iteration (the order depends only on seed and epoch).
 
         A position loaded for another epoch is dropped; a loaded state of an epoch whose
-        every step ran makes that epoch run empty, if it is chosen again.
+        every step ran makes that epoch run empty, if it is chosen again. Without it, the
+        next iteration runs the epoch after the last one started (one process) or after the
+        last one run to its end (several ranks: see :meth:`_start_epoch`).
         """
         epoch = check_nonnegative_int("epoch", epoch)
+        self._advance = False
         finished, self._finished = self._finished, None
         if finished is not None and epoch == finished[0]:
             self._history, self._segment, self._resuming = finished[1], finished[2], True
@@ -160,12 +164,24 @@ class EpochCursor:
         return self._shares.remaining(self.epoch, [], self._new_segment())
 
     def _start_epoch(self, stats: EpochStats | None = None) -> tuple[int, Stream]:
-        """Begin the next epoch: its number and this rank's stream (resumed if loaded)."""
+        """Begin the next epoch: its number and this rank's stream (resumed if loaded).
+
+        In one process the epoch after it is the next one. Under ranks (``world_size > 1``)
+        an epoch is the next one until it runs to its end: an iteration left before (a peek,
+        ``next(iter(loader))``) is started again, at the same epoch and loaded position, by
+        the next iteration unless :meth:`set_epoch` chose another.
+        """
         epoch = self.epoch
         if not self._resuming:
             self._history, self._segment = [], self._new_segment()
-        self._resuming, self._finished = False, None
-        self.epoch = epoch + 1
+        if self.world_size == 1:
+            self._resuming, self._finished = False, None
+            self.epoch = epoch + 1
+        else:
+            # NOTE: counting iterations would let a rank that iterates once more than the others
+            # (a peek) run another epoch's share from then on, silently losing and repeating
+            # samples; the end of an epoch is reached by every rank alike (equal steps)
+            self._advance = True
         stream, dealt = self._shares.stream(epoch, self._history, self._segment)
         stream.stats = stats
         if dealt is not None:  # reports its padding and spreads as it deals
@@ -233,7 +249,11 @@ class EpochCursor:
     def _epoch_done(self, stats: EpochStats | None = None) -> None:
         """End the epoch; warn about the items ``stats`` reports skipped (oversize)."""
         self._progress = None
-        self._history, self._segment = [], self._new_segment()
+        if self._advance and self._run is not None:  # under ranks: no epoch chosen since it started
+            self._advance, self._resuming, self._finished = False, False, None
+            self.epoch = self._run.epoch + 1
+        if not self._resuming:
+            self._history, self._segment = [], self._new_segment()
         if stats is not None and stats.num_skipped:
             warnings.warn(
                 f"{stats.num_skipped} items were larger than max_total_size and were skipped in epoch "
@@ -280,7 +300,8 @@ class EpochCursor:
     def _state(self, epoch: int, steps: int) -> dict[str, Any]:
         """The state of ``epoch`` after ``steps`` steps of its current stretch."""
         run = self._run
-        if run is not None and run.epoch == epoch and not self._resuming:
+        # NOTE: under ranks the epoch being run keeps its loaded position (_resuming) until its end
+        if run is not None and run.epoch == epoch and (self._advance or not self._resuming):
             lowered = list(run.stream.lowered)
             if self._step_open() and self._progress is not None:
                 # NOTE: the parts of a split step run within it: the state resumes at its start
@@ -338,5 +359,6 @@ class EpochCursor:
             current = self._new_segment()
         self.epoch = epoch
         self._progress = None
+        self._advance = False
         self._history, self._segment = history, current
         self._resuming = resuming

@@ -136,6 +136,12 @@ class FastSizeAwareLoader(LoaderBase[T]):
         batch_size_multiple: Cut full batches down to a multiple of this.
         oversize: ``"skip"`` (counted in ``stats`` and warned once per epoch),
             ``"own_batch"`` or ``"error"``.
+        pad_to_multiple_of: With ``cost="padded"`` and ``sizeof`` of lengths, charge each item its
+            length rounded up to a multiple of this, the length a ``PadCollator`` with the same
+            ``pad_to_multiple_of`` pads to, so that a padded ``(B, L)`` batch stays within
+            ``max_total_size`` (items are oversize, windows sorted and batches split by the
+            rounded lengths). A ``PadCollator`` (``collate_fn``, or a ``RaggedDataset``'s
+            ``collator``) that pads to a multiple this one is not a multiple of is refused.
         sort_window: Sort each run of this many items of the epoch order by size before
             splitting it, so that batches hold items of similar size (little padding), and
             yield each shuffle group's batches in a seeded random order. ``None`` (default)
@@ -171,6 +177,7 @@ class FastSizeAwareLoader(LoaderBase[T]):
         padding: Padding | None = None,
         fixed_cost: float | Sequence[float] = 0,
         sort_window: int | None = None,
+        pad_to_multiple_of: int | None = None,
         **options: Unpack[LoaderKeywords[T]],
     ) -> None:
         super().__init__(dataset, LoaderOptions.given_to(type(self).__name__, options))
@@ -191,7 +198,13 @@ class FastSizeAwareLoader(LoaderBase[T]):
             fixed_cost=fixed_cost,
             feature_cost=feature_cost,
             sort_window=sort_window,
+            pad_to_multiple_of=pad_to_multiple_of,
         )
+        collators = {
+            "collate_fn": self.options.collate_fn,
+            "the dataset's collator": getattr(dataset, "collator", None),
+        }
+        planner.rule.check_collators(collators)
         self._use_planner(planner)
 
     @property

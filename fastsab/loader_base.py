@@ -167,7 +167,13 @@ class LoaderBase(EpochCursor, Generic[T], metaclass=TakesDataLoaderKeywords):
         workers fetched ahead. This loader's device transfer and ``collate_fn`` are not
         used (the default ``collate_fn`` is :func:`~fastsab.collate_batch`): pass what
         ``DataLoader`` needs.
+
+        Raises:
+            ValueError: If ``collate_fn`` pads lengths further than a padded budget charges them
+                (its ``pad_to_multiple_of``: see :meth:`~fastsab.costs.BatchCost.check_collators`).
         """
+        if isinstance(self.planner, SizeAwarePlanner):
+            self.planner.rule.check_collators({"data_loader's collate_fn": options.get("collate_fn")})
         return PlannedDataLoader(self.dataset, self.batch_sampler(), **options)
 
     # -- iteration ----------------------------------------------------------------------

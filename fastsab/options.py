@@ -67,7 +67,9 @@ class LoaderOptions:
         rank, world_size: This process's share of the epoch; default from
             ``torch.distributed`` when it is initialized, else one process (a
             ``world_size`` above 1 without a process group needs ``rank``). Every rank
-            plans the same global batches and runs the same number of steps.
+            plans the same global batches and runs the same number of steps. Under ranks
+            an iteration without ``set_epoch`` starts the next epoch only once the last
+            one ran to its end (an epoch left before, by a peek, starts again).
         even_batches: ``"pad"`` (fill the last step with repeats of the first batches) or
             ``"drop"`` (leave the surplus batches out); counted in ``stats``.
         balance: Deal batches of similar cost to the ranks at each step (see

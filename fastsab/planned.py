@@ -27,7 +27,8 @@ class PlannedBatchSampler(EpochCursor, Sampler[list[int]]):
     """A loader's batch plan as a ``torch.utils.data.Sampler[list[int]]``.
 
     Made by :meth:`FastLoader.batch_sampler() <fastsab.FastLoader.batch_sampler>`. Like the
-    loaders, each ``iter()`` starts the next epoch unless :meth:`set_epoch` was called,
+    loaders, each ``iter()`` starts the next epoch unless :meth:`set_epoch` was called
+    (under ranks, once the last one ran to its end: see :meth:`~fastsab.cursor.EpochCursor._start_epoch`),
     ``len()`` is exact, it yields this rank's share under ``torch.distributed``, and it
     resumes from :meth:`state_dict`. ``stats`` reports the epoch as the loaders' does
     (skipped, dropped and padded items, with the same warning about skipped items), its

@@ -38,8 +38,9 @@ PLAN_CACHE_ITEMS = 2**22
 class SizeAwarePlanner:
     """Greedy size-aware batches over the epoch order, split chunk by chunk with a carry.
 
-    ``fixed_cost`` and ``feature_cost`` are those of :class:`~fastsab.costs.BatchCost`; with a
-    ``feature_cost``, ``costs`` gives the items' features (:class:`~fastsab.cost_sources.FeatureRows`).
+    ``fixed_cost``, ``feature_cost`` and ``pad_to_multiple_of`` are those of
+    :class:`~fastsab.costs.BatchCost`; with a ``feature_cost``, ``costs`` gives the items'
+    features (:class:`~fastsab.cost_sources.FeatureRows`).
 
     With ``sort_window`` the order is first sorted by size in windows of that many items and
     the batches of each chunk are yielded in a seeded random order (:class:`SortedWindowEpoch`).
@@ -58,9 +59,9 @@ class SizeAwarePlanner:
         fixed_cost: Any = 0,
         feature_cost: Callable[[np.ndarray], np.ndarray] | None = None,
         sort_window: int | None = None,
+        pad_to_multiple_of: int | None = None,
     ) -> None:
         self.order = order
-        self.costs = costs
         self.sort_window = check_sort_window(sort_window)
         self.rule = BatchCost(
             max_total_size,
@@ -69,11 +70,15 @@ class SizeAwarePlanner:
             batch_size_multiple=batch_size_multiple,
             fixed_cost=fixed_cost,
             feature_cost=feature_cost,
+            pad_to_multiple_of=pad_to_multiple_of,
         )
+        # NOTE: every reader of the costs (split, oversize, sorted windows, balancing, lowering)
+        # sees what the rule charges: with pad_to_multiple_of, the padded lengths
+        self.costs = self.rule.charged(costs)
         self.oversize: OversizePolicy = check_choice("oversize", oversize, ("skip", "own_batch", "error"))  # type: ignore[assignment]
         if order.n:
             # NOTE: the caps are checked against the first item's cost columns now, not at the first len() or iter()
-            first = np.asarray(costs(np.zeros(1, dtype=np.int64)))
+            first = np.asarray(self.costs(np.zeros(1, dtype=np.int64)))
             # NOTE: padded features are not costs: their cost columns are those feature_cost gives
             if self.rule.feature_cost is not None:
                 first = np.asarray(self.rule.feature_cost(first))

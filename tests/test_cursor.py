@@ -1000,3 +1000,66 @@ def test_a_retry_after_resuming_at_a_replayed_retry_re_plans_what_the_replay_pla
     next(iterator)
     resumed.retry_last_batch(BUDGET // 5)
     assert done + [ids.tolist() for ids, _ in iterator] == whole
+
+
+# --- iterations without set_epoch under ranks ------------------------------------------------
+
+
+def _two_ranks(**options):
+    return [FastLoader(torch.arange(50), 4, seed=3, rank=r, world_size=2, **options) for r in range(2)]
+
+
+def _epochs(loader, count):
+    return [[b.tolist() for b in loader] for _ in range(count)]
+
+
+def test_under_ranks_a_peek_changes_no_epoch():
+    # invariant: a rank that iterates once more (a peek) runs the epochs of the others
+    plain, peeking = _two_ranks(), _two_ranks()
+    lengths = [len(loader) for loader in peeking]
+    next(iter(peeking[1]))
+    assert [len(loader) for loader in peeking] == lengths
+    assert peeking[1].state_dict()["epoch"] == 0
+    assert [_epochs(loader, 3) for loader in peeking] == [_epochs(loader, 3) for loader in plain]
+
+
+def test_under_ranks_set_epoch_after_a_peek_chooses_the_epoch():
+    plain, peeking = _two_ranks()[1], _two_ranks()[1]
+    next(iter(peeking))
+    peeking.set_epoch(4)
+    plain.set_epoch(4)
+    assert _epochs(peeking, 2) == _epochs(plain, 2)
+
+
+def test_under_ranks_a_left_epoch_starts_again_at_its_loaded_position():
+    whole = _epochs(_two_ranks()[0], 2)
+    first = _two_ranks()[0]
+    iterator = iter(first)
+    for _ in range(2):
+        next(iterator)
+    resumed = _two_ranks()[0]
+    resumed.load_state_dict(first.state_dict())
+    next(iter(resumed))  # a peek: the next iteration resumes at step 2 again
+    iterator = iter(resumed)
+    rest = [next(iterator).tolist() for _ in range(2)]
+    state = resumed.state_dict()
+    assert (state["epoch"], state["steps"]) == (0, 4)
+    again = _two_ranks()[0]
+    again.load_state_dict(state)
+    assert whole[0][2:] == rest + [b.tolist() for b in iterator]
+    assert _epochs(again, 2) == [whole[0][4:], whole[1]]
+
+
+def test_in_one_process_each_iteration_still_starts_the_next_epoch():
+    loader = FastLoader(torch.arange(50), 4, seed=3)
+    next(iter(loader))
+    assert loader.epoch == 1
+    plain = FastLoader(torch.arange(50), 4, seed=3)
+    plain.set_epoch(1)
+    assert _epochs(loader, 1) == _epochs(plain, 1)
+
+
+def test_under_ranks_a_peek_at_a_batch_sampler_changes_no_epoch():
+    plain, peeking = (_two_ranks()[1].batch_sampler() for _ in range(2))
+    next(iter(peeking))
+    assert [list(peeking) for _ in range(2)] == [list(plain) for _ in range(2)]

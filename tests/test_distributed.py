@@ -589,3 +589,25 @@ def test_a_history_stretch_past_the_end_of_its_epoch_is_refused(stretch, message
     state["history"] = [stretch]
     with pytest.raises(ValueError, match=message):
         sized(0, 2).load_state_dict(state)
+
+
+def test_a_rank_that_peeks_runs_the_epochs_of_a_run_without_the_peek(tmp_path):
+    # invariant: next(iter(loader)) on one rank, without set_epoch, changes no rank's samples
+    # of any epoch or step (also after a resume mid-epoch)
+    worker = str(Path(__file__).with_name("ddp_peek_worker.py"))
+    out_file = tmp_path / "out.json"
+    out = subprocess.run(
+        [sys.executable, worker, str(tmp_path / "init"), str(out_file)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
+    assert out.returncode == 0, f"stdout:\n{out.stdout[-2000:]}\nstderr:\n{out.stderr[-3000:]}"
+    ranks = json.loads(out_file.read_text())
+    for epoch in range(3):
+        seen = {i for rank in ranks for batch in rank["uninterrupted"][epoch] for i in batch}
+        assert seen == set(range(400))
+    for rank in ranks:
+        assert rank["peeked"] == rank["uninterrupted"]
+        assert rank["resumed"] == [rank["uninterrupted"][1][3:], rank["uninterrupted"][2]]

@@ -24,6 +24,7 @@ OWN_PARAMETERS = {
         "padding",
         "fixed_cost",
         "sort_window",
+        "pad_to_multiple_of",
     ],
 }
 
