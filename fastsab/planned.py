@@ -50,7 +50,17 @@ class PlannedBatchSampler(EpochCursor, Sampler[list[int]]):
         self.stats: EpochStats | None = None
 
     def __iter__(self) -> Iterator[list[int]]:
-        self._ahead = self._counted_by is None and _called_by_worker_loader(sys._getframe(1))
+        caller = sys._getframe(1)
+        shards = _accelerate_shards(caller)
+        if shards > 1 and self.world_size > 1:
+            raise RuntimeError(
+                f"accelerator.prepare() deals the batches of this PlannedBatchSampler to its {shards} processes, but "
+                f"the plan already is the share of rank {self.rank} of {self.world_size}: each rank would skip "
+                f"{shards - 1} of every {shards} of its batches. Prepare the loader with "
+                f"fastsab.integrations.accelerate.prepare_loader(accelerator, loader) instead (it also takes "
+                f"loader.data_loader(...))."
+            )
+        self._ahead = self._counted_by is None and _called_by_worker_loader(caller)
         stats = EpochStats(self.epoch)
         _, stream = self._start_epoch(stats)
         if self._counted_by is not None:
@@ -147,6 +157,22 @@ class PlannedDataLoader(DataLoader):  # type: ignore[type-arg]
         """Continue from ``state`` (see :meth:`PlannedBatchSampler.load_state_dict`)."""
         self._received.ended()
         self.plan.load_state_dict(state)
+
+
+def _accelerate_shards(frame: FrameType | None) -> int:
+    """The processes among which ``frame`` (the caller of ``iter()``) deals batches, if it is accelerate's sharder.
+
+    ``accelerator.prepare(data_loader)`` wraps the batch sampler in a ``BatchSamplerShard``
+    that keeps every ``num_processes``-th batch; 0 where the caller is anything else.
+    """
+    # NOTE: looked up, not imported: the core does not depend on accelerate, and a sharder
+    # exists only where accelerate was imported
+    module = sys.modules.get("accelerate.data_loader")
+    sharder = getattr(module, "BatchSamplerShard", None)
+    owner = frame.f_locals.get("self") if frame is not None else None
+    if sharder is None or not isinstance(owner, sharder):
+        return 0
+    return int(owner.num_processes)
 
 
 def _called_by_worker_loader(frame: FrameType | None) -> bool:

@@ -1,0 +1,147 @@
+"""The fast loaders under Hugging Face Accelerate (``fastsab.integrations.accelerate``)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from accelerate import Accelerator
+from torch.utils.data import DataLoader
+
+from fastsab import FastLoader
+from fastsab.integrations.accelerate import AcceleratedLoader, prepare_loader
+
+WORKER = Path(__file__).with_name("accelerate_worker.py")
+
+
+def launch(directory: Path, processes: int, *args: Any) -> list[dict[str, Any]]:
+    """Run ``accelerate_worker.py`` in ``processes`` CPU processes; what each rank wrote."""
+    directory.mkdir(exist_ok=True)
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}"]
+    command = [*(torchrun if processes > 1 else [sys.executable]), str(WORKER), *map(str, args)]
+    env = {**os.environ, "ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1"}  # as `accelerate launch --cpu`
+    out = subprocess.run(command, capture_output=True, text=True, timeout=180, env=env, cwd=directory)
+    assert out.returncode == 0, out.stderr[-3000:]
+    mode = args[0]
+    return [json.loads((directory / f"{mode}_{rank}.json").read_text()) for rank in range(processes)]
+
+
+def per_epoch(record: dict[str, Any], epoch: int) -> list[Any]:
+    return [step for step in record["steps"] if step[0] == epoch]
+
+
+def check_resumed(tmp_path: Path, processes: int, kind: str, stop: int | None = None) -> list[dict[str, Any]]:
+    """An uninterrupted run against one saved after ``stop`` steps (default: 8 into epoch 1) and resumed."""
+    full = launch(tmp_path / "full", processes, "train", kind, tmp_path / "full")
+    if stop is None:  # a step after which gradients are synced: accelerate saves no accumulated gradients
+        stop = len(per_epoch(full[0], 0)) + 8
+    run = tmp_path / "run"
+    interrupted = launch(run, processes, "train", kind, run, stop)
+    resumed = launch(run, processes, "resume", kind, run)
+    for rank in range(processes):
+        # invariant: rank by rank and step by step, the samples (and syncs) of the uninterrupted run
+        assert len(interrupted[rank]["steps"]) == stop
+        assert interrupted[rank]["steps"] + resumed[rank]["steps"] == full[rank]["steps"]
+        assert resumed[rank]["weight"] == full[rank]["weight"]
+        assert resumed[rank]["len"] == len(per_epoch(full[rank], full[rank]["steps"][stop][0]))
+    return full
+
+
+def check_syncs_at_epoch_ends(full: list[dict[str, Any]]) -> None:
+    for record in full:
+        for epoch in range(3):
+            syncs = [synced for _, _, synced in per_epoch(record, epoch)]
+            # invariant: gradients are synced every 4 steps and on the epoch's last one
+            assert syncs == [(step + 1) % 4 == 0 or step + 1 == len(syncs) for step in range(len(syncs))]
+            assert sum(syncs) == math.ceil(len(syncs) / 4)
+
+
+def test_one_process_resumed_run_sees_the_uninterrupted_runs_batches(tmp_path):
+    full = check_resumed(tmp_path, 1, "fixed")
+    assert full[0]["len"] == 35
+    for epoch in range(3):  # every sample once per epoch
+        assert sorted(i for _, batch, _ in per_epoch(full[0], epoch) for i in batch) == list(range(240))
+    check_syncs_at_epoch_ends(full)
+    assert [sum(synced for _, _, synced in per_epoch(full[0], epoch)) for epoch in range(3)] == [9, 9, 9]
+
+
+def test_one_process_run_saved_after_the_last_batch_of_an_epoch_resumes_with_the_next(tmp_path):
+    check_resumed(tmp_path, 1, "fixed", stop=35)
+
+
+def test_two_processes_resumed_run_sees_the_uninterrupted_runs_batches(tmp_path):
+    full = check_resumed(tmp_path, 2, "sized")
+    for epoch in range(3):
+        steps = [per_epoch(record, epoch) for record in full]
+        assert len(steps[0]) == len(steps[1])  # equal steps per rank
+        assert {i for rank in steps for _, batch, _ in rank for i in batch} == set(range(240))
+    check_syncs_at_epoch_ends(full)
+
+
+def test_prepare_of_a_planned_data_loader_under_two_processes_refuses_to_shard_the_plan_again(tmp_path):
+    # (without the check each rank ran 9 of its 18 steps: 119 of the 240 samples were never seen)
+    for rank, record in enumerate(launch(tmp_path, 2, "naive", "fixed", tmp_path)):
+        assert record["steps"] == []
+        assert f"the plan already is the share of rank {rank} of 2" in record["error"]
+        assert "fastsab.integrations.accelerate.prepare_loader(accelerator, loader)" in record["error"]
+
+
+# -- one process, in this one ----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def accelerator() -> Accelerator:
+    return Accelerator(cpu=True)
+
+
+def test_state_counts_the_batches_received_not_the_one_fetched_ahead(accelerator):
+    loader = FastLoader(torch.arange(40), 4, seed=3)
+    prepared = prepare_loader(accelerator, loader)
+    batches = iter(prepared)
+    received = [next(batches).tolist() for _ in range(3)]
+    assert loader.state_dict()["steps"] == 4  # handed out
+    state = prepared.state_dict()
+    assert state["steps"] == 3
+    resumed = prepare_loader(accelerator, FastLoader(torch.arange(40), 4, seed=3))
+    resumed.load_state_dict(state)
+    assert len(resumed) == 10  # the whole epoch's steps
+    rest = [batch.tolist() for batch in resumed]
+    everything = [batch.tolist() for batch in FastLoader(torch.arange(40), 4, seed=3)]
+    assert received + rest == everything
+    assert resumed.state_dict()["epoch"] == 1 and resumed.state_dict()["steps"] == 0
+
+
+def test_end_of_dataloader_is_set_on_the_last_batch_only(accelerator):
+    prepared = prepare_loader(accelerator, FastLoader(torch.arange(10), 4).data_loader())
+    ends = [accelerator.gradient_state.end_of_dataloader for _ in prepared]
+    assert ends == [False, False, True]
+    assert not accelerator.gradient_state.in_dataloader
+
+
+def test_batches_go_to_the_accelerators_device_unless_the_loader_moves_them(accelerator):
+    assert prepare_loader(accelerator, FastLoader(torch.arange(4), 2)).move_to == accelerator.device
+    assert prepare_loader(accelerator, FastLoader(torch.arange(4), 2), device_placement=False).device is None
+    own = prepare_loader(accelerator, FastLoader(torch.arange(4), 2, device="cpu"))
+    assert own.move_to is None and own.device == torch.device("cpu")
+
+
+def test_prepare_loader_refuses_what_it_cannot_prepare(accelerator):
+    with pytest.raises(TypeError, match=r"loader must be a FastLoader.*got DataLoader; prepare other DataLoader"):
+        prepare_loader(accelerator, DataLoader(torch.arange(4)))  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"accelerator must be an accelerate.Accelerator, got str"):
+        prepare_loader("cpu", FastLoader(torch.arange(4), 2))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"loader plans for rank 1 of 2, but the accelerator runs process 0 of 1"):
+        prepare_loader(accelerator, FastLoader(torch.arange(4), 2, rank=1, world_size=2))
+
+
+def test_prepared_loader_is_registered_for_checkpointing(accelerator):
+    prepared = prepare_loader(accelerator, FastLoader(torch.arange(4), 2))
+    assert isinstance(prepared, AcceleratedLoader)
+    assert accelerator._custom_objects[-1] is prepared
