@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader
 
 from fastsab import FastLoader
 from fastsab.integrations.accelerate import AcceleratedLoader, prepare_loader
+from tests.docs_pages import page_files, page_script
 
 WORKER = Path(__file__).with_name("accelerate_worker.py")
 
@@ -145,3 +146,48 @@ def test_prepared_loader_is_registered_for_checkpointing(accelerator):
     prepared = prepare_loader(accelerator, FastLoader(torch.arange(4), 2))
     assert isinstance(prepared, AcceleratedLoader)
     assert accelerator._custom_objects[-1] is prepared
+
+
+def test_state_of_a_planned_data_loader_with_workers_counts_the_batches_received(accelerator):
+    loader = FastLoader(torch.arange(40), 4, seed=3)
+    prepared = prepare_loader(accelerator, loader.data_loader(num_workers=1))
+    batches = iter(prepared)
+    received = [next(batches).tolist() for _ in range(3)]
+    state = prepared.state_dict()
+    del batches
+    assert state["steps"] == 3
+    resumed = prepare_loader(accelerator, FastLoader(torch.arange(40), 4, seed=3).data_loader())
+    resumed.load_state_dict(state)
+    everything = [batch.tolist() for batch in FastLoader(torch.arange(40), 4, seed=3)]
+    assert received + [batch.tolist() for batch in resumed] == everything
+
+
+# -- the docs page ----------------------------------------------------------------------------
+
+
+def test_docs_page_train_script_resumes_exactly_under_two_processes(tmp_path):
+    (tmp_path / "train.py").write_text(page_files("trainers/accelerate.md")["train.py"])
+    assert page_script("trainers/accelerate.md").strip() == ""  # the page's code is the script
+
+    def run(*args: str) -> list[tuple[int, int, bool, list[int]]]:
+        logs = tmp_path / f"logs{len(args)}"  # one stdout file per rank: their lines do not interleave
+        torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+        torchrun += [f"--log-dir={logs}", "--redirects=1"]
+        env = {**os.environ, "ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1"}
+        out = subprocess.run(
+            [*torchrun, "train.py", *args], capture_output=True, text=True, timeout=180, env=env, cwd=tmp_path
+        )
+        assert out.returncode == 0, out.stderr[-3000:]
+        lines = [line.split(" ", 7) for log in logs.rglob("stdout.log") for line in log.read_text().splitlines()]
+        return [(int(w[1]), int(w[3]), w[5] == "True", json.loads(w[7])) for w in lines if w[0] == "rank"]
+
+    interrupted, resumed = run("20"), run()
+    assert [len([s for s in interrupted if s[0] == rank]) for rank in (0, 1)] == [20, 20]
+    assert resumed[0][1] == 1  # epoch 0 has 18 steps per rank: the resumed run starts in epoch 1
+    steps = interrupted + resumed
+    for epoch in range(3):
+        ranks = [[s for s in steps if s[:2] == (rank, epoch)] for rank in (0, 1)]
+        # invariant: the interrupted and resumed runs together run every epoch once, each sample in it
+        assert len(ranks[0]) == len(ranks[1])
+        assert {i for rank in ranks for s in rank for i in s[3]} == set(range(240))
+        assert all(rank[-1][2] for rank in ranks)  # synced on the epoch's last step
