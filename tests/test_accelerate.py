@@ -7,12 +7,14 @@ import math
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 from accelerate import Accelerator
+from accelerate.state import AcceleratorState, GradientState
 from torch.utils.data import DataLoader
 
 from fastsab import FastLoader
@@ -98,8 +100,12 @@ def test_prepare_of_a_planned_data_loader_under_two_processes_refuses_to_shard_t
 
 
 @pytest.fixture(scope="module")
-def accelerator() -> Accelerator:
-    return Accelerator(cpu=True)
+def accelerator() -> Iterator[Accelerator]:
+    # NOTE: accelerate's state is one per process: start from none, and leave none to other tests
+    AcceleratorState._reset_state(True)
+    yield Accelerator(cpu=True)
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
 
 
 def test_state_counts_the_batches_received_not_the_one_fetched_ahead(accelerator):
