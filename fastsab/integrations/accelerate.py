@@ -31,6 +31,8 @@ __all__ = ["AcceleratedLoader", "prepare_loader"]
 #: What :func:`prepare_loader` takes: a fast loader, or its plan in a ``DataLoader`` (worker processes).
 Loader = LoaderBase[Any] | PlannedDataLoader
 
+_NONE = object()  # what an epoch without batches gives first
+
 
 class AcceleratedLoader(DataLoaderStateMixin):  # type: ignore[misc]  # accelerate is untyped
     """A fast loader as accelerate's prepared ``DataLoader`` objects behave; made by :func:`prepare_loader`.
@@ -91,8 +93,8 @@ class AcceleratedLoader(DataLoaderStateMixin):  # type: ignore[misc]  # accelera
         self.begin()
         try:
             batches = iter(self.loader)
-            current = next(batches, None)
-            if current is None:
+            current = next(batches, _NONE)
+            if current is _NONE:
                 return
             self.consumed.started()
             # NOTE: one batch ahead, as DataLoaderShard: the epoch's last batch is known as the
