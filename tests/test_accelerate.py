@@ -40,9 +40,9 @@ def per_epoch(record: dict[str, Any], epoch: int) -> list[Any]:
     return [step for step in record["steps"] if step[0] == epoch]
 
 
-def check_resumed(tmp_path: Path, processes: int, kind: str, stop: int | None = None) -> list[dict[str, Any]]:
-    """An uninterrupted run against one saved after ``stop`` steps (default: 8 into epoch 1) and resumed."""
-    full = launch(tmp_path / "full", processes, "train", kind, tmp_path / "full")
+def check_resumed(tmp_path: Path, full: list[dict[str, Any]], kind: str, stop: int | None = None) -> None:
+    """The uninterrupted run ``full`` against one saved after ``stop`` steps (default: 8 into epoch 1) and resumed."""
+    processes = len(full)
     if stop is None:  # a step after which gradients are synced: accelerate saves no accumulated gradients
         stop = len(per_epoch(full[0], 0)) + 8
     run = tmp_path / "run"
@@ -54,7 +54,13 @@ def check_resumed(tmp_path: Path, processes: int, kind: str, stop: int | None = 
         assert interrupted[rank]["steps"] + resumed[rank]["steps"] == full[rank]["steps"]
         assert resumed[rank]["weight"] == full[rank]["weight"]
         assert resumed[rank]["len"] == len(per_epoch(full[rank], full[rank]["steps"][stop][0]))
-    return full
+
+
+@pytest.fixture(scope="module")
+def one_process_run(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    """3 epochs of a FastLoader (35 batches each) in one process, uninterrupted."""
+    directory = tmp_path_factory.mktemp("full")
+    return launch(directory, 1, "train", "fixed", directory)
 
 
 def check_syncs_at_epoch_ends(full: list[dict[str, Any]]) -> None:
@@ -66,8 +72,9 @@ def check_syncs_at_epoch_ends(full: list[dict[str, Any]]) -> None:
             assert sum(syncs) == math.ceil(len(syncs) / 4)
 
 
-def test_one_process_resumed_run_sees_the_uninterrupted_runs_batches(tmp_path):
-    full = check_resumed(tmp_path, 1, "fixed")
+def test_one_process_resumed_run_sees_the_uninterrupted_runs_batches(tmp_path, one_process_run):
+    full = one_process_run
+    check_resumed(tmp_path, full, "fixed")
     assert full[0]["len"] == 35
     for epoch in range(3):  # every sample once per epoch
         assert sorted(i for _, batch, _ in per_epoch(full[0], epoch) for i in batch) == list(range(240))
@@ -75,12 +82,13 @@ def test_one_process_resumed_run_sees_the_uninterrupted_runs_batches(tmp_path):
     assert [sum(synced for _, _, synced in per_epoch(full[0], epoch)) for epoch in range(3)] == [9, 9, 9]
 
 
-def test_one_process_run_saved_after_the_last_batch_of_an_epoch_resumes_with_the_next(tmp_path):
-    check_resumed(tmp_path, 1, "fixed", stop=35)
+def test_one_process_run_saved_after_the_last_batch_of_an_epoch_resumes_with_the_next(tmp_path, one_process_run):
+    check_resumed(tmp_path, one_process_run, "fixed", stop=35)
 
 
 def test_two_processes_resumed_run_sees_the_uninterrupted_runs_batches(tmp_path):
-    full = check_resumed(tmp_path, 2, "sized")
+    full = launch(tmp_path / "full", 2, "train", "sized", tmp_path / "full")
+    check_resumed(tmp_path, full, "sized")
     for epoch in range(3):
         steps = [per_epoch(record, epoch) for record in full]
         assert len(steps[0]) == len(steps[1])  # equal steps per rank
