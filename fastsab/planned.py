@@ -55,8 +55,8 @@ class PlannedBatchSampler(EpochCursor, Sampler[list[int]]):
         if shards > 1 and self.world_size > 1:
             raise RuntimeError(
                 f"accelerator.prepare() deals the batches of this PlannedBatchSampler to its {shards} processes, but "
-                f"the plan already is the share of rank {self.rank} of {self.world_size}: each rank would skip "
-                f"{shards - 1} of every {shards} of its batches. Prepare the loader with "
+                f"the plan already is the share of rank {self.rank} of {self.world_size}: dealt again, {shards - 1} "
+                f"of every {shards} samples of the epoch would never be seen. Prepare the loader with "
                 f"fastsab.integrations.accelerate.prepare_loader(accelerator, loader) instead (it also takes "
                 f"loader.data_loader(...))."
             )
@@ -160,19 +160,34 @@ class PlannedDataLoader(DataLoader):  # type: ignore[type-arg]
 
 
 def _accelerate_shards(frame: FrameType | None) -> int:
-    """The processes among which ``frame`` (the caller of ``iter()``) deals batches, if it is accelerate's sharder.
+    """The processes among which accelerate deals the batches ``frame`` (the caller of ``iter()``) takes.
 
     ``accelerator.prepare(data_loader)`` wraps the batch sampler in a ``BatchSamplerShard``
-    that keeps every ``num_processes``-th batch; 0 where the caller is anything else.
+    that keeps every ``num_processes``-th batch (its generator is the caller), or, with
+    ``dispatch_batches=True``, has a ``DataLoaderDispatcher`` split the main process's
+    batches among the processes (its ``_fetch_batches`` is a few calls up, past the
+    ``DataLoader`` iterator's). 0 where neither takes the batches.
     """
-    # NOTE: looked up, not imported: the core does not depend on accelerate, and a sharder
-    # exists only where accelerate was imported
+    # NOTE: looked up, not imported: the core does not depend on accelerate, and neither
+    # exists where accelerate was not imported
     module = sys.modules.get("accelerate.data_loader")
-    sharder = getattr(module, "BatchSamplerShard", None)
-    owner = frame.f_locals.get("self") if frame is not None else None
-    if sharder is None or not isinstance(owner, sharder):
+    if module is None:
         return 0
-    return int(owner.num_processes)
+    for _ in range(_DISPATCH_DEPTH):
+        if frame is None:
+            break
+        owner = frame.f_locals.get("self")
+        if isinstance(owner, module.BatchSamplerShard):
+            return int(owner.num_processes)
+        if isinstance(owner, module.DataLoaderDispatcher):
+            return int(owner.state.num_processes)
+        frame = frame.f_back
+    return 0
+
+
+#: Calls from ``DataLoaderDispatcher._fetch_batches`` down to the batch sampler: ``__next__``,
+#: ``_next_data``, ``_next_index`` of the ``DataLoader`` iterator, with room for a wrapper.
+_DISPATCH_DEPTH = 6
 
 
 def _called_by_worker_loader(frame: FrameType | None) -> bool:

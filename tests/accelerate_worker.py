@@ -3,8 +3,8 @@
 ``python tests/accelerate_worker.py MODE KIND DIR [STOP]``, under ``torchrun`` for several
 processes. MODE: ``train`` runs 3 epochs (with STOP: saves the state after that many steps
 and exits), ``resume`` loads that state in new processes and runs to the end, ``naive``
-iterates ``accelerator.prepare(loader.data_loader())``. KIND: ``fixed`` (a FastLoader) or
-``sized`` (a FastSizeAwareLoader). Each process writes ``DIR/MODE_RANK.json``: per step its
+iterates ``accelerator.prepare(loader.data_loader())``. KIND: ``fixed`` (a FastLoader),
+``sized`` (a FastSizeAwareLoader) or ``dispatch`` (a FastLoader, and accelerate's ``dispatch_batches``). Each process writes ``DIR/MODE_RANK.json``: per step its
 epoch, sample indices and whether gradients were synced, and the trained weights.
 """
 
@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from accelerate import Accelerator
+from accelerate import Accelerator, DataLoaderConfiguration
 
 from fastsab import FastLoader, FastSizeAwareLoader
 from fastsab.integrations.accelerate import prepare_loader
@@ -28,18 +28,22 @@ DATA = {"index": torch.arange(N), "x": torch.randn(N, 8, generator=torch.Generat
 
 def make_loader(kind: str) -> Any:
     """After Accelerator(): the loaders read rank and world size from torch.distributed."""
-    if kind == "fixed":
+    if kind in ("fixed", "dispatch"):
         return FastLoader(DATA, 7, seed=5)  # 35 batches; 18 steps per rank under 2 processes
     lengths = np.random.default_rng(1).integers(1, 40, N)
     return FastSizeAwareLoader(DATA, lengths, 150, seed=5)
 
 
 def main(mode: str, kind: str, out: Path, stop: int | None) -> None:
-    accelerator = Accelerator(gradient_accumulation_steps=ACCUMULATE)
+    dispatch = DataLoaderConfiguration(dispatch_batches=kind == "dispatch")
+    accelerator = Accelerator(gradient_accumulation_steps=ACCUMULATE, dataloader_config=dispatch)
     record: dict[str, Any] = {"steps": []}
     if mode == "naive":
         planned = accelerator.prepare(make_loader(kind).data_loader())
         record["len"] = len(planned)
+        if kind == "dispatch":  # only the main process reads the plan; the others wait for its batches
+            print(sum(1 for _ in planned))
+            return
         try:
             record["steps"] = [[0, batch["index"].tolist(), None] for batch in planned]
         except RuntimeError as error:

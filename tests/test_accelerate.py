@@ -24,16 +24,30 @@ from tests.docs_pages import page_files, page_script
 WORKER = Path(__file__).with_name("accelerate_worker.py")
 
 
-def launch(directory: Path, processes: int, *args: Any) -> list[dict[str, Any]]:
-    """Run ``accelerate_worker.py`` in ``processes`` CPU processes; what each rank wrote."""
+def start(directory: Path, processes: int, *args: Any) -> subprocess.Popen[str]:
+    """Start ``accelerate_worker.py`` in ``processes`` CPU processes (see :func:`launch`)."""
     directory.mkdir(exist_ok=True)
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}"]
     command = [*(torchrun if processes > 1 else [sys.executable]), str(WORKER), *map(str, args)]
     env = {**os.environ, "ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1"}  # as `accelerate launch --cpu`
-    out = subprocess.run(command, capture_output=True, text=True, timeout=180, env=env, cwd=directory)
-    assert out.returncode == 0, out.stderr[-3000:]
-    mode = args[0]
-    return [json.loads((directory / f"{mode}_{rank}.json").read_text()) for rank in range(processes)]
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=directory)
+
+
+def finish(run: subprocess.Popen[str]) -> tuple[str, str]:
+    """The output of ``run``, once it ended."""
+    try:
+        return run.communicate(timeout=180)  # a hang guard
+    finally:
+        run.kill()  # (nothing left to end, but after a timeout)
+        run.wait()
+
+
+def launch(directory: Path, processes: int, *args: Any) -> list[dict[str, Any]]:
+    """Run ``accelerate_worker.py`` in ``processes`` CPU processes; what each rank wrote."""
+    run = start(directory, processes, *args)
+    _, stderr = finish(run)
+    assert run.returncode == 0, stderr[-3000:]
+    return [json.loads((directory / f"{args[0]}_{rank}.json").read_text()) for rank in range(processes)]
 
 
 def per_epoch(record: dict[str, Any], epoch: int) -> list[Any]:
@@ -43,7 +57,7 @@ def per_epoch(record: dict[str, Any], epoch: int) -> list[Any]:
 def check_resumed(tmp_path: Path, full: list[dict[str, Any]], kind: str, stop: int | None = None) -> None:
     """The uninterrupted run ``full`` against one saved after ``stop`` steps (default: 8 into epoch 1) and resumed."""
     processes = len(full)
-    if stop is None:  # a step after which gradients are synced: accelerate saves no accumulated gradients
+    if stop is None:  # a step after which gradients are synced: accelerate saves no gradients being accumulated
         stop = len(per_epoch(full[0], 0)) + 8
     run = tmp_path / "run"
     interrupted = launch(run, processes, "train", kind, run, stop)
@@ -102,6 +116,14 @@ def test_prepare_of_a_planned_data_loader_under_two_processes_refuses_to_shard_t
         assert record["steps"] == []
         assert f"the plan already is the share of rank {rank} of 2" in record["error"]
         assert "fastsab.integrations.accelerate.prepare_loader(accelerator, loader)" in record["error"]
+
+
+def test_prepare_of_a_planned_data_loader_refuses_to_dispatch_the_main_processs_plan(tmp_path):
+    # (without the check the main process's share was dealt to both processes, the other's never seen)
+    run = start(tmp_path, 2, "naive", "dispatch", tmp_path)
+    _, stderr = finish(run)
+    assert run.returncode != 0
+    assert "the plan already is the share of rank 0 of 2" in stderr
 
 
 # -- one process, in this one ----------------------------------------------------------------
