@@ -227,3 +227,14 @@ def test_docs_page_train_script_resumes_exactly_under_two_processes(tmp_path):
         assert len(ranks[0]) == len(ranks[1])
         assert {i for rank in ranks for s in rank for i in s[3]} == set(range(240))
         assert all(rank[-1][2] for rank in ranks)  # synced on the epoch's last step
+
+
+def test_state_saved_between_epochs_resumes_at_the_next_one(accelerator):
+    prepared = prepare_loader(accelerator, FastLoader(torch.arange(12), 4, seed=3))
+    first = [batch.tolist() for batch in prepared]
+    resumed = prepare_loader(accelerator, FastLoader(torch.arange(12), 4, seed=3))
+    resumed.load_state_dict(prepared.state_dict())
+    assert resumed.epoch == 1 and len(resumed) == 3
+    second = [batch.tolist() for batch in resumed]
+    reference = FastLoader(torch.arange(12), 4, seed=3)
+    assert [first, second] == [[b.tolist() for b in reference], [b.tolist() for b in reference]]
