@@ -51,7 +51,17 @@ class PlannedBatchSampler(EpochCursor, Sampler[list[int]]):
         self.stats: EpochStats | None = None
 
     def __iter__(self) -> Iterator[list[int]]:
-        self._ahead = self._counted_by is None and _called_by_worker_loader(sys._getframe(1))
+        caller = sys._getframe(1)
+        shards = _accelerate_shards(caller)
+        if shards > 1 and self.world_size > 1:
+            raise RuntimeError(
+                f"accelerator.prepare() deals the batches of this PlannedBatchSampler to its {shards} processes, but "
+                f"the plan already is the share of rank {self.rank} of {self.world_size}: dealt again, {shards - 1} "
+                f"of every {shards} samples of the epoch would never be seen. Prepare the loader with "
+                f"fastsab.integrations.accelerate.prepare_loader(accelerator, loader) instead (it also takes "
+                f"loader.data_loader(...))."
+            )
+        self._ahead = self._counted_by is None and _called_by_worker_loader(caller)
         stats = EpochStats(self.epoch)
         _, stream = self._start_epoch(stats)
         if self._counted_by is not None:
@@ -148,6 +158,37 @@ class PlannedDataLoader(DataLoader):  # type: ignore[type-arg]
         """Continue from ``state`` (see :meth:`PlannedBatchSampler.load_state_dict`)."""
         self._received.ended()
         self.plan.load_state_dict(state)
+
+
+def _accelerate_shards(frame: FrameType | None) -> int:
+    """The processes among which accelerate deals the batches ``frame`` (the caller of ``iter()``) takes.
+
+    ``accelerator.prepare(data_loader)`` wraps the batch sampler in a ``BatchSamplerShard``
+    that keeps every ``num_processes``-th batch (its generator is the caller), or, with
+    ``dispatch_batches=True``, has a ``DataLoaderDispatcher`` split the main process's
+    batches among the processes (its ``_fetch_batches`` is a few calls up, past the
+    ``DataLoader`` iterator's). 0 where neither takes the batches.
+    """
+    # NOTE: looked up, not imported: the core does not depend on accelerate, and neither
+    # exists where accelerate was not imported
+    module = sys.modules.get("accelerate.data_loader")
+    if module is None:
+        return 0
+    for _ in range(_DISPATCH_DEPTH):
+        if frame is None:
+            break
+        owner = frame.f_locals.get("self")
+        if isinstance(owner, module.BatchSamplerShard):
+            return int(owner.num_processes)
+        if isinstance(owner, module.DataLoaderDispatcher):
+            return int(owner.state.num_processes)
+        frame = frame.f_back
+    return 0
+
+
+#: Calls from ``DataLoaderDispatcher._fetch_batches`` down to the batch sampler: ``__next__``,
+#: ``_next_data``, ``_next_index`` of the ``DataLoader`` iterator, with room for a wrapper.
+_DISPATCH_DEPTH = 6
 
 
 def _called_by_worker_loader(frame: FrameType | None) -> bool:
