@@ -19,6 +19,7 @@ from fastsab import (
     size_aware_batching,
 )
 from fastsab._arrays import as_numpy
+from fastsab.memory import PolynomialRegression
 
 # The floating dtypes torch has and numpy lacks (float4_e2m1fn_x2 packs two values per byte: no tensor of
 # numbers can be made of it).
@@ -206,3 +207,14 @@ def test_bfloat16_features_are_padded_and_given_back_in_their_dtype():
     got = _batches(FastSizeAwareLoader(torch.arange(120), area, 400.0, features=features.bfloat16(), **options))
     assert got == want
     assert seen == {torch.float32, torch.bfloat16}
+
+
+def test_the_bfloat16_predictions_of_a_memory_model_batch_as_their_float_values():
+    model = PolynomialRegression(1)
+    model.fit(torch.arange(1.0, 20.0), 3 * torch.arange(1.0, 20.0) + 2)
+    lengths = torch.randint(1, 16, (80,), generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
+    predicted = model(lengths)
+    assert predicted.dtype == torch.bfloat16
+    want = _batches(FastSizeAwareLoader(torch.arange(80), predicted.float(), 100.0, seed=1))
+    assert _batches(FastSizeAwareLoader(torch.arange(80), predicted, 100.0, seed=1)) == want
+    assert _batches(FastSizeAwareLoader(torch.arange(80), model, 100.0, features=lengths, seed=1))
