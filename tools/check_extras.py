@@ -10,9 +10,10 @@ with the error and the output of the installs.
 Installing torch is most of the time, so it is installed once, in a base environment whose packages
 each extra's environment sees through a ``.pth`` file; the fastsab wheel is built once too. The
 environments are made in memory (``/dev/shm``) where it has room. About a minute in all on two busy
-cores for the two extras of today. A new
-integration module needs one row in :data:`EXTRAS` (``tests/test_check_extras.py`` fails until it has
-one). Usage::
+cores for the two extras of today.
+
+A new integration module needs one row in :data:`EXTRAS` (``tests/test_check_extras.py`` fails until
+it has one), and nothing else. Usage::
 
     python tools/check_extras.py                      # every extra of the table
     python tools/check_extras.py --extra webdataset   # one extra (repeatable)
@@ -38,9 +39,10 @@ EXTRAS: dict[str, str] = {
 #: Installed before the extra: a bare ``torch`` could pull a CUDA build of several GB.
 TORCH = "torch==2.13.0"
 ROOT = Path(__file__).resolve().parent.parent
+INTEGRATIONS = ROOT / "fastsab" / "integrations"
 
 
-def integration_modules(folder: Path = ROOT / "fastsab" / "integrations") -> list[str]:
+def integration_modules(folder: Path = INTEGRATIONS) -> list[str]:
     """The public modules under ``folder`` (``fastsab/integrations``), by their dotted names.
 
     A module or package whose name starts with ``_`` is private: it is checked through the
@@ -57,7 +59,7 @@ def integration_modules(folder: Path = ROOT / "fastsab" / "integrations") -> lis
     return names
 
 
-def missing_rows(folder: Path = ROOT / "fastsab" / "integrations") -> list[str]:
+def missing_rows(folder: Path = INTEGRATIONS) -> list[str]:
     """The public integration modules under ``folder`` that :data:`EXTRAS` has no row for."""
     return [module for module in integration_modules(folder) if module not in EXTRAS]
 
