@@ -83,7 +83,7 @@ def _first_unequal_shape(where: str, values: Any) -> str | None:
     for position, item in enumerate(values):
         here = f"{where}[{position}]"
         try:
-            shape = np.shape(item)
+            shape = tuple(np.shape(item))
         except ValueError:  # the item itself breaks its shape further down
             return _first_unequal_shape(here, item)
         if first is None:

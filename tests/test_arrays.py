@@ -165,6 +165,14 @@ def test_ragged_offsets_are_refused_at_their_position():
         RaggedDataset(np.arange(2), [0, [1, 2]])
 
 
+def test_ragged_nested_tensors_are_refused_with_their_shapes():
+    with pytest.raises(
+        ValueError,
+        match=r"sequences\[0\]\[1\] is tensor\(\[3\]\) of shape \(1,\) where sequences\[0\]\[0\] has shape \(2,\)",
+    ):
+        RaggedDataset.from_sequences([[torch.tensor([1, 2]), torch.tensor([3])]])
+
+
 def test_ragged_sizes_are_refused_at_their_position():
     with pytest.raises(ValueError, match=r"sizeof must be a 1-D or 2-D array of numbers, but sizeof\[2\] is \[3\]"):
         FastSizeAwareLoader(torch.arange(3), [[1, 2], [1, 2], [3]], 10)
