@@ -10,6 +10,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from fastsab._arrays import as_numpy, short_repr
+
 __all__ = [
     "NotANumberError",
     "NotASingleNumberError",
@@ -103,17 +105,6 @@ def check_nonnegative_int(name: str, value: Any) -> int:
 def as_python_number(value: Any) -> Any:
     """A size returned as a tensor or numpy scalar, as a Python number; anything else as it is."""
     return value.item() if isinstance(value, (torch.Tensor, np.ndarray, np.generic)) else value
-
-
-def short_repr(value: Any, limit: int = 80) -> str:
-    """``repr(value)`` on one line, cut to about ``limit`` characters for error messages.
-
-    Examples:
-        >>> short_repr("x" * 100, limit=12)
-        "'xxxxxxxx..."
-    """
-    text = " ".join(repr(value).split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def as_size(name: str, value: Any, element: Any) -> int | float:
@@ -256,8 +247,6 @@ def as_cost_array(name: str, values: Any, *, ndim: tuple[int, ...] = (1,)) -> tu
         ...
         ValueError: costs must be non-negative, got -1 at position 1.
     """
-    if isinstance(values, torch.Tensor):
-        values = values.detach().cpu().numpy()
     array = _as_real_numpy(name, values, ndim)
     if not array.size or array.dtype != np.int64:
         if array.size and array.min() < 0:
@@ -339,17 +328,20 @@ def _position(pos: tuple[int, ...]) -> Any:
 
 def _check_ndim(name: str, values: Any, shape: tuple[int, ...], ndim: tuple[int, ...]) -> None:
     if len(shape) not in ndim:
-        allowed = " or ".join(f"{d}-D" for d in ndim)
-        raise ValueError(f"{name} must be {allowed}, got shape {shape}: {short_repr(values)}.")
+        raise ValueError(f"{name} must be {_ranks(ndim)}, got shape {shape}: {short_repr(values)}.")
+
+
+def _ranks(ndim: tuple[int, ...]) -> str:
+    return " or ".join(f"{d}-D" for d in ndim)
 
 
 def _as_real_numpy(name: str, values: Any, ndim: tuple[int, ...]) -> np.ndarray:
     """``values`` as a finite int64 or float64 numpy array of one of the ranks ``ndim``."""
     try:
-        array = np.asarray(values)
-    except (TypeError, ValueError) as err:
+        array = as_numpy(name, values, expected=f"a {_ranks(ndim)} array of numbers")
+    except TypeError as err:
         raise TypeError(f"{name} must be an array of numbers, got {short_repr(values)}.") from err
-    if not isinstance(values, np.ndarray) and array.dtype.kind in "fO" and array.size:
+    if not isinstance(values, (np.ndarray, torch.Tensor)) and array.dtype.kind in "fO" and array.size:
         _refuse_integers_past_int64(name, values, array)
     if array.dtype == bool or not (np.issubdtype(array.dtype, np.integer) or np.issubdtype(array.dtype, np.floating)):
         raise TypeError(f"{name} must hold integers or floats, got dtype {array.dtype}: {short_repr(values)}.")

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 from torch.utils.data import Sampler
 
+from fastsab._arrays import native_order
 from fastsab._checks import NotAnIntegerError, check_positive_int
 
 __all__ = ["BucketBatchSampler", "Buckets", "NoElementInBucketsError", "create_buckets"]
@@ -225,7 +226,7 @@ class NoElementInBucketsError(ValueError, RuntimeError):
 
 
 def _as_real_tensor(name: str, given: object) -> torch.Tensor:
-    values = torch.from_numpy(given) if isinstance(given, np.ndarray) else given
+    values = torch.from_numpy(native_order(given)) if isinstance(given, np.ndarray) else given
     if not isinstance(values, torch.Tensor):
         raise TypeError(f"{name} must be a torch tensor or numpy array, got {type(values).__name__}.")
     if values.ndim != 1:

@@ -118,7 +118,8 @@ class PadCollator(Collator):
         compare of ``arange(L)`` against ``lengths``: the batch :meth:`from_flat` makes of the
         concatenated sequences, without the flat copy and its scatter. ``None`` where this does
         not pay or cannot run: a batch of fewer real tokens than padding (its ``B * L`` reads
-        would cost more than the scatter of its tokens), or values that are not numpy arrays.
+        would cost more than the scatter of its tokens), or values that are not numpy arrays in
+        the machine's byte order.
 
         Args:
             values: Per-token key -> the flat values the sequences are read from (one length).
@@ -134,7 +135,10 @@ class PadCollator(Collator):
         """
         shape = (len(lengths), self.width(lengths))
         real_tokens = int(lengths.sum())
-        if 2 * real_tokens < shape[0] * shape[1] or not all(isinstance(v, np.ndarray) for v in values.values()):
+        # NOTE: big-endian values take the flat gather, which reads them in the machine's byte order
+        if 2 * real_tokens < shape[0] * shape[1] or not all(
+            isinstance(v, np.ndarray) and v.dtype.isnative for v in values.values()
+        ):
             return None
         self._check_pad_keys(values)
         # NOTE: the mask straight in int64 (1 on real tokens), with no boolean matrix to convert

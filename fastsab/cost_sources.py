@@ -17,6 +17,7 @@ from typing import Any, Protocol, TypeVar
 import numpy as np
 import torch
 
+from fastsab._arrays import as_numpy
 from fastsab._checks import as_numeric_array, as_python_number, as_real_array, as_size
 
 __all__ = [
@@ -212,7 +213,7 @@ class FeatureRows(_CostSource):
     def __init__(self, costs: _FeatureCosts) -> None:
         self.costs = costs
         features = costs.features
-        values = features.detach().cpu().numpy() if isinstance(features, torch.Tensor) else np.asarray(features)
+        values = as_numpy("features", features)
         self.one_dimensional = values.ndim == 1
         # NOTE: the width from the shape, not -1: an empty dataset has no rows to infer it from
         self.rows = values.reshape(len(values), int(np.prod(values.shape[1:], dtype=np.int64)))
@@ -226,7 +227,8 @@ class FeatureRows(_CostSource):
         values: Any = rows[:, 0] if self.one_dimensional else rows
         features = self.costs.features
         if isinstance(features, torch.Tensor):
-            values = torch.from_numpy(np.ascontiguousarray(values)).to(features.device)
+            # NOTE: back in the features' own dtype (bfloat16 rows are held as float32, exactly)
+            values = torch.from_numpy(np.ascontiguousarray(values)).to(device=features.device, dtype=features.dtype)
         with torch.no_grad():
             costs = self.costs.fn(values)
         return _check_costs(costs, np.arange(len(rows)))
@@ -299,9 +301,7 @@ def _is_vectorized(sizeof: Callable[[Any], Any], probe: np.ndarray) -> bool:
 
 def _check_costs(values: Any, ids: np.ndarray) -> np.ndarray:
     """Validate the sizes computed for a chunk, naming the dataset index of a bad one."""
-    if isinstance(values, torch.Tensor):
-        values = values.detach().cpu().numpy()
-    raw = np.asarray(values)
+    raw = as_numpy("sizeof values", values)
     if raw.ndim not in (1, 2) or len(raw) != len(ids):
         got = f"{len(raw)} sizes (shape {tuple(raw.shape)})" if raw.ndim else f"shape {tuple(raw.shape)}"
         raise ValueError(

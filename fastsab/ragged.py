@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fastsab._checks import short_repr
+from fastsab._arrays import native_order, short_repr
 from fastsab.collate import Collator, Flat, PadCollator, pack_positions
 from fastsab.collator import as_tensor
 from fastsab.ragged_sources import (
@@ -64,7 +64,8 @@ class RaggedDataset:
         key: The name of ``values`` when it is a single array.
 
     Tensors are kept as numpy views of their memory where numpy holds their dtype. Batches
-    keep the dtypes of the values (a ``uint16`` token file gives ``uint16`` tensors).
+    keep the dtypes of the values (a ``uint16`` token file gives ``uint16`` tensors), in the
+    machine's byte order (a big-endian ``>u2`` file gives the same numbers as ``uint16``).
 
     Raises:
         TypeError: If an array is not a tensor or a numpy array of numbers, ``offsets`` are
@@ -294,11 +295,18 @@ class RaggedDataset:
 # -- gathering ------------------------------------------------------------------------------
 
 
+# NOTE: values of a big-endian array (a token file written on another machine, kept mapped: it
+# is not read whole) are gathered in the machine's byte order, the only one torch holds
+
+
 def _take(values: Flat, index: np.ndarray) -> Flat:
-    return values[index] if isinstance(values, np.ndarray) else values[torch.from_numpy(index).to(values.device)]
+    if isinstance(values, np.ndarray):
+        return native_order(values[index])
+    return values[torch.from_numpy(index).to(values.device)]
 
 
 def _copy_tensor(values: Any) -> torch.Tensor:
     if isinstance(values, torch.Tensor):
         return values.clone()
-    return torch.from_numpy(np.array(values))  # NOTE: a copy: a memory map's rows are read-only
+    # NOTE: a copy: a memory map's rows are read-only
+    return torch.from_numpy(np.array(values, dtype=values.dtype.newbyteorder("=")))

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fastsab._checks import short_repr
+from fastsab._arrays import as_numpy, short_repr
 from fastsab.collator import Flat
 
 __all__ = [
@@ -159,9 +159,7 @@ def common_length(values: dict[str, Flat]) -> int:
 
 def checked_offsets(offsets: Any, total: int) -> np.ndarray:
     """``offsets`` checked: 1-D integers from 0 to ``total``, non-decreasing."""
-    if isinstance(offsets, torch.Tensor):
-        offsets = offsets.detach().cpu().numpy()
-    array = offsets if isinstance(offsets, np.ndarray) else np.asarray(offsets)
+    array = as_numpy("offsets", offsets, expected="a one-dimensional sequence of integers")
     if array.ndim != 1:
         raise ValueError(f"offsets must be one-dimensional, got shape {array.shape}: {short_repr(offsets)}.")
     if len(array) == 0:
@@ -212,7 +210,7 @@ def _flatten(name: str, sequences: Any) -> tuple[np.ndarray, np.ndarray]:
 def _sequence_array(name: str, position: int, sequence: Any) -> np.ndarray:
     """``sequence`` (a list, array or tensor) as a numpy array."""
     if not isinstance(sequence, torch.Tensor):
-        return np.asarray(sequence)
+        return as_numpy(f"{name}[{position}]", sequence, expected="a one-dimensional sequence of numbers")
     try:
         return sequence.detach().cpu().numpy()
     except TypeError:  # a dtype numpy lacks (bfloat16)

@@ -610,7 +610,11 @@ def test_features_reach_a_callable_sizeof_converted_once_in_their_own_kind():
         ),
         (["a", "b", "c"], TypeError, r"features must hold integers or floats, got dtype <U1: \['a', 'b', 'c'\]"),
         ([1, None, 3], TypeError, r"features must hold integers or floats, got dtype object"),
-        ([[1, 2], [3], [4]], TypeError, r"features must be an array of numbers, got \[\[1, 2\], \[3\], \[4\]\]"),
+        (
+            [[1, 2], [3], [4]],
+            ValueError,
+            r"features must be a 1-D or 2-D array of numbers, but features\[1\] is \[3\] of shape \(1,\) where features\[0\] has shape \(2,\)",
+        ),
         (torch.tensor([1.0, float("nan"), 2.0]), ValueError, r"features must be finite, got nan at position 1"),
         (np.array([1.0, 2.0, np.inf]), ValueError, r"features must be finite, got inf at position 2"),
         (torch.ones(3, 2), ValueError, r"features must be 1-D for a model with num_features=1, got shape \(3, 2\)"),

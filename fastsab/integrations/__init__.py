@@ -4,6 +4,10 @@
   Hugging Face ``Accelerator`` (``pip install fastsab[accelerate]``).
 - :mod:`fastsab.integrations.lightning`: a ``LightningDataModule`` over the fast loaders
   (``pip install fastsab[lightning]``).
-- :mod:`fastsab.integrations.webdataset`: size-aware batching for WebDataset pipelines and a
-  data module over tar shards (``pip install fastsab[webdataset]``).
+- :mod:`fastsab.integrations.webdataset`: size-aware batching for WebDataset pipelines
+  (``pip install fastsab[webdataset]``) and data modules over tar shards (which need
+  ``fastsab[lightning]`` too).
+
+``tools/check_extras.py`` checks each module in an environment with only its extra installed;
+a new module needs a row in its table.
 """

@@ -1,0 +1,73 @@
+"""The extras check: its table covers every integration module, and each module imports with only its extra."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tools.check_extras import EXTRAS, ROOT, check_imports, integration_modules, missing_rows
+
+
+def test_the_table_has_a_row_for_every_integration_module():
+    # invariant: a new module under fastsab/integrations fails this test until EXTRAS names its extra
+    assert missing_rows() == []
+    assert set(integration_modules()) >= {"fastsab.integrations.lightning", "fastsab.integrations.webdataset"}
+
+
+def test_a_module_missing_from_the_table_is_found(tmp_path: Path):
+    for name in ("__init__.py", "_private.py", "lightning.py", "webdataset.py", "accelerate.py"):
+        (tmp_path / name).write_text("")
+    (tmp_path / "tools").mkdir()
+    (tmp_path / "tools" / "__init__.py").write_text("")
+    (tmp_path / "tools" / "keras.py").write_text("")
+    (tmp_path / "_helpers").mkdir()
+    (tmp_path / "_helpers" / "ray.py").write_text("")
+    assert missing_rows(tmp_path) == [
+        "fastsab.integrations.accelerate",
+        "fastsab.integrations.tools",
+        "fastsab.integrations.tools.keras",
+    ]
+
+
+def test_every_extra_of_the_table_is_an_extra_of_the_package():
+    tomllib = pytest.importorskip("tomllib")
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert set(EXTRAS.values()) <= set(extras)
+
+
+def test_every_promised_name_imports_where_every_extra_is_installed():
+    assert check_imports(sorted(EXTRAS)) == []
+
+
+def test_the_webdataset_stages_import_without_lightning():
+    # lightning made unimportable, as in an environment with only fastsab[webdataset]
+    script = textwrap.dedent(
+        """
+        import sys
+        sys.modules["lightning"] = None
+        sys.path.insert(0, sys.argv[1])
+        from fastsab.integrations.webdataset import safe_decoder, size_aware_batched
+        from tools.check_extras import check_imports
+
+        assert list(size_aware_batched(len, 4)(iter(["ab", "c", "de", "fghij", "k"]))) == [["ab", "c"], ["de", "k"]]
+        assert safe_decoder()({"__key__": "a", "y.cls": b"7"}) == {"__key__": "a", "y.cls": 7}
+        try:
+            from fastsab.integrations.webdataset import WebDataModule
+        except ImportError as err:
+            print(err)
+        assert check_imports(["fastsab.integrations.webdataset"]) == []
+        assert check_imports(["fastsab.integrations.lightning"])  # which does need lightning
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(ROOT)], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert (
+        'WebDataModule is a Lightning data module and needs lightning, which is not installed: pip install "fastsab[lightning]".'
+        in done.stdout
+    )
