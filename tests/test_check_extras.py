@@ -19,7 +19,7 @@ def test_the_table_has_a_row_for_every_integration_module():
 
 
 def test_a_module_missing_from_the_table_is_found(tmp_path: Path):
-    for name in ("__init__.py", "_private.py", "lightning.py", "webdataset.py", "accelerate.py"):
+    for name in ("__init__.py", "_private.py", "lightning.py", "webdataset.py", "ray.py"):
         (tmp_path / name).write_text("")
     (tmp_path / "tools").mkdir()
     (tmp_path / "tools" / "__init__.py").write_text("")
@@ -27,7 +27,7 @@ def test_a_module_missing_from_the_table_is_found(tmp_path: Path):
     (tmp_path / "_helpers").mkdir()
     (tmp_path / "_helpers" / "ray.py").write_text("")
     assert missing_rows(tmp_path) == [
-        "fastsab.integrations.accelerate",
+        "fastsab.integrations.ray",
         "fastsab.integrations.tools",
         "fastsab.integrations.tools.keras",
     ]
