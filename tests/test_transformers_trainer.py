@@ -1,0 +1,113 @@
+"""FastTrainer: a fast loader in ``transformers.Trainer``, exact over interruptions and resumes.
+
+Each test trains a tiny model in new processes (``tests/transformers_trainer_worker.py``):
+the whole run, then the same run stopped right after a checkpoint (the process ends there),
+then that run resumed from its checkpoint in a new process. The samples of every step, rank
+by rank, are compared with the loader's own plan and between the runs.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from fastsab import FastLoader
+from fastsab.integrations.transformers import FastTrainer
+from tests.docs_pages import page_script
+
+WORKER = Path(__file__).with_name("transformers_trainer_worker.py")
+N = 48  # the worker's dataset size
+ACCUMULATE = 2  # the worker's gradient accumulation
+
+
+def _launch(root: Path, kind: str, phase: str, world_size: int) -> None:
+    if world_size == 1:
+        command = [sys.executable, str(WORKER)]
+    else:
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world_size}"]
+        command.append(str(WORKER))
+    # NOTE: a generous hang guard only: the processes import transformers (seconds each)
+    done = subprocess.run([*command, str(root), kind, phase], capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+
+def _records(path: Path) -> list[dict[str, object]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _check_resume(root: Path, kind: str, world_size: int) -> list[int]:
+    """Run, stop and resume; check every rank's steps. Returns the steps of each epoch."""
+    _launch(root, kind, "first", world_size)
+    meta = json.loads((root / "meta.json").read_text())
+    epoch_steps, stop = meta["epoch_steps"], meta["stop"]
+    updates = [-(-steps // ACCUMULATE) for steps in epoch_steps]
+    # the interrupted run stopped in a later epoch, after the checkpoint of step `stop`
+    stopped = {rank: _records(root / f"stopped.rank{rank}.jsonl") for rank in range(world_size)}
+    assert all(records[-1]["step"] == stop - 1 for records in stopped.values())
+    assert all(records[-1]["epoch"] >= 1 for records in stopped.values())
+    covered: list[Counter[int]] = [Counter() for _ in epoch_steps]
+    for rank in range(world_size):
+        full = _records(root / f"full.rank{rank}.jsonl")
+        plan = json.loads((root / f"plan.rank{rank}.json").read_text())
+        # invariant: the uninterrupted run trains on exactly the loader's batches, epoch by epoch,
+        # each epoch's last optimizer step taking the batches left (gradient accumulation)
+        expected = [
+            {"epoch": epoch, "step": sum(updates[:epoch]) + position // ACCUMULATE, "indices": batch}
+            for epoch, batches in enumerate(plan)
+            for position, batch in enumerate(batches)
+        ]
+        assert full == expected
+        assert [len(batches) for batches in plan] == epoch_steps  # every rank runs as many steps
+        for epoch, batches in enumerate(plan):
+            covered[epoch].update(index for batch in batches for index in batch)
+    # invariant: every sample once per epoch over the ranks (a padded step may repeat some)
+    for counts in covered:
+        assert set(counts) == set(range(N))
+        assert world_size > 1 or set(counts.values()) == {1}
+    _launch(root, kind, "resume", world_size)
+    for rank in range(world_size):
+        # invariant: stopped + resumed in a new process == uninterrupted, step by step
+        assert _records(root / f"stopped.rank{rank}.jsonl") == _records(root / f"full.rank{rank}.jsonl")
+    return epoch_steps
+
+
+def test_fixed_size_resume_is_exact(tmp_path: Path) -> None:
+    assert _check_resume(tmp_path, "fixed", 1) == [12, 12, 12]
+
+
+def test_size_aware_epochs_of_differing_lengths_resume_exactly(tmp_path: Path) -> None:
+    epoch_steps = _check_resume(tmp_path, "sized", 1)
+    assert len(set(epoch_steps)) > 1  # the epochs differ in length
+    assert any(steps % ACCUMULATE for steps in epoch_steps)  # some epoch ends with a partial accumulation
+
+
+def test_torchrun_two_processes_resume_exactly(tmp_path: Path) -> None:
+    epoch_steps = _check_resume(tmp_path, "sized", 2)
+    assert len(set(epoch_steps)) > 1
+
+
+def test_loader_type_is_checked() -> None:
+    with pytest.raises(TypeError, match=r"train_loader must be a FastLoader or FastSizeAwareLoader, got list\."):
+        FastTrainer(model=torch.nn.Linear(1, 1), train_loader=[1, 2])  # type: ignore[arg-type]
+
+
+def test_loader_of_another_rank_is_refused(tmp_path: Path) -> None:
+    from transformers import TrainingArguments
+
+    args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[])
+    loader = FastLoader(torch.arange(8), 2, rank=1, world_size=2)
+    with pytest.raises(ValueError, match=r"train_loader plans for rank 1 of 2, but this process is rank 0 of 1"):
+        FastTrainer(model=torch.nn.Linear(1, 1), args=args, train_loader=loader)
+
+
+def test_docs_page_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    exec(compile(page_script("trainers/transformers.md"), "transformers.md", "exec"), {})
