@@ -20,7 +20,7 @@ import torch
 pytest.importorskip("transformers")
 
 from fastsab import FastLoader
-from fastsab.integrations.transformers import FastTrainer
+from fastsab.integrations.transformers import LOADER_STATE_NAME, FastTrainer
 from tests.docs_pages import page_script
 
 WORKER = Path(__file__).with_name("transformers_trainer_worker.py")
@@ -99,13 +99,57 @@ def test_loader_type_is_checked() -> None:
         FastTrainer(model=torch.nn.Linear(1, 1), train_loader=[1, 2])  # type: ignore[arg-type]
 
 
-def test_loader_of_another_rank_is_refused(tmp_path: Path) -> None:
+def test_a_loader_of_another_rank_a_train_dataset_too_or_auto_batch_sizes_are_refused(tmp_path: Path) -> None:
     from transformers import TrainingArguments
 
     args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[])
-    loader = FastLoader(torch.arange(8), 2, rank=1, world_size=2)
+    model, loader = torch.nn.Linear(1, 1), FastLoader(torch.arange(8), 2)
     with pytest.raises(ValueError, match=r"train_loader plans for rank 1 of 2, but this process is rank 0 of 1"):
-        FastTrainer(model=torch.nn.Linear(1, 1), args=args, train_loader=loader)
+        FastTrainer(model=model, args=args, train_loader=FastLoader(torch.arange(8), 2, rank=1, world_size=2))
+    with pytest.raises(ValueError, match=r"pass FastTrainer train_loader= or train_dataset=, not both"):
+        FastTrainer(model=model, args=args, train_loader=loader, train_dataset=torch.arange(8))
+    args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[], auto_find_batch_size=True)
+    with pytest.raises(ValueError, match=r"FastTrainer does not take auto_find_batch_size=True"):
+        FastTrainer(model=model, args=args, train_loader=loader)
+
+
+class _Model(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(1))
+
+    def forward(self, index: torch.Tensor, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"loss": (self.weight * x).pow(2).mean()}
+
+
+def _train(root: Path, seed: int, accumulate: int = 1, resume: str | None = None) -> None:
+    from transformers import TrainingArguments
+
+    args = TrainingArguments(
+        output_dir=str(root),
+        use_cpu=True,
+        report_to=[],
+        save_steps=2,
+        max_steps=2,
+        gradient_accumulation_steps=accumulate,
+        disable_tqdm=True,
+    )
+    loader = FastLoader({"index": torch.arange(12), "x": torch.linspace(0, 1, 12)}, 2, seed=seed)
+    FastTrainer(model=_Model(), args=args, train_loader=loader).train(resume_from_checkpoint=resume)
+
+
+def test_a_checkpoint_of_another_loader_or_run_or_without_the_loader_state_is_refused(tmp_path: Path) -> None:
+    _train(tmp_path, seed=0)
+    checkpoint = str(tmp_path / "checkpoint-2")
+    with pytest.raises(ValueError, match=r"state was saved with seed 0, but this object has seed 1\."):
+        _train(tmp_path, seed=1, resume=checkpoint)
+    with pytest.raises(
+        ValueError, match=r"is at epoch 0, step 2, but the checkpoint's global step 2 is at epoch 0, step 4"
+    ):
+        _train(tmp_path, seed=0, accumulate=2, resume=checkpoint)
+    (tmp_path / "checkpoint-2" / LOADER_STATE_NAME).unlink()
+    with pytest.raises(ValueError, match=r"has no fastsab_train_loader.json: it was not saved by FastTrainer"):
+        _train(tmp_path, seed=0, resume=checkpoint)
 
 
 def test_docs_page_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

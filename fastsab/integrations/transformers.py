@@ -53,7 +53,8 @@ class FastTrainer(Trainer):
 
     Raises:
         TypeError: If ``train_loader`` is not a fastsab loader.
-        ValueError: If the loader's rank or world size is not this process's.
+        ValueError: If the loader's rank or world size is not this process's, ``train_dataset``
+            is given too, or ``auto_find_batch_size`` is set (the loader plans the batches).
     """
 
     def __init__(self, *args: Any, train_loader: LoaderBase[Any], **kwargs: Any) -> None:
@@ -61,7 +62,14 @@ class FastTrainer(Trainer):
             raise TypeError(
                 f"train_loader must be a FastLoader or FastSizeAwareLoader, got {type(train_loader).__name__}."
             )
+        if kwargs.get("train_dataset") is not None:
+            raise ValueError("pass FastTrainer train_loader= or train_dataset=, not both: the loader is trained on.")
         super().__init__(*args, **kwargs)
+        if self.args.auto_find_batch_size:
+            raise ValueError(
+                "FastTrainer does not take auto_find_batch_size=True: the loader plans its batches; lower its limit "
+                "on out-of-memory errors with fastsab.adaptive instead."
+            )
         ranks = (self.args.process_index, self.args.world_size)
         if (train_loader.rank, train_loader.world_size) != ranks:
             raise ValueError(
@@ -77,6 +85,12 @@ class FastTrainer(Trainer):
         """The training loader itself: not wrapped by ``accelerate``, which would shard it again."""
         return self.train_loader
 
+    def num_examples(self, dataloader: Any) -> int:
+        """The items of the training loader's dataset (Trainer's own count for its other loaders)."""
+        if dataloader is self.train_loader:
+            return int(self.train_loader.order.n)
+        return int(super().num_examples(dataloader))
+
     def steps_in_epoch(self, epoch: int) -> int:
         """The batches ``epoch`` gives this rank (every rank runs as many), from the loader's plan.
 
@@ -90,9 +104,12 @@ class FastTrainer(Trainer):
             self._epoch_steps[epoch] = steps
         return self._epoch_steps[epoch]
 
+    def _updates(self, batches: int) -> int:
+        """Optimizer steps over ``batches`` of an epoch: the last accumulates the batches left, as Trainer's does."""
+        return math.ceil(batches / self.args.gradient_accumulation_steps)
+
     def _updates_in_epoch(self, epoch: int) -> int:
-        """Optimizer steps of ``epoch``: the last one accumulates the batches left, as Trainer's do."""
-        return math.ceil(self.steps_in_epoch(epoch) / self.args.gradient_accumulation_steps)
+        return self._updates(self.steps_in_epoch(epoch))
 
     def set_initial_training_values(self, args: Any, dataloader: Any) -> tuple[Any, ...]:
         """Trainer's training numbers, with ``max_steps`` and the epochs counted epoch by epoch."""
@@ -186,7 +203,7 @@ class FastTrainer(Trainer):
             epoch=epoch,
             train_dataloader=train_dataloader,
             steps_in_epoch=rest,
-            num_update_steps_per_epoch=math.ceil(rest / self.args.gradient_accumulation_steps),
+            num_update_steps_per_epoch=self._updates(rest),
             trial=trial,
             ignore_keys_for_eval=ignore_keys_for_eval,
             start_time=start_time,
