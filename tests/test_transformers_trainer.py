@@ -28,14 +28,15 @@ N = 48  # the worker's dataset size
 ACCUMULATE = 2  # the worker's gradient accumulation
 
 
-def _launch(root: Path, kind: str, phase: str, world_size: int) -> None:
+def _launch(root: Path, kind: str, phase: str, world_size: int, stop: int | None) -> None:
     if world_size == 1:
         command = [sys.executable, str(WORKER)]
     else:
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world_size}"]
         command.append(str(WORKER))
     # NOTE: a generous hang guard only: the processes import transformers (seconds each)
-    done = subprocess.run([*command, str(root), kind, phase], capture_output=True, text=True, timeout=240)
+    arguments = [str(root), kind, phase] + ([] if stop is None else [str(stop)])
+    done = subprocess.run([*command, *arguments], capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
 
@@ -43,9 +44,12 @@ def _records(path: Path) -> list[dict[str, object]]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def _check_resume(root: Path, kind: str, world_size: int) -> list[int]:
-    """Run, stop and resume; check every rank's steps. Returns the steps of each epoch."""
-    _launch(root, kind, "first", world_size)
+def _check_resume(root: Path, kind: str, world_size: int, stop: int | None = None) -> list[int]:
+    """Run, stop (after step ``stop``, or the worker's) and resume; check every rank's steps.
+
+    Returns the steps of each epoch.
+    """
+    _launch(root, kind, "first", world_size, stop)
     meta = json.loads((root / "meta.json").read_text())
     epoch_steps, stop = meta["epoch_steps"], meta["stop"]
     updates = [-(-steps // ACCUMULATE) for steps in epoch_steps]
@@ -72,7 +76,7 @@ def _check_resume(root: Path, kind: str, world_size: int) -> list[int]:
     for counts in covered:
         assert set(counts) == set(range(N))
         assert world_size > 1 or set(counts.values()) == {1}
-    _launch(root, kind, "resume", world_size)
+    _launch(root, kind, "resume", world_size, stop)
     for rank in range(world_size):
         # invariant: stopped + resumed in a new process == uninterrupted, step by step
         assert _records(root / f"stopped.rank{rank}.jsonl") == _records(root / f"full.rank{rank}.jsonl")
@@ -87,6 +91,11 @@ def test_size_aware_epochs_of_differing_lengths_resume_exactly(tmp_path: Path) -
     epoch_steps = _check_resume(tmp_path, "sized", 1)
     assert len(set(epoch_steps)) > 1  # the epochs differ in length
     assert any(steps % ACCUMULATE for steps in epoch_steps)  # some epoch ends with a partial accumulation
+
+
+def test_a_checkpoint_at_the_end_of_an_epoch_with_a_partial_accumulation_resumes_at_the_next(tmp_path: Path) -> None:
+    epoch_steps = _check_resume(tmp_path, "sized", 1, stop=26)
+    assert epoch_steps[:2] == [24, 27]  # step 26 is the last of epoch 1, whose 27th batch is accumulated alone
 
 
 def test_torchrun_two_processes_resume_exactly(tmp_path: Path) -> None:

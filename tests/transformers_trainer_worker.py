@@ -1,12 +1,13 @@
 """Trains a tiny model with FastTrainer and records the samples of every step.
 
-``python tests/transformers_trainer_worker.py DIR KIND PHASE`` (or under ``torchrun``):
+``python tests/transformers_trainer_worker.py DIR KIND PHASE [STOP]`` (or under ``torchrun``):
 
 - ``KIND``: ``fixed`` (FastLoader, batch size 4) or ``sized`` (FastSizeAwareLoader, whose
   epochs differ in their number of batches), with gradient accumulation over 2 batches.
 - ``PHASE``: ``first`` runs the whole training into ``DIR/full``, then the same training into
   ``DIR/stopped``, where the process ends right after the checkpoint of step ``STOPS[...]``;
-  ``resume`` resumes ``DIR/stopped`` from that checkpoint in this new process.
+  ``resume`` resumes ``DIR/stopped`` from that checkpoint in this new process. ``STOP`` gives
+  another step to stop after.
 
 Each rank writes one line per batch the model ran, ``{"epoch", "step", "indices"}``, to
 ``DIR/<run>.rank<R>.jsonl`` (the resumed run appends to the stopped one's); ``DIR/plan.rank<R>.json``
@@ -89,9 +90,9 @@ def make_loader(kind: str) -> FastLoader | FastSizeAwareLoader:
     return FastSizeAwareLoader(data, sizes, max_total_size=11, seed=0)
 
 
-def train(root: Path, kind: str, run: str, resume: bool, stopping: bool) -> None:
+def train(root: Path, kind: str, run: str, resume: bool, stopping: bool, stop: int | None) -> None:
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    stop = STOPS[kind, world_size]
+    stop = stop or STOPS[kind, world_size]
     args = TrainingArguments(
         output_dir=str(root / run),
         use_cpu=True,
@@ -129,10 +130,11 @@ def train(root: Path, kind: str, run: str, resume: bool, stopping: bool) -> None
 
 if __name__ == "__main__":
     root, kind, phase = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+    stop = int(sys.argv[4]) if len(sys.argv) > 4 else None
     if phase == "first":
-        train(root, kind, "full", resume=False, stopping=False)
-        train(root, kind, "stopped", resume=False, stopping=True)
+        train(root, kind, "full", resume=False, stopping=False, stop=stop)
+        train(root, kind, "stopped", resume=False, stopping=True, stop=stop)
     else:
-        train(root, kind, "stopped", resume=True, stopping=False)
+        train(root, kind, "stopped", resume=True, stopping=False, stop=stop)
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
