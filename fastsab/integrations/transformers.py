@@ -55,6 +55,21 @@ class FastTrainer(Trainer):
         TypeError: If ``train_loader`` is not a fastsab loader.
         ValueError: If the loader's rank or world size is not this process's, ``train_dataset``
             is given too, or ``auto_find_batch_size`` is set (the loader plans the batches).
+
+    Examples:
+        >>> import tempfile
+        >>> import numpy as np
+        >>> import torch
+        >>> from transformers import TrainingArguments
+        >>> from fastsab import FastSizeAwareLoader
+        >>> args = TrainingArguments(output_dir=tempfile.mkdtemp(), use_cpu=True, report_to=[], num_train_epochs=3)
+        >>> sizes = np.random.default_rng(0).integers(1, 9, 48)
+        >>> loader = FastSizeAwareLoader(torch.arange(48), sizes, max_total_size=11, seed=0)
+        >>> trainer = FastTrainer(model=torch.nn.Linear(1, 1), args=args, train_loader=loader)
+        >>> [trainer.steps_in_epoch(epoch) for epoch in range(3)]  # size-aware epochs differ
+        [24, 27, 25]
+        >>> trainer.set_initial_training_values(args, loader)[-1]  # max_steps: their sum
+        76
     """
 
     def __init__(self, *args: Any, train_loader: LoaderBase[Any], **kwargs: Any) -> None:
