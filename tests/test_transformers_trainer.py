@@ -80,7 +80,24 @@ def _check_resume(root: Path, kind: str, world_size: int, stop: int | None = Non
     for rank in range(world_size):
         # invariant: stopped + resumed in a new process == uninterrupted, step by step
         assert _records(root / f"stopped.rank{rank}.jsonl") == _records(root / f"full.rank{rank}.jsonl")
+    # the checkpoints of both runs agree: steps, epochs (with the fraction) and the loader's state
+    checkpoints = sorted(path.name for path in (root / "full").glob("checkpoint-*"))
+    assert checkpoints == sorted(path.name for path in (root / "stopped").glob("checkpoint-*"))
+    assert f"checkpoint-{sum(updates)}" in checkpoints
+    for name in checkpoints:
+        saved = [_checkpoint(root / run / name) for run in ("full", "stopped")]
+        assert saved[0] == saved[1]
+    assert _checkpoint(root / "full" / f"checkpoint-{sum(updates)}")[:3] == (sum(updates), sum(updates), len(updates))
     return epoch_steps
+
+
+def _checkpoint(folder: Path) -> tuple[object, ...]:
+    """What a checkpoint says of the position: global step, max steps, epoch, the loader's state, and
+    the step and epoch of each log entry."""
+    state = json.loads((folder / "trainer_state.json").read_text())
+    loader = json.loads((folder / "fastsab_train_loader.json").read_text())
+    logged = [(entry["step"], entry["epoch"]) for entry in state["log_history"]]
+    return state["global_step"], state["max_steps"], state["epoch"], loader, logged
 
 
 def test_fixed_size_resume_is_exact(tmp_path: Path) -> None:

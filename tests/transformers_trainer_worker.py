@@ -102,7 +102,7 @@ def train(root: Path, kind: str, run: str, resume: bool, stopping: bool, stop: i
         num_train_epochs=EPOCHS,
         gradient_accumulation_steps=ACCUMULATE,
         learning_rate=0.01,
-        logging_steps=1000,
+        logging_steps=1,  # every step logs its epoch (with the fraction), compared between the runs
         disable_tqdm=True,
         seed=0,
         ddp_backend="gloo" if world_size > 1 else None,
