@@ -19,7 +19,7 @@ import torch
 
 pytest.importorskip("transformers")
 
-from fastsab import FastLoader
+from fastsab import FastLoader, FastSizeAwareLoader
 from fastsab.integrations.transformers import LOADER_STATE_NAME, FastTrainer
 from tests.docs_pages import page_script
 
@@ -176,6 +176,24 @@ def test_a_checkpoint_of_another_loader_or_run_or_without_the_loader_state_is_re
     (tmp_path / "checkpoint-2" / LOADER_STATE_NAME).unlink()
     with pytest.raises(ValueError, match=r"has no fastsab_train_loader.json: it was not saved by FastTrainer"):
         _train(tmp_path, seed=0, resume=checkpoint)
+
+
+def test_items_skipped_as_oversize_are_reported_every_epoch(tmp_path: Path) -> None:
+    from transformers import TrainingArguments
+
+    args = TrainingArguments(
+        output_dir=str(tmp_path), use_cpu=True, report_to=[], num_train_epochs=2, save_strategy="no", disable_tqdm=True
+    )
+    sizes = torch.ones(12)
+    sizes[5] = 100  # above the cap: skipped, and reported at the end of each epoch
+    loader = FastSizeAwareLoader({"index": torch.arange(12), "x": torch.linspace(0, 1, 12)}, sizes, 4, seed=0)
+    with pytest.warns(UserWarning, match="were larger than max_total_size") as caught:
+        FastTrainer(model=_Model(), args=args, train_loader=loader).train()
+    reports = [str(w.message) for w in caught if "larger than max_total_size" in str(w.message)]
+    assert reports == [
+        f"1 items were larger than max_total_size and were skipped in epoch {e}; their indices are in stats.skipped."
+        for e in (0, 1)
+    ]
 
 
 def test_docs_page_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

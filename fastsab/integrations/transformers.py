@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Iterator
 from typing import Any
 
 from transformers import Trainer, TrainerCallback
@@ -94,15 +95,16 @@ class FastTrainer(Trainer):
             )
         self.train_loader = train_loader
         self._epoch_steps: dict[int, int] = {}
+        self._epochs = _Epochs(self)
         self.add_callback(_EpochFraction(self))
 
     def get_train_dataloader(self) -> Any:
-        """The training loader itself: not wrapped by ``accelerate``, which would shard it again."""
-        return self.train_loader
+        """The training loader's epochs, not wrapped by ``accelerate`` (which would shard them again)."""
+        return self._epochs
 
     def num_examples(self, dataloader: Any) -> int:
         """The items of the training loader's dataset (Trainer's own count for its other loaders)."""
-        if dataloader is self.train_loader:
+        if dataloader is self._epochs:
             return int(self.train_loader.order.n)
         return int(super().num_examples(dataloader))
 
@@ -236,6 +238,34 @@ class FastTrainer(Trainer):
                 # NOTE: Trainer fetches no batch ahead of its step, so what the loader handed
                 # out is what was trained on
                 json.dump(self.train_loader.state_dict(), file)
+
+
+class _Epochs:
+    """The training loader as Trainer iterates it: each epoch ends with the batch that ends its plan.
+
+    Trainer takes exactly the batches it counted for the epoch and never asks for one more, so
+    the loader's iteration would stay open after its last batch; here it is run to its end
+    right after that batch, so that the loader ends its epoch (and warns of the items it skipped).
+    """
+
+    def __init__(self, trainer: FastTrainer) -> None:
+        self.trainer = trainer
+        self.loader = trainer.train_loader
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.loader.set_epoch(epoch)
+
+    def __iter__(self) -> Iterator[Any]:
+        rest = self.trainer.steps_in_epoch(self.loader.epoch) - self.loader.resumed_steps
+        batches = iter(self.loader)
+        for count in range(1, rest + 1):
+            batch = next(batches)
+            if count == rest and next(batches, None) is not None:
+                raise RuntimeError(f"the training loader yielded more than the {rest} batches its plan has left.")
+            yield batch
 
 
 class _EpochFraction(TrainerCallback):
