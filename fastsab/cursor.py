@@ -159,9 +159,21 @@ class EpochCursor:
         """Exact number of batches (steps) the next iteration yields (the rest, after a resume)."""
         if self._resuming:
             return self._shares.remaining(self.epoch, self._history, self._segment)
+        return self.epoch_steps(self.epoch)
+
+    def epoch_steps(self, epoch: int) -> int:
+        """Steps of the whole of ``epoch`` run by this object's ranks, wherever the iteration stands.
+
+        Every rank runs as many. Size-aware epochs may differ in their number of steps; a trainer
+        that counts its epochs from the global step reads each epoch's here.
+
+        Raises:
+            ValueError: If ``epoch`` is negative.
+        """
+        epoch = check_nonnegative_int("epoch", epoch)
         if self.world_size == 1:
-            return int(self.planner.num_batches(self.epoch))
-        return self._shares.remaining(self.epoch, [], self._new_segment())
+            return int(self.planner.num_batches(epoch))
+        return self._shares.remaining(epoch, [], self._new_segment())
 
     def _start_epoch(self, stats: EpochStats | None = None) -> tuple[int, Stream]:
         """Begin the next epoch: its number and this rank's stream (resumed if loaded).

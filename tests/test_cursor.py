@@ -255,6 +255,28 @@ def test_len_after_a_resume_is_the_number_of_batches_left():
     assert len(sampler) == total - 2
 
 
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_epoch_steps_are_each_whole_epochs_steps_wherever_the_iteration_stands(world_size):
+    sizes = np.random.default_rng(0).integers(1, 9, 48)
+
+    def make():
+        return FastSizeAwareLoader(torch.arange(48), sizes, 11, rank=0, world_size=world_size)
+
+    loader = make()
+    counted = []
+    for epoch in range(3):
+        loader.set_epoch(epoch)
+        counted.append(len(list(loader)))
+    assert len(set(counted)) > 1  # size-aware epochs differ in length
+    iterator = iter(loader)  # epoch 3, mid-way
+    next(iterator)
+    resumed = make()
+    resumed.load_state_dict(loader.state_dict())
+    assert [loader.epoch_steps(e) for e in range(3)] == [resumed.epoch_steps(e) for e in range(3)] == counted
+    with pytest.raises(ValueError, match=r"epoch must be a non-negative integer, got -1\."):
+        loader.epoch_steps(-1)
+
+
 def test_a_resumed_epoch_reports_the_oversize_items_of_the_chunks_it_skipped_over():
     sizes = np.ones(200, dtype=np.int64)
     sizes[[3, 150]] = 100  # oversize, in the first and in a late chunk

@@ -34,6 +34,7 @@ from pathlib import Path
 EXTRAS: dict[str, str] = {
     "fastsab.integrations.accelerate": "accelerate",
     "fastsab.integrations.lightning": "lightning",
+    "fastsab.integrations.transformers": "transformers",
     "fastsab.integrations.webdataset": "webdataset",
 }
 
