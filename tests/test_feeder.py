@@ -6,7 +6,9 @@ import subprocess
 import sys
 import textwrap
 import threading
+import warnings
 import weakref
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -61,6 +63,48 @@ def test_loader_reads_each_chunk_once_per_epoch(shuffle):
         assert sorted(seen) == list(range(1000))  # every sample, the remainder included
         assert dataset.chunk_reads - before == dataset.num_chunks  # each chunk read once
     assert len(dataset._cache.chunks) <= 2
+    dataset.close()
+
+
+def counted_reads(dataset):
+    """Counts the reads of ``dataset``, by chunk."""
+    reads, read = Counter(), dataset._read_chunk
+
+    def counting(chunk):
+        reads[chunk] += 1
+        return read(chunk)
+
+    dataset._read_chunk = counting
+    return reads
+
+
+def chunk_loader(dataset, kind, batch, **options):
+    """A loader of ``batch`` items (about ``batch``, size-aware) at a time over ``dataset``."""
+    if kind == "fixed":
+        return FastLoader(dataset, batch, **options)
+    sizes = np.random.default_rng(0).integers(1, 20, len(dataset))
+    return FastSizeAwareLoader(dataset, sizes, 10 * batch, **options)
+
+
+@pytest.mark.parametrize("read_ahead", [True, False])
+@pytest.mark.parametrize("shuffle", [True, False])
+@pytest.mark.parametrize("kind", ["fixed", "size-aware"])
+def test_batches_larger_than_a_chunk_read_each_chunk_once_per_epoch(kind, shuffle, read_ahead):
+    # invariant: a batch spanning 3 or more chunks reads them in the epoch's order, so that the
+    # chunk it ends in is still held for the next batch: every chunk read exactly once an epoch
+    dataset = OutOfCoreDataset(range(1000), lambda i: np.array([i]), cpu_memory_limit=8 * 2 * 40, read_ahead=read_ahead)
+    reads = counted_reads(dataset)
+    loader = chunk_loader(dataset, kind, 100, shuffle=shuffle, seed=3)
+    assert dataset.chunk_size == 40
+    for epoch in range(2):
+        loader.set_epoch(epoch)
+        reads.clear()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # the loader's batches span chunks that follow each other
+            batches = [batch[:, 0].numpy() for batch in loader]
+        assert sorted(np.concatenate(batches).tolist()) == list(range(1000))
+        assert max(len(np.unique(b // 40)) for b in batches) >= 3
+        assert reads == dict.fromkeys(range(dataset.num_chunks), 1)
     dataset.close()
 
 
