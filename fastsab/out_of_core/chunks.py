@@ -91,7 +91,9 @@ class ChunkCache:
             # NOTE: read ahead only while one chunk is served; a batch across two chunks
             # holds both, and a third would pass the budget
             nxt = self._next_chunk(last) if ahead and self.read_ahead and len(needed) == 1 else None
-            keep = {*needed, nxt}
+            # NOTE: without a read ahead, the chunk served before stays in the second place of the
+            # budget: a rank's balanced steps may come back to it
+            keep = {*needed, self._served[0] if nxt is None and len(needed) == 1 else nxt}
             for old in [chunk for chunk in self._chunks if chunk not in keep]:
                 del self._chunks[old]
             held = {chunk: self._chunks.get(chunk) for chunk in needed}
