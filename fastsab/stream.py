@@ -77,7 +77,7 @@ class Stream:
         self.stats: EpochStats | None = None
         # (first, end position, chunk, the plan's mark before it) not released
         self._returned: deque[tuple[int, int, PlanChunk, Any]] = deque()
-        self._marks = isinstance(plan, GivesBack)
+        self._gives_back = plan if isinstance(plan, GivesBack) else None
         # (position, count): the first `count` chunks returned ended at or before `position`,
         # where a replayed lowering applied after them
         self._cut: tuple[int, int] = (0, 0)
@@ -87,7 +87,7 @@ class Stream:
 
     def __next__(self) -> PlanChunk:
         while True:
-            mark = self.plan.mark() if self._marks else None  # type: ignore[attr-defined]
+            mark = None if self._gives_back is None else self._gives_back.mark()
             chunk = next(self.plan)
             if self.stats is not None:
                 self.stats.add(chunk)
