@@ -65,3 +65,44 @@ def test_memory_does_not_grow_with_the_epoch(monkeypatch: pytest.MonkeyPatch) ->
     assert same_small and same_large
     for phase, before, after in zip(["len()", "epoch", "resume"], small, large):
         assert after - before < 4 * 2**20, (phase, small, large)
+
+
+def _retried(prefetch: int, first: int) -> tuple[list[list[int]], dict[str, Any]]:
+    """The batches of a windowed epoch whose ``first``-th batch is retried under a quarter of the budget.
+
+    Also the state saved right after the retry's first part.
+    """
+    lengths = np.random.default_rng(1).integers(1, 40, 2000)
+    loader = FastSizeAwareLoader(
+        torch.arange(2000), lengths, 400, sort_window=16, group_size=64, seed=5, prefetch=prefetch
+    )
+    iterator = loader.iter_with_indices()
+    kept = [next(iterator)[0].tolist() for _ in range(first)]
+    loader.retry_last_batch(100)
+    kept[-1] = next(iterator)[0].tolist()
+    state = loader.state_dict()
+    return kept + [ids.tolist() for ids, _ in iterator], state
+
+
+@pytest.mark.parametrize("first", [1, 7])
+def test_a_lowering_gives_back_the_chunks_planned_ahead_from_their_marks(
+    monkeypatch: pytest.MonkeyPatch, first: int
+) -> None:
+    # invariant: planned live (no whole plan cached), a lowering re-plans the chunks prefetched
+    # ahead from the marks the stream keeps with them: the batches of the cached plan's run,
+    # whatever was planned ahead, and a resume from the state gives the rest
+    cached, _ = _retried(0, first)
+    monkeypatch.setattr(fastsab.planners, "PLAN_CACHE_ITEMS", 0)
+    for prefetch in (0, 3):
+        batches, state = _retried(prefetch, first)
+        assert batches == cached
+        resumed = FastSizeAwareLoader(
+            torch.arange(2000),
+            np.random.default_rng(1).integers(1, 40, 2000),
+            400,
+            sort_window=16,
+            group_size=64,
+            seed=5,
+        )
+        resumed.load_state_dict(state)
+        assert [ids.tolist() for ids, _ in resumed.iter_with_indices()] == cached[state["steps"] :]
