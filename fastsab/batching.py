@@ -223,7 +223,9 @@ def split_with(
     if not final:
         rest = np.arange(start + open_start, start + n) if item_ids is None else item_ids[open_start:]
         kept = c if features is None else features
-        next_carry = Carry(rest, kept[open_start:], start + n)
+        # NOTE: copies: a carry kept (a resume point of a planned chunk) would else hold the
+        # whole chunk's ids and costs it is a view of
+        next_carry = Carry(rest.copy(), kept[open_start:].copy(), start + n)
     batched = range(start, start + open_start) if item_ids is None else item_ids[:open_start]
     return PlanChunk(batched, offsets, skipped, carry=next_carry)  # type: ignore[arg-type]
 

@@ -111,8 +111,7 @@ class SizeAwarePlanner:
         """The whole plan of ``epoch`` with sorted windows, kept for its iteration."""
         if self._window_cache is not None and self._window_cache[0] == epoch:
             return self._window_cache[1]
-        live = SortedWindowEpoch(self, epoch)
-        plan = _WindowPlan(list(live), live.log, live.state())
+        plan = _WindowPlan.of(SortedWindowEpoch(self, epoch))
         self._window_cache = (epoch, plan)
         return plan
 

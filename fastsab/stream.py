@@ -9,7 +9,7 @@ is what a state saves.
 from __future__ import annotations
 
 from collections import deque
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -35,11 +35,15 @@ class GivesBack(Protocol):
 
     def __next__(self) -> PlanChunk: ...
 
-    def lower_giving_back(self, pending: np.ndarray, limit: Limit, given_back: int) -> None:
+    def mark(self) -> Any:
+        """Where the plan stands before its next chunk."""
+
+    def lower_giving_back(self, pending: np.ndarray, limit: Limit, given_back: Any) -> None:
         """Plan ``pending`` (the current chunk's ids not yet yielded) and the rest under ``limit``.
 
-        ``given_back`` chunks were returned after the current one; their items are planned
-        again from where they began, as if they had never been returned.
+        ``given_back`` is the :meth:`mark` before the first chunk returned after the current
+        one (``None``: none was): the items from there on are planned again, as if those
+        chunks had never been returned.
         """
 
 
@@ -49,7 +53,9 @@ class Stream:
     ``lowered`` limits are re-applied where they were lowered (also inside the skipped
     batches), so that a resumed stream has the batches the interrupted one had.
     :meth:`lower` plans the batches from a position on again, also those of chunks already
-    returned (fetched ahead): the chunks returned are kept until :meth:`release` lets them go.
+    returned (fetched ahead): the chunks returned are kept until :meth:`release` lets them go,
+    each with the plan's mark before it (:class:`GivesBack`), so that what a plan may be asked
+    to give back is held no longer than its chunks.
 
     Examples:
         >>> from fastsab.plans import ExplicitPlan
@@ -69,7 +75,9 @@ class Stream:
         self._replay = deque(self.lowered)
         self.position = 0  # batches of the stream before the next chunk
         self.stats: EpochStats | None = None
-        self._returned: deque[tuple[int, int, PlanChunk]] = deque()  # (first, end position, chunk) not released
+        # (first, end position, chunk, the plan's mark before it) not released
+        self._returned: deque[tuple[int, int, PlanChunk, Any]] = deque()
+        self._gives_back = plan if isinstance(plan, GivesBack) else None
         # (position, count): the first `count` chunks returned ended at or before `position`,
         # where a replayed lowering applied after them
         self._cut: tuple[int, int] = (0, 0)
@@ -79,6 +87,7 @@ class Stream:
 
     def __next__(self) -> PlanChunk:
         while True:
+            mark = None if self._gives_back is None else self._gives_back.mark()
             chunk = next(self.plan)
             if self.stats is not None:
                 self.stats.add(chunk)
@@ -99,13 +108,13 @@ class Stream:
                 if end == self.skip:
                     # NOTE: kept (with no batches) as the chunk ending where the stream resumes, as
                     # in the run: a lowering there re-plans from after it, whatever came after it
-                    self._returned.append((end, end, chunk.tail(chunk.num_batches)))
+                    self._returned.append((end, end, chunk.tail(chunk.num_batches), mark))
                 if replayed:
                     self._cut = (end, len(self._returned))
                 continue
             if self.skip > start:
                 chunk, start = chunk.tail(self.skip - start), self.skip
-            self._returned.append((start, end, chunk))
+            self._returned.append((start, end, chunk, mark))
             if replayed:
                 self._cut = (end, len(self._returned))
             return chunk
@@ -127,7 +136,7 @@ class Stream:
             return
         pending = [
             chunk.ids[chunk.offsets[max(position - start, 0)] :]
-            for start, end, chunk in self._returned
+            for start, end, chunk, _ in self._returned
             if end > position
         ]
         self._returned.clear()
@@ -148,18 +157,18 @@ class Stream:
         current = next(
             (
                 i
-                for i, (_, end, _) in enumerate(returned)
+                for i, (_, end, _, _) in enumerate(returned)
                 if end > position or (end == position and not (end == cut_at and i < before))
             ),
             len(returned),
         )
         pending = np.empty(0, dtype=np.int64)
         if current < len(returned):
-            start, _, chunk = returned[current]
+            start, _, chunk, _ = returned[current]
             pending = chunk.ids[chunk.offsets[max(position - start, 0)] :]
         self._returned.clear()
         self._cut = (0, 0)
-        plan.lower_giving_back(pending, limit, max(len(returned) - current - 1, 0))
+        plan.lower_giving_back(pending, limit, returned[current + 1][3] if current + 1 < len(returned) else None)
         self.position = position
         self.lowered = lowered_at(self.lowered, position, limit)
 

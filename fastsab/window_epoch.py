@@ -50,6 +50,19 @@ class _WindowPlan:
     def num_batches(self) -> int:
         return sum(chunk.num_batches for chunk in self.chunks)
 
+    @classmethod
+    def of(cls, epoch: SortedWindowEpoch) -> _WindowPlan:
+        """The rest of ``epoch`` planned live, with the mark before each chunk."""
+        chunks: list[PlanChunk] = []
+        log: list[_Resume] = []
+        while True:
+            mark = epoch.mark()
+            chunk = next(epoch, None)
+            if chunk is None:
+                return cls(chunks, log, mark)
+            chunks.append(chunk)
+            log.append(mark)
+
 
 class SortedWindowEpoch:
     """One epoch of a :class:`SizeAwarePlanner` with ``sort_window``, whose cap can be lowered mid-epoch.
@@ -65,6 +78,9 @@ class SortedWindowEpoch:
     under the lowered caps, and the epoch's groups after that chunk anew: chunks planned ahead
     (prefetched) are given back (:meth:`lower_giving_back`), so that the rest of the
     epoch does not depend on how far ahead it was planned and a resumed epoch replays it exactly.
+
+    Memory: the epoch holds the group being planned and the open batch; where each chunk
+    began (:meth:`mark`) is kept by whoever holds the chunk and may give it back.
     """
 
     def __init__(self, planner: SizeAwarePlanner, epoch: int, cached: _WindowPlan | None = None) -> None:
@@ -83,7 +99,6 @@ class SortedWindowEpoch:
         self._prefix: tuple[np.ndarray, np.ndarray] | None = None
         self._lowered: BatchCost | None = None
         self._done = False
-        self.log: list[_Resume] = []  # the state before each chunk yielded (planned live)
 
     def __iter__(self) -> SortedWindowEpoch:
         return self
@@ -94,13 +109,17 @@ class SortedWindowEpoch:
                 raise StopIteration
             self._yielded += 1
             return self._cached.chunks[self._yielded - 1]
-        before = self.state()
-        chunk = self._plan_next()
-        self.log.append(before)
-        return chunk
+        return self._plan_next()
 
-    def state(self) -> _Resume:
-        """Where the live planning stands (not valid while a cached plan is replayed)."""
+    def mark(self) -> _Resume:
+        """Where the epoch stands before its next chunk: :meth:`lower_giving_back` plans again from there.
+
+        NOTE: the mark is handed out, not logged: a log of every chunk's mark would grow with
+        the epoch (a carry per group), where only the chunks still held may be given back.
+        """
+        cached = self._cached
+        if cached is not None:
+            return cached.log[self._yielded] if self._yielded < len(cached.log) else cached.end
         return _Resume(self._next_group, self._carry, self._prefix)
 
     def _plan_next(self) -> PlanChunk:
@@ -196,16 +215,17 @@ class SortedWindowEpoch:
 
     def lower(self, pending: np.ndarray, caps: Caps) -> None:
         """Re-plan ``pending`` (the rest of the current chunk) and all that follows under ``caps``."""
-        self.lower_giving_back(pending, caps, 0)
+        self.lower_giving_back(pending, caps, None)
 
-    def lower_giving_back(self, pending: np.ndarray, caps: Caps, given_back: int) -> None:
+    def lower_giving_back(self, pending: np.ndarray, caps: Caps, given_back: _Resume | None) -> None:
         """Re-plan ``pending`` (the rest of the current chunk) and all that follows under ``caps``.
 
         Args:
             pending: The items of the current chunk not yet yielded, in order.
             caps: The lowered caps.
-            given_back: Chunks yielded after the current one (planned ahead, none of their
-                batches yielded): their groups are planned again.
+            given_back: The :meth:`mark` before the first chunk given back (yielded after the
+                current one, none of its batches yielded), or ``None``: the groups of the chunks
+                from there on are planned again.
         """
         state = self._rewound(given_back)
         parts = [pending]
@@ -221,19 +241,17 @@ class SortedWindowEpoch:
         self._lowered = self.planner.rule.lowered(caps)
         self._done = False
 
-    def _rewound(self, given_back: int) -> _Resume:
-        """The state before the ``given_back`` last chunks yielded; planning goes on from there."""
-        cached = self._cached
-        if cached is not None:
-            states = [*cached.log, cached.end]
-            state = states[self._yielded - given_back]
-            self._reported = states[self._yielded].next_group
+    def _rewound(self, given_back: _Resume | None) -> _Resume:
+        """The state at ``given_back`` (``None``: now); planning goes on from there."""
+        if self._cached is not None:
+            now = self.mark()
+            self._reported = now.next_group
             self._cached = None
-        elif given_back:
-            state = self.log[len(self.log) - given_back]
-            del self.log[len(self.log) - given_back :]
+            state = now if given_back is None else given_back
+        elif given_back is None:
+            return self.mark()
         else:
-            return self.state()
+            state = given_back
         self._next_group = state.next_group
         self._groups = self.planner.order.chunks(self.epoch, state.next_group)
         return state

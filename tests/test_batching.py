@@ -98,6 +98,16 @@ def test_chunked_split_equals_whole_split(problem, cuts):
     assert skipped == whole.skipped.tolist()
 
 
+def test_a_carry_holds_its_own_arrays():
+    # invariant: a kept carry (a resume point of a planned chunk) holds the open batch, not the
+    # chunk's ids and costs it was cut from
+    costs, ids = np.ones(10_000, dtype=np.int64), np.arange(10_000, dtype=np.int64)
+    carry = split_batches(costs, 3, ids=ids, final=False).carry
+    assert carry is not None and carry.ids.tolist() == [9999]
+    assert not np.shares_memory(carry.ids, ids) and not np.shares_memory(carry.costs, costs)
+    assert carry.ids.base is None and carry.costs.base is None
+
+
 @settings(max_examples=200, deadline=None)
 @given(problems())
 def test_every_item_once_and_no_batch_over_budget(problem):

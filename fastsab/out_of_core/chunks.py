@@ -39,6 +39,7 @@ class ChunkCache:
         self.num_chunks = num_chunks
         self.read_ahead = read_ahead
         self.order: list[int] = []
+        self._position: dict[int, int] = {}  # each chunk's place in the order
         self._served: tuple[int | None, int | None] = (None, None)  # the chunks served last, in turn
         self.reads = 0
         self._start_in_this_process()
@@ -58,6 +59,19 @@ class ChunkCache:
         self._check_process()
         with self._lock:
             self.order = [int(c) for c in order]
+            self._position = {chunk: i for i, chunk in enumerate(self.order)}
+
+    def in_order(self, chunks: list[int]) -> tuple[list[int], bool]:
+        """``chunks`` in the epoch's order (others last, by number), and whether they follow each other in it.
+
+        NOTE: a batch larger than a chunk spans chunks that follow each other in the epoch's
+        order; read in that order, its first chunk is the one the batch before ended in (still
+        held) and its last the one the next batch begins in, so that each is read once.
+        """
+        position = self._position
+        ordered = sorted(chunks, key=lambda chunk: (chunk not in position, position.get(chunk, chunk)))
+        places = [position[chunk] for chunk in ordered if chunk in position]
+        return ordered, len(places) == len(ordered) and places[-1] - places[0] == len(places) - 1
 
     def held(self, needed: list[int], read: ChunkReader, *, ahead: bool = True) -> dict[int, Any]:
         """The data of the ``needed`` chunks (one or two): held, read ahead, or read now by ``read(chunk)``.
@@ -69,7 +83,7 @@ class ChunkCache:
         """
         self._check_process()
         with self._lock:
-            position = {chunk: i for i, chunk in enumerate(self.order)}
+            position = self._position
             last = max(needed, key=lambda chunk: position.get(chunk, chunk))
             for chunk in sorted(needed, key=lambda chunk: position.get(chunk, chunk)):
                 if chunk != self._served[1]:
@@ -77,7 +91,9 @@ class ChunkCache:
             # NOTE: read ahead only while one chunk is served; a batch across two chunks
             # holds both, and a third would pass the budget
             nxt = self._next_chunk(last) if ahead and self.read_ahead and len(needed) == 1 else None
-            keep = {*needed, nxt}
+            # NOTE: without a read ahead, the chunk served before stays in the second place of the
+            # budget: a rank's balanced steps may come back to it
+            keep = {*needed, self._served[0] if nxt is None and len(needed) == 1 else nxt}
             for old in [chunk for chunk in self._chunks if chunk not in keep]:
                 del self._chunks[old]
             held = {chunk: self._chunks.get(chunk) for chunk in needed}
@@ -108,10 +124,9 @@ class ChunkCache:
         chunk is guessed to be ``chunk + 1`` only when the chunk served before ``chunk`` was
         ``chunk - 1``: a wrong guess would be read for nothing.
         """
-        order = self.order
-        if chunk in order:
-            position = order.index(chunk)
-            return order[position + 1] if position + 1 < len(order) else None
+        position = self._position.get(chunk)
+        if position is not None:
+            return self.order[position + 1] if position + 1 < len(self.order) else None
         sequential = self._served == (chunk - 1, chunk)
         return chunk + 1 if sequential and chunk + 1 < self.num_chunks else None
 

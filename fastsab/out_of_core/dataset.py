@@ -201,26 +201,29 @@ class OutOfCoreDataset:
         if not index.size:
             return self._empty_batch()
         chunks = index // self.chunk_size
-        unique = np.unique(chunks).tolist()
+        unique, run = self._cache.in_order(np.unique(chunks).tolist())
         if len(unique) == 1:
             rows = torch.from_numpy(index - unique[0] * self.chunk_size)
             return tree_map_arrays(_rows(rows), self._cache.held(unique, self._read_chunk)[unique[0]])
-        if len(unique) > 2:
+        if len(unique) > 2 and not run:
             warnings.warn(
                 f"a batch of {len(index)} samples spans {len(unique)} chunks of {self.chunk_size} samples: they are "
                 "read one after the other for this batch alone. Batches of random samples read most of the data "
-                "for each batch; the fastsab loaders (and their batch_sampler()) keep batches within chunks.",
+                "for each batch; the fastsab loaders (and their batch_sampler()) keep batches within chunks, or "
+                "within chunks that follow each other in the epoch.",
                 stacklevel=2,
             )
         held = self._cache.held(unique, self._read_chunk) if len(unique) == 2 else {}
         parts = []
         for chunk in unique:
-            # NOTE: beyond two chunks, one at a time (no read ahead), within the budget
-            data = held[chunk] if held else self._cache.held([chunk], self._read_chunk, ahead=False)[chunk]
+            # NOTE: beyond two chunks, one at a time in the epoch's order, within the budget: the
+            # next one read ahead only when they follow each other in it (else it may not be next)
+            data = held[chunk] if held else self._cache.held([chunk], self._read_chunk, ahead=run)[chunk]
             mask = chunks == chunk
             rows = torch.from_numpy(index[mask] - chunk * self.chunk_size)
             parts.append((np.flatnonzero(mask), tree_map_arrays(_rows(rows), data)))
-        del data, held
+            del data  # NOTE: before the next chunk is read: this one is then only the cache's to drop
+        del held
         positions = torch.from_numpy(np.argsort(np.concatenate([p for p, _ in parts]), kind="stable"))
         leaves = [optree.tree_flatten(part)[0] for _, part in parts]
         spec = optree.tree_structure(parts[0][1])
