@@ -203,7 +203,7 @@ class PlanInputs(NamedTuple):
 
     kind: str
     options: dict[str, Any]
-    sizes: bytes
+    sizes: bytes | memoryview
 
 
 class Planner(Protocol[LimitT]):
