@@ -152,9 +152,17 @@ class EpochCursor:
         self.epoch = epoch
 
     def __len__(self) -> int:
-        """Exact number of batches (steps) the next iteration yields (the rest, after a resume)."""
+        """Exact number of steps of the next epoch, as a trainer counts them.
+
+        After :meth:`load_state_dict` it is the whole epoch's: the steps run before the state
+        was saved (over every earlier stretch, whatever its world size) plus the steps left,
+        while the iteration yields only the steps left. Trainers (Lightning, torch's
+        ``StatefulDataLoader``) restore their step counter and stop the epoch at ``len()``.
+        """
         if self._resuming:
-            return self._shares.remaining(self.epoch, self._history, self._segment)
+            # NOTE: each stretch's steps are steps of every rank, so they add up whatever the world sizes
+            done = sum(segment.steps for segment in self._history) + self._segment.steps
+            return done + self._shares.remaining(self.epoch, self._history, self._segment)
         if self.world_size == 1:
             return int(self.planner.num_batches(self.epoch))
         return self._shares.remaining(self.epoch, [], self._new_segment())
@@ -209,11 +217,6 @@ class EpochCursor:
         a state of the same world size, from the start of the epoch.
         """
         return None if self._progress is None else (self._progress[0], self._progress[1])
-
-    @property
-    def resumed_steps(self) -> int:
-        """Steps of the next epoch that ran before the state it resumes from was saved."""
-        return self._segment.steps if self._resuming else 0
 
     @property
     def start_position(self) -> tuple[int, int] | None:

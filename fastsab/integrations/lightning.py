@@ -59,11 +59,11 @@ class _SizedTrainLoader(_TrainLoader):
     """A training loader whose length Lightning may read: exact for the coming epoch.
 
     Lightning counts a resumed epoch's batches from the step it saved, so the length is
-    the whole epoch's: the batches left plus those run before the state was saved.
+    the whole epoch's, as the loader's ``len()`` counts it after a resume.
     """
 
     def __len__(self) -> int:
-        return len(self.loader) + self.loader.resumed_steps
+        return len(self.loader)
 
 
 class FastDataModule(pl.LightningDataModule):
