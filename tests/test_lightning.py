@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from fastsab import FastLoader, FastSizeAwareLoader
 from fastsab.integrations.lightning import FastDataModule
 
 
@@ -248,3 +249,123 @@ def test_caps_of_another_number_than_the_cost_columns_are_refused_at_constructio
     with pytest.raises(ValueError, match=r"max_total_size has 3 caps but costs has 2 columns"):
         FastDataModule(train=torch.arange(3), sizeof=sizes, max_total_size=[4, 4, 4])
     assert FastDataModule(train=torch.arange(3), sizeof=sizes, max_total_size=4).max_total_size == 4
+
+
+# -- bare loaders returned from train_dataloader(), under Lightning's own checkpointing --------------
+
+SIZES = np.arange(60) % 7 + 1  # 60 items, budget 20: epochs of 13 or 14 batches, by seed
+
+
+def size_aware(seed):
+    return lambda: FastSizeAwareLoader(torch.arange(60), SIZES, 20, seed=seed)
+
+
+def fixed():
+    return FastLoader(torch.arange(60), 8, seed=5)
+
+
+def epoch_lengths(make, epochs):
+    loader = make()
+    lengths = []
+    for epoch in range(epochs):
+        loader.set_epoch(epoch)
+        lengths.append(len(loader))
+    return lengths
+
+
+class BareRecorder(Recorder):
+    """A module whose ``train_dataloader()`` builds a bare fastsab loader, for the trainer's epoch or not."""
+
+    def __init__(self, make, crash_at_step=None, for_the_epoch=True):
+        super().__init__(crash_at_step)
+        self.make, self.for_the_epoch = make, for_the_epoch
+
+    def train_dataloader(self):
+        loader = self.make()
+        if self.for_the_epoch:
+            loader.set_epoch(self.trainer.current_epoch)
+        return loader
+
+
+def interrupted_and_resumed(tmp_path, make, crash_at_step, every, for_the_epoch=True, **options):
+    """Per-step batches of an uninterrupted run, and of a run crashed, then resumed from its last checkpoint."""
+    options = {"max_epochs": 3, "limit_val_batches": 0, **options}
+    whole = BareRecorder(make, for_the_epoch=for_the_epoch)
+    trainer(tmp_path / "whole", **options).fit(whole)
+    crashing = BareRecorder(make, crash_at_step, for_the_epoch=for_the_epoch)
+    checkpoints = pl.callbacks.ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=every, save_top_k=-1)
+    run = trainer(tmp_path / "crash", enable_checkpointing=True, callbacks=[checkpoints], **options)
+    with pytest.raises(Crash):
+        run.fit(crashing)
+    saved = max((tmp_path / "ckpt").glob("*.ckpt"), key=lambda path: int(path.stem.split("step=")[1]))
+    step = int(saved.stem.split("step=")[1])
+    resumed = BareRecorder(make, for_the_epoch=for_the_epoch)
+    trainer(tmp_path / "resumed", **options).fit(resumed, ckpt_path=saved)
+    return whole.train_batches, crashing.train_batches[:step] + resumed.train_batches
+
+
+def test_bare_fast_loader_resumes_every_epoch_exactly(tmp_path):
+    whole, resumed = interrupted_and_resumed(tmp_path, fixed, crash_at_step=12, every=5)
+    assert len(whole) == 3 * 8
+    assert resumed == whole  # the epoch interrupted at step 10 (of 8 per epoch), and the next, step by step
+
+
+@pytest.mark.parametrize(
+    ("seed", "reload", "for_the_epoch"),
+    [
+        (10, 0, True),  # 14, 13, 13 batches: shorter epochs end early, which Lightning handles
+        (10, 1, False),  # a new loader each epoch, made at epoch 0: Lightning sets its epoch
+        (5, 1, True),  # 13, 14, 13 batches: Lightning counts each epoch's length, as it reloads the loader
+    ],
+)
+def test_bare_size_aware_loader_resumes_epochs_of_different_lengths(tmp_path, seed, reload, for_the_epoch):
+    lengths = epoch_lengths(size_aware(seed), 3)
+    assert lengths == {10: [14, 13, 13], 5: [13, 14, 13]}[seed]
+    whole, resumed = interrupted_and_resumed(
+        tmp_path,
+        size_aware(seed),
+        crash_at_step=22,
+        every=4,
+        for_the_epoch=for_the_epoch,
+        reload_dataloaders_every_n_epochs=reload,
+    )
+    assert [len(batches) for batches in epochs_of(whole)] == lengths
+    assert len({tuple(map(tuple, batches)) for batches in epochs_of(whole)}) == 3  # a new order each epoch
+    assert resumed == whole  # resumed at step 20, in epoch 1
+
+
+def epochs_of(batches):
+    out: dict[int, list[list[int]]] = {}
+    for epoch, batch in batches:
+        out.setdefault(epoch, []).append(batch)
+    return [out[epoch] for epoch in sorted(out)]
+
+
+def test_a_longer_epoch_than_lightning_counts_is_refused_before_any_batch_is_lost(tmp_path):
+    lengths = epoch_lengths(size_aware(5), 2)
+    assert lengths == [13, 14]  # Lightning, reading len() once, would stop epoch 1 after 13 batches
+    whole = BareRecorder(size_aware(5))
+    trainer(tmp_path / "whole", max_epochs=2, reload_dataloaders_every_n_epochs=1, limit_val_batches=0).fit(whole)
+    refused = BareRecorder(size_aware(5))
+    with pytest.raises(ValueError, match=r"epoch 1 has 14 steps, but the trainer counts 13 .*reload_dataloaders"):
+        trainer(tmp_path / "refused", max_epochs=2, limit_val_batches=0).fit(refused)
+    assert refused.train_batches == whole.train_batches[:13]  # epoch 0 whole, no batch of epoch 1 run
+
+
+def test_a_loader_built_anew_each_epoch_gets_the_epoch_from_lightning(tmp_path):
+    kept = BareRecorder(fixed)  # one loader: its epoch advances as it is iterated
+    trainer(tmp_path / "kept", max_epochs=3, limit_val_batches=0).fit(kept)
+    reloaded = BareRecorder(fixed, for_the_epoch=False)  # a new loader each epoch, at epoch 0 when made
+    trainer(tmp_path / "reloaded", max_epochs=3, limit_val_batches=0, reload_dataloaders_every_n_epochs=1).fit(reloaded)
+    assert reloaded.train_batches == kept.train_batches
+    assert epochs_of(kept.train_batches)[0] != epochs_of(kept.train_batches)[1]
+
+
+def test_the_sampler_does_not_make_the_loader_look_like_a_dataloader():
+    from lightning.pytorch.utilities.data import _is_dataloader_shuffled, has_iterable_dataset
+
+    loader = fixed()
+    assert not isinstance(loader.sampler, torch.utils.data.Sampler)
+    assert not _is_dataloader_shuffled(loader) and not has_iterable_dataset(loader)
+    loader.sampler.set_epoch(3)
+    assert loader.epoch == 3
