@@ -6,6 +6,7 @@ from pathlib import Path
 
 import lightning.pytorch as pl
 import numpy as np
+import psutil
 import pytest
 import torch
 
@@ -369,3 +370,28 @@ def test_the_sampler_does_not_make_the_loader_look_like_a_dataloader():
     assert not _is_dataloader_shuffled(loader) and not has_iterable_dataset(loader)
     loader.sampler.set_epoch(3)
     assert loader.epoch == 3
+
+
+class Items(torch.utils.data.Dataset):
+    """Read item by item (not gathered), so the loader fetches in its worker processes."""
+
+    def __len__(self):
+        return 40
+
+    def __getitem__(self, index):
+        return torch.tensor(index)
+
+
+class CountsWorkers(Recorder):
+    def training_step(self, batch, batch_idx):
+        self.workers_seen = len(psutil.Process().children(recursive=True))
+        return super().training_step(batch, batch_idx)
+
+
+def test_data_module_shuts_its_worker_processes_down_after_fit(tmp_path):
+    data = FastDataModule(train=Items(), val=Items(), batch_size=8, num_workers=2, persistent_workers=True)
+    model = CountsWorkers()
+    trainer(tmp_path, max_epochs=2).fit(model, datamodule=data)
+    assert model.workers_seen >= 2  # the training loader's workers, while it ran
+    assert flat(epochs(model)[1]) == list(range(40))
+    assert psutil.Process().children(recursive=True) == []

@@ -187,6 +187,15 @@ class FastDataModule(pl.LightningDataModule):
     def predict_dataloader(self) -> Any:
         return self._loader("predict")
 
+    def teardown(self, stage: str) -> None:
+        """Shut down the worker processes the loaders keep (``persistent_workers=True``).
+
+        Lightning calls it when ``fit``, ``validate``, ``test`` or ``predict`` ends; the
+        loaders keep their epoch and position, and start new workers if iterated again.
+        """
+        for loader in self._loaders.values():
+            (loader.loader if isinstance(loader, _TrainLoader) else loader).close()
+
     def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         trainer = getattr(self, "trainer", None)
         train = self._loaders.get("train")
