@@ -12,6 +12,7 @@ import torch
 
 from fastsab import FastLoader, FastSizeAwareLoader
 from fastsab.integrations.lightning import FastDataModule
+from tests.docs_pages import page_script
 
 
 class Crash(Exception):
@@ -395,3 +396,12 @@ def test_data_module_shuts_its_worker_processes_down_after_fit(tmp_path):
     assert model.workers_seen >= 2  # the training loader's workers, while it ran
     assert flat(epochs(model)[1]) == list(range(40))
     assert psutil.Process().children(recursive=True) == []
+
+
+def test_the_lightning_docs_page_runs_and_shows_what_it_promises(tmp_path):
+    script = tmp_path / "page.py"
+    script.write_text(page_script("trainers/lightning.md"))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "[13, 14, 13]" in out.stdout
+    assert "epoch 1 has 14 steps, but the trainer counts 13" in out.stdout
