@@ -8,8 +8,8 @@ before it loads a checkpoint's state into it), and stops every epoch after that 
 also an epoch with more.
 
 :class:`TrainerSampler` is the ``sampler`` of :class:`~fastsab.FastLoader` and
-:class:`~fastsab.FastSizeAwareLoader`. It sets the loader's epoch, and it keeps the length a
-trainer counts: the first ``len()`` read after the loader was made or after its last epoch
+:class:`~fastsab.FastSizeAwareLoader`: it sets the loader's epoch. :class:`CountedLength` keeps
+the length a trainer counts: the first ``len()`` read after the loader was made or after its last epoch
 started, before the trainer set the next epoch. When the trainer set an epoch that has more
 steps than that (size-aware epochs differ in length), the iteration refuses to start rather
 than be cut short: a shorter epoch ends early, which trainers handle exactly.
@@ -19,28 +19,41 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-__all__ = ["TrainerSampler"]
+__all__ = ["CountedLength", "TrainerSampler"]
 
 
 class TrainerSampler:
-    """What a trainer finds as ``loader.sampler``: ``set_epoch``, and the length it counts.
+    """What a trainer finds as ``loader.sampler``: ``set_epoch``.
 
     It is not a ``torch.utils.data.Sampler`` (it yields nothing), so code that looks for
-    ``RandomSampler`` or ``DistributedSampler`` leaves it alone.
+    ``RandomSampler`` or ``DistributedSampler`` leaves it alone. The loader makes one each
+    time its ``sampler`` is read: it holds the loader, which holds no sampler back.
 
     Args:
         set_epoch: The loader's ``set_epoch``.
+        counted: The loader's :class:`CountedLength`.
     """
 
-    def __init__(self, set_epoch: Callable[[int], None]) -> None:
+    def __init__(self, set_epoch: Callable[[int], None], counted: CountedLength) -> None:
         self._set_epoch = set_epoch
-        self._open = True  # the next len() read is the length a trainer keeps
-        self._set_by_trainer = False  # the trainer set the coming epoch through this object
-        self.counted: int | None = None  # that length, once read
+        self._counted = counted
 
     def set_epoch(self, epoch: int) -> None:
         """Use ``epoch`` for the next iteration, set by a trainer that counts the length it read."""
         self._set_epoch(epoch)
+        self._counted.set_by_trainer()
+
+
+class CountedLength:
+    """The length a trainer counts for a loader's coming epoch, and whether the trainer set that epoch."""
+
+    def __init__(self) -> None:
+        self._open = True  # the next len() read is the length a trainer keeps
+        self._set_by_trainer = False  # the trainer set the coming epoch through the loader's sampler
+        self.counted: int | None = None  # that length, once read
+
+    def set_by_trainer(self) -> None:
+        """The trainer set the coming epoch (through the loader's ``sampler``)."""
         # NOTE: a trainer that reads len() again after setting the epoch (Lightning, to know its
         # last batch) still stops at the length it read first: later reads do not count
         self._open, self._set_by_trainer = False, True
