@@ -405,3 +405,16 @@ def test_the_lightning_docs_page_runs_and_shows_what_it_promises(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     assert "[13, 14, 13]" in out.stdout
     assert "epoch 1 has 14 steps, but the trainer counts 13" in out.stdout
+
+
+def test_bare_size_aware_loader_under_two_process_ddp_resumes_every_rank_exactly(tmp_path):
+    script = Path(__file__).with_name("lightning_ddp_worker.py")
+    out = subprocess.run(
+        [sys.executable, str(script), str(tmp_path), "bare"],
+        capture_output=True,
+        text=True,
+        timeout=400,
+        cwd=script.parent.parent,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "BARE DDP OK" in out.stdout, out.stdout[-2000:]
