@@ -129,9 +129,60 @@ def bare(root: Path) -> None:
     print("BARE DDP OK")
 
 
+class ModuleModel(BareLoaderModel):
+    """The model of :func:`resized`: its data comes from a FastDataModule."""
+
+    train_dataloader = None  # type: ignore[assignment]
+
+
+def resized(root: Path) -> None:
+    """A FastDataModule run on 2 processes crashed at step 10, resumed from step 8 on 1: each sample once."""
+    options = {
+        "accelerator": "cpu",
+        "max_epochs": 2,
+        "reload_dataloaders_every_n_epochs": 1,
+        "use_distributed_sampler": False,
+        "logger": False,
+        "enable_progress_bar": False,
+        "enable_model_summary": False,
+        "default_root_dir": root,
+    }
+
+    def data() -> FastDataModule:
+        return FastDataModule(train=torch.arange(N), sizeof={"train": np.arange(N) % 5 + 1}, max_total_size=12, seed=8)
+
+    (root / "crash").mkdir()
+    (root / "resumed").mkdir()
+    checkpoints = pl.callbacks.ModelCheckpoint(dirpath=root / "ckpt", every_n_train_steps=4, save_top_k=-1)
+    trainer = pl.Trainer(devices=2, strategy="ddp_spawn", callbacks=[checkpoints], **options)
+    try:
+        trainer.fit(ModuleModel(root / "crash", crash_at_step=10), datamodule=data())
+    except Exception as error:
+        assert "a crash in the middle of an epoch" in str(error), error
+    saved = root / "ckpt" / "epoch=0-step=8.ckpt"
+    one = pl.Trainer(devices=1, enable_checkpointing=False, **options)
+    one.fit(ModuleModel(root / "resumed"), datamodule=data(), ckpt_path=saved)
+
+    def steps(run: str, rank: int) -> list[list]:
+        return [json.loads(line) for line in (root / run / f"rank{rank}.jsonl").read_text().splitlines()]
+
+    before = [i for rank in range(2) for _, batch in steps("crash", rank)[:8] for i in batch]
+    resumed = steps("resumed", 0)
+    after = [i for epoch, batch in resumed if epoch == 0 for i in batch]
+    seen = Counter(before + after)
+    assert seen == Counter(range(N)), f"lost {set(range(N)) - set(seen)}, repeated {seen - Counter(range(N))}"
+    alone = FastSizeAwareLoader(torch.arange(N), np.arange(N) % 5 + 1, 12, seed=8)
+    alone.set_epoch(1)
+    assert [batch for epoch, batch in resumed if epoch == 1] == [b.tolist() for b in alone]
+    print("RESIZED OK")
+
+
 if __name__ == "__main__":
     if sys.argv[2:] == ["bare"]:
         bare(Path(sys.argv[1]))
+        sys.exit()
+    if sys.argv[2:] == ["resized"]:
+        resized(Path(sys.argv[1]))
         sys.exit()
     sizes = np.arange(N) % 5 + 1
     data = FastDataModule(train=torch.arange(N), sizeof={"train": sizes}, max_total_size=12, seed=3)

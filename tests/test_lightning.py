@@ -417,3 +417,10 @@ def test_bare_size_aware_loader_under_two_process_ddp_resumes_every_rank_exactly
     # epochs of 14, 13 and 13 steps per rank, crashed at step 22 and resumed from step 20
     out = ddp_worker(tmp_path, "bare")
     assert "BARE DDP OK" in out, out[-2000:]
+
+
+def test_data_module_resumed_on_fewer_devices_trains_each_sample_of_the_epoch_once(tmp_path):
+    # 2 processes crash at step 10 of epoch 0; 1 process resumes from step 8: it counts the
+    # 8 steps run and runs the rest of the epoch, then epoch 1 as one process runs it
+    out = ddp_worker(tmp_path, "resized")
+    assert "RESIZED OK" in out, out[-2000:]
