@@ -219,6 +219,14 @@ class EpochCursor:
         return None if self._progress is None else (self._progress[0], self._progress[1])
 
     @property
+    def finished_steps(self) -> int:
+        """Steps of an epoch whose state was loaded at its end, until the next epoch starts (else 0)."""
+        if self._finished is None:
+            return 0
+        _, history, current = self._finished
+        return sum(segment.steps for segment in history) + current.steps
+
+    @property
     def start_position(self) -> tuple[int, int] | None:
         """``(epoch, steps)`` at which the epoch started last started (after a resume)."""
         return None if self._run is None else (self._run.epoch, self._run.segment.steps)

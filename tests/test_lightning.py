@@ -424,3 +424,24 @@ def test_data_module_resumed_on_fewer_devices_trains_each_sample_of_the_epoch_on
     # 8 steps run and runs the rest of the epoch, then epoch 1 as one process runs it
     out = ddp_worker(tmp_path, "resized")
     assert "RESIZED OK" in out, out[-2000:]
+
+
+@pytest.mark.parametrize("step", [13, 20])  # epoch 0's last step (of 13; epoch 1 has 14), and mid-epoch 1
+def test_data_module_resumed_from_a_step_checkpoint_with_reloading_runs_the_uninterrupted_steps(tmp_path, step):
+    def data():
+        return FastDataModule(train=torch.arange(60), sizeof={"train": SIZES}, max_total_size=20, seed=5)
+
+    options = {"max_epochs": 3, "limit_val_batches": 0, "reload_dataloaders_every_n_epochs": 1}
+    whole = Recorder()
+    trainer(tmp_path / "whole", **options).fit(whole, datamodule=data())
+    assert [len(batches) for batches in epochs_of(whole.train_batches)] == [13, 14, 13]
+    crashing = Recorder(crash_at_step=step + 1)
+    checkpoints = pl.callbacks.ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=step, save_top_k=-1)
+    with pytest.raises(Crash):
+        trainer(tmp_path / "crash", enable_checkpointing=True, callbacks=[checkpoints], **options).fit(
+            crashing, datamodule=data()
+        )
+    (saved,) = (tmp_path / "ckpt").glob(f"*step={step}.ckpt")
+    resumed = Recorder()
+    trainer(tmp_path / "resumed", **options).fit(resumed, datamodule=data(), ckpt_path=saved)
+    assert crashing.train_batches[:step] + resumed.train_batches == whole.train_batches

@@ -63,7 +63,10 @@ class _SizedTrainLoader(_TrainLoader):
     """
 
     def __len__(self) -> int:
-        return len(self.loader)
+        # NOTE: resumed from a checkpoint taken at an epoch's last step, Lightning goes on counting
+        # from that epoch's steps into the next one (it compares them with this length to decide
+        # whether the epoch had ended), so the next epoch's steps come after them
+        return len(self.loader) + self.loader.finished_steps
 
 
 class FastDataModule(pl.LightningDataModule):
