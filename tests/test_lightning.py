@@ -445,3 +445,24 @@ def test_data_module_resumed_from_a_step_checkpoint_with_reloading_runs_the_unin
     resumed = Recorder()
     trainer(tmp_path / "resumed", **options).fit(resumed, datamodule=data(), ckpt_path=saved)
     assert crashing.train_batches[:step] + resumed.train_batches == whole.train_batches
+
+
+@pytest.mark.parametrize("every", [{"every_n_train_steps": 13}, {"every_n_epochs": 1}])
+def test_data_module_without_reloading_resumed_at_the_end_of_the_first_epoch_goes_on_with_the_next(tmp_path, every):
+    # without a length, Lightning fetches epoch 0's first batch before it sets epoch 0
+    def data():
+        return FastDataModule(train=torch.arange(60), sizeof={"train": SIZES}, max_total_size=20, seed=5)
+
+    options = {"max_epochs": 3, "limit_val_batches": 0}
+    whole = Recorder()
+    trainer(tmp_path / "whole", **options).fit(whole, datamodule=data())
+    crashing = Recorder(crash_at_step=14)
+    checkpoints = pl.callbacks.ModelCheckpoint(dirpath=tmp_path / "ckpt", save_top_k=-1, **every)
+    with pytest.raises(Crash):
+        trainer(tmp_path / "crash", enable_checkpointing=True, callbacks=[checkpoints], **options).fit(
+            crashing, datamodule=data()
+        )
+    (saved,) = (tmp_path / "ckpt").glob("*step=13.ckpt")
+    resumed = Recorder()
+    trainer(tmp_path / "resumed", **options).fit(resumed, datamodule=data(), ckpt_path=saved)
+    assert crashing.train_batches[:13] + resumed.train_batches == whole.train_batches

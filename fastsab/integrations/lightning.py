@@ -43,9 +43,19 @@ class _TrainLoader:
         self.consumed = ConsumedCount(loader)
 
     @property
-    def sampler(self) -> FastLoader | FastSizeAwareLoader:
+    def sampler(self) -> _TrainLoader:
         """What Lightning calls ``set_epoch`` on at the start of every epoch."""
-        return self.loader
+        return self
+
+    def set_epoch(self, epoch: int) -> None:
+        """Use ``epoch`` for the next iteration, unless the loader is already iterating it.
+
+        Without a length, Lightning fetches the first batch of the first epoch before it sets
+        that epoch: setting it again would make the loader run it once more after its end.
+        """
+        position = self.loader.position
+        if position is None or position[0] != epoch:
+            self.loader.set_epoch(epoch)
 
     def __iter__(self) -> Iterator[Any]:
         for count, batch in enumerate(self.loader):
