@@ -156,9 +156,15 @@ class EpochCursor:
         self.epoch = epoch
 
     def __len__(self) -> int:
-        """Exact number of batches (steps) the next iteration yields (the rest, after a resume)."""
+        """Exact number of steps of the next epoch, as a trainer counts them.
+
+        After :meth:`load_state_dict` it is the whole epoch's: the steps run before the state
+        was saved (over every earlier stretch, whatever its world size) plus the steps left,
+        while the iteration yields only the steps left. Trainers (Lightning, torch's
+        ``StatefulDataLoader``) restore their step counter and stop the epoch at ``len()``.
+        """
         if self._resuming:
-            return self._shares.remaining(self.epoch, self._history, self._segment)
+            return self.resumed_steps + self._shares.remaining(self.epoch, self._history, self._segment)
         return self.epoch_steps(self.epoch)
 
     def epoch_steps(self, epoch: int) -> int:
@@ -240,8 +246,22 @@ class EpochCursor:
 
     @property
     def resumed_steps(self) -> int:
-        """Steps of the next epoch that ran before the state it resumes from was saved."""
-        return self._segment.steps if self._resuming else 0
+        """Steps of the next epoch that ran before the state it resumes from was saved (else 0).
+
+        Counted over every stretch of the epoch, whatever its world size: each stretch's steps
+        are steps of every rank, so they add up as a trainer's step counter does.
+        """
+        if not self._resuming:
+            return 0
+        return sum(segment.steps for segment in self._history) + self._segment.steps
+
+    @property
+    def finished_steps(self) -> int:
+        """Steps of an epoch whose state was loaded at its end, until the next epoch starts (else 0)."""
+        if self._finished is None:
+            return 0
+        _, history, current = self._finished
+        return sum(segment.steps for segment in history) + current.steps
 
     @property
     def start_position(self) -> tuple[int, int] | None:

@@ -28,6 +28,7 @@ from fastsab.planned import PlannedBatchSampler, PlannedDataLoader
 from fastsab.planners import FixedSizePlanner, SizeAwarePlanner
 from fastsab.prefetch import prefetched
 from fastsab.shuffle import DEFAULT_GROUP_SIZE
+from fastsab.trainer_sampler import CountedLength, TrainerSampler
 from fastsab.transfer import Transfer
 from fastsab.workers import PersistentWorkers, worker_batches
 
@@ -87,6 +88,7 @@ class LoaderBase(EpochCursor, Generic[T], metaclass=TakesDataLoaderKeywords):
         self._rewound = False  # whether that batch was taken back to be planned again
         self.parts_left = 0
         self._workers: PersistentWorkers | None = None  # with persistent_workers, once started
+        self._counted = CountedLength()  # the length a trainer counts for the coming epoch
 
     @property
     def fetcher(self) -> Fetcher:
@@ -176,6 +178,15 @@ class LoaderBase(EpochCursor, Generic[T], metaclass=TakesDataLoaderKeywords):
             self.planner.rule.check_collators({"data_loader's collate_fn": options.get("collate_fn")})
         return PlannedDataLoader(self.dataset, self.batch_sampler(), **options)
 
+    def __len__(self) -> int:
+        """Exact number of steps of the next epoch (see :meth:`EpochCursor.__len__`)."""
+        return self._counted.read(super().__len__())
+
+    @property
+    def sampler(self) -> TrainerSampler:
+        """Where a trainer written for ``DataLoader`` sets the epoch (see :class:`TrainerSampler`)."""
+        return TrainerSampler(self.set_epoch, self._counted)
+
     # -- iteration ----------------------------------------------------------------------
 
     def __iter__(self) -> Iterator[T]:
@@ -188,6 +199,7 @@ class LoaderBase(EpochCursor, Generic[T], metaclass=TakesDataLoaderKeywords):
     def _iterate(self, with_indices: bool) -> Generator[T | tuple[IndexArray, T], None, None]:
         # NOTE: a generator, so the epoch is fixed at the first next(), not at iter(): a
         # trainer may call iter() before set_epoch(), as DataLoader's lazy samplers allow.
+        self._counted.start(type(self).__name__, self.epoch, lambda: EpochCursor.__len__(self))
         stats = EpochStats(self.epoch)
         epoch, stream = self._start_epoch(stats)
         progress = self._progress

@@ -181,8 +181,11 @@ class Subject:
         obj.load_state_dict(state)
 
     def resumed_length(self, total: int, steps: int) -> int:
-        """``len()`` right after loading a state saved ``steps`` into an epoch of ``total``."""
-        return total - steps
+        """``len()`` right after loading a state saved ``steps`` into an epoch of ``total``.
+
+        The whole epoch's steps, as a trainer that restores its step count counts them.
+        """
+        return total
 
     def limit(self, inp: Inputs) -> Limit | None:
         return None
@@ -324,10 +327,6 @@ class LightningSubject(Subject):
 
     def length(self, obj: Any) -> int:
         return len(obj.train_dataloader())
-
-    def resumed_length(self, total: int, steps: int) -> int:
-        # NOTE: Lightning counts a resumed epoch's batches from the step it saved
-        return total
 
     def limit(self, inp: Inputs) -> Limit:
         if self.kind == "fixed":

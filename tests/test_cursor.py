@@ -240,7 +240,8 @@ def test_plan_chunks_keep_one_span_per_batch():
 # --- lengths and stats of a resumed epoch -------------------------------------------------------
 
 
-def test_len_after_a_resume_is_the_number_of_batches_left():
+def test_len_after_a_resume_is_the_whole_epoch_as_a_trainer_counts_it():
+    # as torch's StatefulDataLoader: a trainer restores its step count and stops at len()
     loader = sized(group_size=64)
     total = len(loader)
     iterator = iter(loader)
@@ -248,11 +249,11 @@ def test_len_after_a_resume_is_the_number_of_batches_left():
         next(iterator)
     resumed = sized(group_size=64)
     resumed.load_state_dict(loader.state_dict())
-    assert len(resumed) == total - 2
-    assert len(list(resumed)) == total - 2
+    assert len(resumed) == total
+    assert len(list(resumed)) == total - 2  # the steps left
     sampler = sized(group_size=64).batch_sampler()
     sampler.load_state_dict(loader.state_dict())
-    assert len(sampler) == total - 2
+    assert len(sampler) == total
 
 
 @pytest.mark.parametrize("world_size", [1, 2])
@@ -395,7 +396,7 @@ def test_lowering_twice_at_the_end_of_an_epoch_keeps_every_item(kind):
     done = run(interrupted, stop=5)
     resumed = make()
     resumed.load_state_dict(json.loads(json.dumps(interrupted.state_dict())))
-    assert len(resumed) == 6
+    assert len(resumed) == len(whole)  # the 6 steps run, then the 6 left
     assert done + [b.tolist() for b in resumed] == whole
 
 
@@ -418,7 +419,7 @@ def test_resume_after_lowering_the_limit_runs_the_rest_exactly(prefetch):
     assert state["steps"] == 13 and len(state["lowered"]) == 1 and state["lowered"][0][1] == [100]
     resumed = make()
     resumed.load_state_dict(state)
-    assert len(resumed) == len(whole) - 13
+    assert len(resumed) == len(whole)
     assert [batch.tolist() for batch in resumed] == whole[13:]
     assert sorted(i for batch in whole for i in batch) == list(range(N))
     # the lowering lands at the next batch, with or without a prefetch thread: the same every run
@@ -445,7 +446,7 @@ def test_lowering_applies_at_the_next_batch_and_a_state_taken_right_after_has_it
     assert loader.stats.limit_changes == [(1, 8, 3)]
     resumed = FastLoader(torch.arange(40), 8, shuffle=False, prefetch=prefetch)
     resumed.load_state_dict(state)
-    assert len(resumed) == len(expected) and [batch.tolist() for batch in resumed] == expected
+    assert len(resumed) == 1 + len(expected) and [batch.tolist() for batch in resumed] == expected
 
 
 def test_lowering_the_limit_outside_an_epoch_is_an_error():
@@ -478,7 +479,7 @@ def test_a_state_whose_rest_gives_the_new_ranks_no_step_runs_an_empty_epoch_that
     ranks = [FastLoader(torch.arange(100), 10, seed=1, rank=r, world_size=4, even_batches="drop") for r in range(4)]
     for loader in ranks:
         loader.load_state_dict(state)
-    assert [len(loader) for loader in ranks] == [0] * 4
+    assert [len(loader) for loader in ranks] == [8] * 4  # the 8 steps run, none left
     assert [list(loader) for loader in ranks] == [[]] * 4
     for loader in ranks:  # the epoch that ran empty reports the two batches it left out
         assert loader.stats.epoch == 0 and sorted(done + loader.stats.dropped) == list(range(100))
@@ -488,7 +489,7 @@ def test_a_state_whose_rest_gives_the_new_ranks_no_step_runs_an_empty_epoch_that
     saved.load_state_dict(state)
     again = FastLoader(torch.arange(100), 10, seed=1, rank=0, world_size=4, even_batches="drop")
     again.load_state_dict(json.loads(json.dumps(saved.state_dict())))
-    assert len(again) == 0 and list(again) == [] and sorted(done + again.stats.dropped) == list(range(100))
+    assert len(again) == 8 and list(again) == [] and sorted(done + again.stats.dropped) == list(range(100))
 
 
 @pytest.mark.parametrize("kind", ["fixed", "size-aware"])
@@ -604,7 +605,7 @@ def test_data_loader_counts_the_batches_the_loop_received():
     del iterator
     resumed = FastLoader(torch.arange(200), 10, seed=2).data_loader(num_workers=2)
     resumed.load_state_dict(state)
-    assert len(resumed) == 17
+    assert len(resumed) == 20
     assert done + [batch.tolist() for batch in resumed] == whole
 
 
@@ -655,7 +656,7 @@ def test_a_state_saved_between_the_parts_of_a_failed_batch_resumes_exactly():
     assert done == list(range(24)) and state["steps"] == 3
     resumed = make()
     resumed.load_state_dict(state)
-    assert len(resumed) == 5
+    assert len(resumed) == 3 + 5  # the steps run, then 5 left: the second half of batch 1 and batches 2 and 3
     assert done + [i for part in adaptive.run(resumed, fake_oom_above(8)) for i in part] == list(range(64))
 
 
@@ -725,7 +726,7 @@ def test_samplers_and_data_loaders_of_a_resumed_loader_start_where_it_stands():
     done = [next(iterator).tolist() for _ in range(5)]
     resumed = FastLoader(torch.arange(100), 10, seed=4)
     resumed.load_state_dict(loader.state_dict())
-    assert len(resumed) == len(resumed.batch_sampler()) == len(resumed.data_loader()) == 5
+    assert len(resumed) == len(resumed.batch_sampler()) == len(resumed.data_loader()) == 10
     rest = list(resumed.batch_sampler())
     assert sorted(i for batch in done + rest for i in batch) == list(range(100))
 
@@ -734,15 +735,15 @@ def test_data_loader_state_after_a_resume_from_another_world_size_keeps_the_hist
     before, state = run_steps([sized(r, 2) for r in range(2)], 3)
     data = sized().data_loader(num_workers=2)
     data.load_state_dict(state)
-    total = len(data)
+    total = len(data)  # the 3 steps of 2 ranks, then those left for one
     iterator = iter(data)
-    middle = [i for _ in range(total - 2) for i in next(iterator).tolist()]
+    middle = [i for _ in range(total - 3 - 2) for i in next(iterator).tolist()]
     saved = data.state_dict()
     del iterator
-    assert saved["history"] and saved["steps"] == total - 2
+    assert saved["history"] and saved["steps"] == total - 3 - 2
     final = sized().data_loader(num_workers=2)
     final.load_state_dict(saved)
-    assert len(final) == 2
+    assert len(final) == total
     rest = [i for batch in final for i in batch.tolist()]
     assert sorted(before + middle + rest) == list(range(N))
 
@@ -999,7 +1000,7 @@ def test_two_retries_at_one_position_are_both_saved_and_replayed(stop_before_las
     assert state["steps"] == len(kept) - stop_before_last
     resumed = sized(sort_window=16, group_size=64)
     resumed.load_state_dict(state)
-    assert len(resumed) == len(whole) - state["steps"]
+    assert len(resumed) == len(whole)
     assert [ids.tolist() for ids, _ in resumed.iter_with_indices()] == whole[state["steps"] :]
 
 

@@ -737,8 +737,9 @@ def test_resume_at_every_step(case: Case, data: Any) -> None:
             assert [epoch(loader, case, with_indices=True) for loader in fresh] == [b[steps:] for b in full], (
                 f"resumed after {steps} steps"
             )
-            # invariant: len() right after load_state_dict is the number of batches remaining
-            assert remaining == [total - steps] * case.world_size, f"len() after loading a state of step {steps}"
+            # invariant: len() right after load_state_dict is the whole epoch's steps, as a trainer
+            # that restores its step count counts them (the steps run, then those left)
+            assert remaining == [total] * case.world_size, f"len() after loading a state of step {steps}"
             # invariant: after the resumed epoch, the next epoch is the uninterrupted run's next one
             if steps == points[(len(points) - 1) // 2]:
                 assert [epoch(loader, case) for loader in fresh] == following
@@ -752,6 +753,13 @@ def test_resume_at_every_step(case: Case, data: Any) -> None:
         for loader in fresh:
             loader.load_state_dict(state)
         assert [epoch(loader, case) for loader in fresh] == following
+
+
+def steps_run_before(state: dict[str, Any] | None) -> int:
+    """The steps of the epoch a state was saved in that ran before it, over every stretch."""
+    if state is None:
+        return 0
+    return int(state["steps"]) + sum(int(stretch["steps"]) for stretch in state["history"])
 
 
 @settings(max_examples=examples(60))
@@ -780,7 +788,8 @@ def test_resume_chain_across_world_sizes(case: Case, stages: list[tuple[int, boo
             if state is not None:
                 for loader in loaders:
                     loader.load_state_dict(state)
-            announced = [len(loader) for loader in loaders]
+            # (len() counts the steps of the earlier stages too, as a trainer does: those left here)
+            announced = [len(loader) - steps_run_before(state) for loader in loaders]
             last = stage == len(worlds) - 1
             sources = [start(loader, stack) for loader in loaders]
             steps = None if last else data.draw(st.integers(0, max(announced)), label=f"steps of stage {stage}")
@@ -1135,9 +1144,10 @@ def test_resume_after_lowering(lowered: tuple[Case, Plan, list[tuple[int, tuple[
     )
     # invariant: the same lowerings after the same steps give the same batches
     assert done == whole[:stop]
-    # invariant: the resumed loader yields exactly the rest of the lowered epoch, as len() says
+    # invariant: the resumed loader yields exactly the rest of the lowered epoch; len() counts the
+    # steps run before the state and that rest
     assert rest == whole[stop:]
-    assert remaining == len(whole) - stop
+    assert remaining == len(whole)
 
 
 #: What is asked after a received batch: ``("lower", limit)`` (lower_limit) or ``("retry", limit)``.
@@ -1271,8 +1281,8 @@ def test_resume_after_several_lowerings_at_one_position(lowered: tuple[Case, dic
         # left, however many lowerings applied at one position
         assert rest == whole[len(done) :], f"resumed after {stop} batches received (state {state['lowered']})"
         if not later:
-            # invariant: len() after loading the state is the number of batches left
-            assert remaining == len(rest)
+            # invariant: len() after loading the state is the steps run before it and those left
+            assert remaining == len(done) + len(rest)
 
 
 @settings(max_examples=examples(60))
@@ -1375,8 +1385,8 @@ def test_batch_sampler_in_a_dataloader(case: Case, data: Any) -> None:
         fresh = samplers_and_data(stack)
         for sampler, _ in fresh:
             sampler.load_state_dict(state)
-        # invariant: a sampler resumes like a loader: len() is the remainder, then exactly the rest
-        assert [len(sampler) for sampler, _ in fresh] == [total - steps] * world
+        # invariant: a sampler resumes like a loader: len() is the whole epoch's, then exactly the rest
+        assert [len(sampler) for sampler, _ in fresh] == [total] * world
         assert [sampler_batches(sampler, dataset, case) for sampler, dataset in fresh] == [b[steps:] for b in full]
     other = replace(case, seed=case.seed + 1)
     if 0 < steps < total and case.shuffle and all_ranks(other) != full:

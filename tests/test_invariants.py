@@ -333,8 +333,9 @@ def test_state_restores_on_another_world_size(subject: Subject, inp: Inputs, wor
         subject.load_state_dict(obj, state)
     announced = [subject.length(obj) for obj in fresh]
     rest = run_ranks(subject, fresh)
-    # invariant: the new ranks run the same number of steps, as len() announced
-    assert announced == [len(batches) for batches in rest] and len(set(announced)) == 1
+    # invariant: the new ranks run the same number of steps; len() announced them after the
+    # steps run before the change, as a trainer that restores its step count counts them
+    assert announced == [steps + len(batches) for batches in rest] and len(set(announced)) == 1
     # invariant: nothing lost: every index runs before or after the change, or is reported
     # skipped (the resumed epoch reports what the uninterrupted one does) or dropped (with
     # "drop", the new ranks' surplus too), never both

@@ -81,13 +81,7 @@ class AcceleratedLoader(DataLoaderStateMixin):  # type: ignore[misc]  # accelera
         The same on every rank (the loaders deal equal steps); what an LR schedule over
         ``len(loader)`` steps per epoch expects.
         """
-        cursor = self.cursor
-        if not cursor.resumed_steps:
-            return len(cursor)
-        # NOTE: counted from the cursor's own dealing, not from len(cursor), whose meaning after
-        # a resume (the rest of the epoch, or all of it) is the loaders' to define
-        rest = cursor._shares.remaining(cursor.epoch, cursor._history, cursor._segment)
-        return cursor.resumed_steps + rest
+        return len(self.cursor)
 
     def __iter__(self) -> Iterator[Any]:
         self.begin()

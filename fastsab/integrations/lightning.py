@@ -43,9 +43,19 @@ class _TrainLoader:
         self.consumed = ConsumedCount(loader)
 
     @property
-    def sampler(self) -> FastLoader | FastSizeAwareLoader:
+    def sampler(self) -> _TrainLoader:
         """What Lightning calls ``set_epoch`` on at the start of every epoch."""
-        return self.loader
+        return self
+
+    def set_epoch(self, epoch: int) -> None:
+        """Use ``epoch`` for the next iteration, unless the loader is already iterating it.
+
+        Without a length, Lightning fetches the first batch of the first epoch before it sets
+        that epoch: setting it again would make the loader run it once more after its end.
+        """
+        position = self.loader.position
+        if position is None or position[0] != epoch:
+            self.loader.set_epoch(epoch)
 
     def __iter__(self) -> Iterator[Any]:
         for count, batch in enumerate(self.loader):
@@ -59,11 +69,14 @@ class _SizedTrainLoader(_TrainLoader):
     """A training loader whose length Lightning may read: exact for the coming epoch.
 
     Lightning counts a resumed epoch's batches from the step it saved, so the length is
-    the whole epoch's: the batches left plus those run before the state was saved.
+    the whole epoch's, as the loader's ``len()`` counts it after a resume.
     """
 
     def __len__(self) -> int:
-        return len(self.loader) + self.loader.resumed_steps
+        # NOTE: resumed from a checkpoint taken at an epoch's last step, Lightning goes on counting
+        # from that epoch's steps into the next one (it compares them with this length to decide
+        # whether the epoch had ended), so the next epoch's steps come after them
+        return len(self.loader) + self.loader.finished_steps
 
 
 class FastDataModule(pl.LightningDataModule):
@@ -186,6 +199,15 @@ class FastDataModule(pl.LightningDataModule):
 
     def predict_dataloader(self) -> Any:
         return self._loader("predict")
+
+    def teardown(self, stage: str) -> None:
+        """Shut down the worker processes the loaders keep (``persistent_workers=True``).
+
+        Lightning calls it when ``fit``, ``validate``, ``test`` or ``predict`` ends; the
+        loaders keep their epoch and position, and start new workers if iterated again.
+        """
+        for loader in self._loaders.values():
+            (loader.loader if isinstance(loader, _TrainLoader) else loader).close()
 
     def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         trainer = getattr(self, "trainer", None)
