@@ -10,6 +10,7 @@ epoch, sample indices and whether gradients were synced, and the trained weights
 
 from __future__ import annotations
 
+import gc
 import json
 import sys
 from pathlib import Path
@@ -34,7 +35,7 @@ def make_loader(kind: str) -> Any:
     return FastSizeAwareLoader(DATA, lengths, 150, seed=5)
 
 
-def main(mode: str, kind: str, out: Path, stop: int | None) -> None:
+def main(mode: str, kind: str, out: Path, stop: int | None) -> Accelerator:
     dispatch = DataLoaderConfiguration(dispatch_batches=kind == "dispatch")
     accelerator = Accelerator(gradient_accumulation_steps=ACCUMULATE, dataloader_config=dispatch)
     record: dict[str, Any] = {"steps": []}
@@ -43,13 +44,13 @@ def main(mode: str, kind: str, out: Path, stop: int | None) -> None:
         record["len"] = len(planned)
         if kind == "dispatch":  # only the main process reads the plan; the others wait for its batches
             print(sum(1 for _ in planned))
-            return
+            return accelerator
         try:
             record["steps"] = [[0, batch["index"].tolist(), None] for batch in planned]
         except RuntimeError as error:
             record["error"] = str(error)
         write(out, mode, accelerator, record)
-        return
+        return accelerator
     torch.manual_seed(0)
     model = torch.nn.Linear(8, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -70,16 +71,21 @@ def main(mode: str, kind: str, out: Path, stop: int | None) -> None:
             if stop is not None and len(record["steps"]) == stop:
                 accelerator.save_state(str(out / "checkpoint"))
                 write(out, mode, accelerator, record)
-                return  # the run is interrupted here
+                return accelerator  # the run is interrupted here
     record["weight"] = accelerator.unwrap_model(model).weight.detach().flatten().tolist()
     write(out, mode, accelerator, record)
+    return accelerator
 
 
 def write(out: Path, mode: str, accelerator: Accelerator, record: dict[str, Any]) -> None:
     (out / f"{mode}_{accelerator.process_index}.json").write_text(json.dumps(record))
     accelerator.wait_for_everyone()
-    accelerator.end_training()
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], Path(sys.argv[3]), int(sys.argv[4]) if len(sys.argv) > 4 else None)
+    ended = main(sys.argv[1], sys.argv[2], Path(sys.argv[3]), int(sys.argv[4]) if len(sys.argv) > 4 else None)
+    # NOTE: the DDP model's reducer holds gloo work: with main's frame gone, accelerate's own
+    # references are dropped before the process group ends (else gloo may abort at exit)
+    ended.free_memory()
+    gc.collect()
+    ended.end_training()
