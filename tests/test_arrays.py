@@ -123,6 +123,28 @@ def test_big_endian_sizes_make_the_buckets_of_native_ones():
     assert swapped.bucket_sizes.tolist() == native.bucket_sizes.tolist()
 
 
+def test_a_state_over_padded_features_resumes_over_them_in_the_other_byte_order():
+    # the features of a file written on a big-endian machine, mapped as they are, are the same numbers
+    features = np.random.default_rng(3).integers(8, 64, (60, 2)).astype(np.float32)
+
+    def area(rows: np.ndarray) -> np.ndarray:
+        return rows[:, 0] * rows[:, 1]
+
+    def loader(values: np.ndarray) -> FastSizeAwareLoader:
+        return FastSizeAwareLoader(
+            torch.arange(60), area, 9000.0, features=values, cost="padded", padding="features", seed=4
+        )
+
+    want = _batches(loader(features))
+    for saved, resumed in ((features, features.astype(">f4")), (features.astype(">f4"), features)):
+        first = loader(saved)
+        iterator = iter(first)
+        head = [next(iterator).tolist() for _ in range(3)]
+        again = loader(resumed)
+        again.load_state_dict(first.state_dict())
+        assert head + _batches(again) == want
+
+
 # -- malformed nested sequences --------------------------------------------------------------
 
 
