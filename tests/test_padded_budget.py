@@ -137,6 +137,24 @@ def test_a_collator_that_pads_further_than_the_budget_charges_is_refused(given):
         FastSizeAwareLoader(ragged(lengths, 8), lengths, 64, cost="padded", pad_to_multiple_of=given)
 
 
+class _ConfiguredCollator:
+    """A collator whose multiple was read from a configuration as a numpy integer."""
+
+    pad_to_multiple_of = np.int64(8)
+
+    def __call__(self, samples: list[dict[str, object]]) -> list[dict[str, object]]:
+        return samples
+
+
+def test_a_collators_multiple_held_as_a_numpy_integer_is_charged_too():
+    lengths = [5, 9, 14]
+    with pytest.raises(ValueError, match=r"rounds every batch's length up to a multiple of 8, which the padded budget"):
+        FastSizeAwareLoader(Samples(lengths), lengths, 64, cost="padded", collate_fn=_ConfiguredCollator())
+    FastSizeAwareLoader(
+        Samples(lengths), lengths, 64, cost="padded", collate_fn=_ConfiguredCollator(), pad_to_multiple_of=8
+    )
+
+
 def test_collators_the_budget_covers_are_accepted():
     lengths = [5, 9, 14]
     for multiple, collator in [(16, PadCollator(pad_to_multiple_of=8)), (8, PadCollator()), (None, PackCollator())]:
