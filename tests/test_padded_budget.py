@@ -112,7 +112,9 @@ def test_an_item_whose_padded_length_exceeds_the_cap_is_oversize():
         ragged(lengths, 8), lengths, 12, cost="padded", pad_to_multiple_of=8, shuffle=False, oversize="own_batch"
     )
     assert run(own) == ([[0], [1], [2]], [(1, 8), (1, 16), (1, 8)])
-    with pytest.raises(ValueError, match=r"item 1 has cost 16 above max_total_size 12"):
+    with pytest.raises(
+        ValueError, match=r"item 1 has cost 16 \(its length padded to a multiple of 8\) above max_total_size 12"
+    ):
         list(FastSizeAwareLoader(torch.arange(3), lengths, 12, cost="padded", pad_to_multiple_of=8, oversize="error"))
 
 
