@@ -223,6 +223,20 @@ def test_bfloat16_sizes_of_the_bionemo_api_batch_as_their_float_values():
     assert list(streamed) == want
 
 
+@pytest.mark.parametrize("dtype", NUMPYLESS_FLOATS)
+def test_a_list_of_numpyless_float_tensors_is_read_as_their_float_values(dtype):
+    sizes, floats = _low_precision_sizes(dtype, n=60)
+    want = _batches(FastSizeAwareLoader(torch.arange(60), floats, 10.0, seed=2))
+    assert _batches(FastSizeAwareLoader(torch.arange(60), list(sizes), 10.0, seed=2)) == want
+    rows = [[size, size] for size in sizes]  # rows of scalar tensors: one row per item
+    assert as_numpy("sizes", rows).tolist() == [[value, value] for value in floats.tolist()]
+    with pytest.raises(
+        ValueError,
+        match=r"sizes must be an array of numbers, but sizes\[1\] is .* of shape \(1,\) where sizes\[0\] has shape \(2,\)\.",
+    ):
+        as_numpy("sizes", [rows[0], rows[1][:1]])
+
+
 def test_bfloat16_features_are_padded_and_given_back_in_their_dtype():
     # small integers: their products are exact in bfloat16, so both runs cost the same
     features = torch.randint(1, 16, (120, 2), generator=torch.Generator().manual_seed(1))
