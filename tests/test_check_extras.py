@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ast
+import re
 import subprocess
 import sys
 import textwrap
@@ -37,6 +39,31 @@ def test_every_extra_of_the_table_is_an_extra_of_the_package():
     tomllib = pytest.importorskip("tomllib")
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     assert set(EXTRAS.values()) <= set(extras)
+
+
+def test_the_core_imports_at_module_level_only_what_the_package_requires():
+    # fastsab alone (no extra) must import: each third-party module the core imports as it is
+    # imported is one of the package's dependencies (imports inside functions are optional ones)
+    tomllib = pytest.importorskip("tomllib")
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    required = {
+        re.split(r"[<>=!~\[;\s]", dep, maxsplit=1)[0].lower().replace("-", "_") for dep in project["dependencies"]
+    }
+    undeclared = {}
+    for path in sorted((ROOT / "fastsab").rglob("*.py")):
+        if "integrations" in path.parts:
+            continue
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                names = [node.module]
+            else:
+                continue
+            for top in {name.split(".")[0] for name in names} - set(sys.stdlib_module_names) - {"fastsab"}:
+                if top.lower() not in required:
+                    undeclared.setdefault(top, path.relative_to(ROOT).as_posix())
+    assert undeclared == {}
 
 
 def test_every_promised_name_imports_where_every_extra_is_installed():
