@@ -98,3 +98,26 @@ def test_the_webdataset_stages_import_without_lightning():
         'WebDataModule is a Lightning data module and needs lightning, which is not installed: pip install "fastsab[lightning]".'
         in done.stdout
     )
+
+
+def test_the_data_modules_without_webdataset_say_which_extra_they_need():
+    # webdataset made unimportable, as in an environment with only fastsab[lightning]
+    script = textwrap.dedent(
+        """
+        import sys
+        sys.modules["webdataset"] = None
+        sys.path.insert(0, sys.argv[1])
+        try:
+            from fastsab.integrations.webdataset import PickledDataWDS
+        except ImportError as err:
+            print(err)
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(ROOT)], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert (
+        'PickledDataWDS is a Lightning data module and needs webdataset, which is not installed: pip install "fastsab[webdataset]".'
+        in done.stdout
+    )
