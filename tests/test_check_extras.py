@@ -70,6 +70,15 @@ def test_every_promised_name_imports_where_every_extra_is_installed():
     assert check_imports(sorted(EXTRAS)) == []
 
 
+def _printed(script: str) -> str:
+    """What ``script`` printed, run by a new interpreter with the checkout's root as its argument."""
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(ROOT)], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
 def test_the_webdataset_stages_import_without_lightning():
     # lightning made unimportable, as in an environment with only fastsab[webdataset]
     script = textwrap.dedent(
@@ -90,13 +99,9 @@ def test_the_webdataset_stages_import_without_lightning():
         assert check_imports(["fastsab.integrations.lightning"])  # which does need lightning
         """
     )
-    done = subprocess.run(
-        [sys.executable, "-c", script, str(ROOT)], capture_output=True, text=True, timeout=120, check=False
-    )
-    assert done.returncode == 0, done.stderr
     assert (
         'WebDataModule is a Lightning data module and needs lightning, which is not installed: pip install "fastsab[lightning]".'
-        in done.stdout
+        in _printed(script)
     )
 
 
@@ -113,11 +118,7 @@ def test_the_data_modules_without_webdataset_say_which_extra_they_need():
             print(err)
         """
     )
-    done = subprocess.run(
-        [sys.executable, "-c", script, str(ROOT)], capture_output=True, text=True, timeout=120, check=False
-    )
-    assert done.returncode == 0, done.stderr
     assert (
         'PickledDataWDS is a Lightning data module and needs webdataset, which is not installed: pip install "fastsab[webdataset]".'
-        in done.stdout
+        in _printed(script)
     )
