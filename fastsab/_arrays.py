@@ -23,10 +23,11 @@ def as_numpy(name: str, values: Any, expected: str = "an array of numbers") -> n
 
     A numpy array is returned as it is (a memory map stays mapped, in its own byte order). A
     tensor becomes a numpy array of its dtype, or, for a floating dtype numpy lacks (bfloat16,
-    the float8 types), of float32, which holds each of their values exactly.
+    the float8 types), of float32, which holds each of their values exactly; so is each such
+    tensor of a nested sequence.
 
     Raises:
-        TypeError: If ``values`` is a tensor of a non-floating dtype numpy lacks.
+        TypeError: If ``values`` is (or holds) a tensor of a non-floating dtype numpy lacks.
         ValueError: If ``values`` is a nested sequence whose items differ in shape: the message
             says it must be ``expected`` and names the first position whose shape differs from
             that of its first sibling.
@@ -62,6 +63,13 @@ def as_numpy(name: str, values: Any, expected: str = "an array of numbers") -> n
         if found is None:
             raise
         raise ValueError(f"{name} must be {expected}, but {found}.") from None
+    except TypeError:
+        if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
+            raise
+        # NOTE: numpy cannot read a tensor of a dtype it lacks (bfloat16) inside a sequence (a
+        # list of per-item sizes): each item is read as it is alone, then the sequence of them
+        items = [as_numpy(f"{name}[{position}]", item, expected) for position, item in enumerate(values)]
+        return as_numpy(name, items, expected)
 
 
 def native_order(array: np.ndarray) -> np.ndarray:

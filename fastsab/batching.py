@@ -185,8 +185,11 @@ def split_with(
             item = start + pos if item_ids is None else item_ids[pos].item()
             # NOTE: with a fixed cost an item is oversize by its cost plus the fixed cost: name both
             fixed = f" (plus fixed_cost {rule.options()['fixed_cost']!r})" if rule.has_fixed else ""
+            # NOTE: and with pad_to_multiple_of its cost is not the length given: say why
+            multiple = rule.pad_to_multiple_of
+            padded = f" (its length padded to a multiple of {multiple})" if multiple is not None else ""
             raise ValueError(
-                f"item {item!r} has cost {_row(c, pos)!r}{fixed} above max_total_size {rule.shown()!r} "
+                f"item {item!r} has cost {_row(c, pos)!r}{padded}{fixed} above max_total_size {rule.shown()!r} "
                 "(oversize='error')."
             )
         if policy == "skip":

@@ -17,7 +17,7 @@ from typing import Any, Protocol, TypeVar
 import numpy as np
 import torch
 
-from fastsab._arrays import as_numpy
+from fastsab._arrays import as_numpy, native_order
 from fastsab._checks import as_numeric_array, as_python_number, as_real_array, as_size
 
 __all__ = [
@@ -236,8 +236,9 @@ class FeatureRows(_CostSource):
 
     def fingerprint(self, n: int) -> bytes | memoryview:
         # NOTE: the batches depend on sizeof beyond the items' own costs (at per-feature maxima):
-        # the features are part of what identifies them
-        return bytes(self.costs.fingerprint(n)) + np.ascontiguousarray(self.rows).tobytes()
+        # the features are part of what identifies them, as numbers: in native byte order, so
+        # that a big-endian file's features identify the batches their native copy makes
+        return bytes(self.costs.fingerprint(n)) + native_order(np.ascontiguousarray(self.rows)).tobytes()
 
 
 class PaddedLengths:

@@ -144,7 +144,11 @@ class BatchCost:
             return
         for where, collator in collators.items():
             multiple = getattr(collator, "pad_to_multiple_of", None)
-            if isinstance(multiple, int) and multiple > 1 and (self.pad_to_multiple_of or 1) % multiple:
+            # NOTE: any integer (a multiple read from a configuration may be a numpy one), not a bool
+            if not isinstance(multiple, (int, np.integer)) or isinstance(multiple, bool):
+                continue
+            multiple = int(multiple)
+            if multiple > 1 and (self.pad_to_multiple_of or 1) % multiple:
                 raise ValueError(
                     f"{where} {short_repr(collator)} rounds every batch's length up to a multiple of {multiple}, "
                     f"which the padded budget does not charge (its pad_to_multiple_of is {self.pad_to_multiple_of!r}): "

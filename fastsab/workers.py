@@ -333,8 +333,7 @@ class PersistentWorkers:
             ended = _ended_message(batches, error) if isinstance(error, (ConnectionError, EOFError)) else None
             # NOTE: a worker's error or death (or an interrupt while waiting for one) may leave
             # tasks unanswered: new workers for the next iteration rather than a guess at their state
-            if self._loader is loader:
-                self.close()
+            self._end(loader)
             if closed and isinstance(error, Exception):
                 # (closed while this thread waited for a batch, or sent index batches to queues closed under it)
                 raise RuntimeError(_CLOSED) from None if isinstance(error, _Closed) else error
@@ -345,13 +344,21 @@ class PersistentWorkers:
             if self._generation == generation:
                 self._plan.stream = None  # read no further: its rest may be planned again
         if loader.closed.is_set():
-            if self._loader is loader:
-                self.close()  # (asked from a signal handler while this thread waited)
+            self._end(loader)  # (asked from a signal handler while this thread waited)
             raise RuntimeError(_CLOSED)
         raise RuntimeError(
             "this iterator of the loader was left behind: a newer iteration began since its last batch. Iterate one "
             "epoch at a time (one iter(loader) in use)."
         )
+
+    def _end(self, loader: _WorkerLoader) -> None:
+        """Shut down the workers of ``loader``, which this iteration ran on (closed since, or not)."""
+        if self._loader is loader:
+            self.close()
+        else:
+            # NOTE: closed from another thread while iter() started them: the closing thread found
+            # no workers to shut down yet, so this iteration does
+            _shut_down(loader)
 
     def _waiting_for(self, step: Callable[[], Any]) -> Any:
         """``step()`` (a wait for the workers), during which :meth:`close` in this thread only asks to close."""
@@ -378,9 +385,14 @@ class PersistentWorkers:
             # queue's lock that shutting them down takes again: the iteration shuts them down as it ends
             return
         self._loader = None
-        iterator = getattr(loader, "_iterator", None)
-        if iterator is not None:
-            iterator._shutdown_workers()
+        _shut_down(loader)
+
+
+def _shut_down(loader: _WorkerLoader) -> None:
+    """Shut down the worker processes of ``loader``, if it started them."""
+    iterator = getattr(loader, "_iterator", None)
+    if iterator is not None:
+        iterator._shutdown_workers()
 
 
 def _ended_message(batches: Any, error: BaseException) -> str:

@@ -123,6 +123,28 @@ def test_big_endian_sizes_make_the_buckets_of_native_ones():
     assert swapped.bucket_sizes.tolist() == native.bucket_sizes.tolist()
 
 
+def test_a_state_over_padded_features_resumes_over_them_in_the_other_byte_order():
+    # the features of a file written on a big-endian machine, mapped as they are, are the same numbers
+    features = np.random.default_rng(3).integers(8, 64, (60, 2)).astype(np.float32)
+
+    def area(rows: np.ndarray) -> np.ndarray:
+        return rows[:, 0] * rows[:, 1]
+
+    def loader(values: np.ndarray) -> FastSizeAwareLoader:
+        return FastSizeAwareLoader(
+            torch.arange(60), area, 9000.0, features=values, cost="padded", padding="features", seed=4
+        )
+
+    want = _batches(loader(features))
+    for saved, resumed in ((features, features.astype(">f4")), (features.astype(">f4"), features)):
+        first = loader(saved)
+        iterator = iter(first)
+        head = [next(iterator).tolist() for _ in range(3)]
+        again = loader(resumed)
+        again.load_state_dict(first.state_dict())
+        assert head + _batches(again) == want
+
+
 # -- malformed nested sequences --------------------------------------------------------------
 
 
@@ -199,6 +221,20 @@ def test_bfloat16_sizes_of_the_bionemo_api_batch_as_their_float_values():
     assert list(SizeAwareBatchSampler(range(60), lambda i: sizes[i], 10.0)) == want
     streamed = size_aware_batching(range(60), lambda i: sizes[i], 10.0, collate_fn=list)
     assert list(streamed) == want
+
+
+@pytest.mark.parametrize("dtype", NUMPYLESS_FLOATS)
+def test_a_list_of_numpyless_float_tensors_is_read_as_their_float_values(dtype):
+    sizes, floats = _low_precision_sizes(dtype, n=60)
+    want = _batches(FastSizeAwareLoader(torch.arange(60), floats, 10.0, seed=2))
+    assert _batches(FastSizeAwareLoader(torch.arange(60), list(sizes), 10.0, seed=2)) == want
+    rows = [[size, size] for size in sizes]  # rows of scalar tensors: one row per item
+    assert as_numpy("sizes", rows).tolist() == [[value, value] for value in floats.tolist()]
+    with pytest.raises(
+        ValueError,
+        match=r"sizes must be an array of numbers, but sizes\[1\] is .* of shape \(1,\) where sizes\[0\] has shape \(2,\)\.",
+    ):
+        as_numpy("sizes", [rows[0], rows[1][:1]])
 
 
 def test_bfloat16_features_are_padded_and_given_back_in_their_dtype():

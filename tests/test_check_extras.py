@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ast
+import re
 import subprocess
 import sys
 import textwrap
@@ -39,8 +41,42 @@ def test_every_extra_of_the_table_is_an_extra_of_the_package():
     assert set(EXTRAS.values()) <= set(extras)
 
 
+def test_the_core_imports_at_module_level_only_what_the_package_requires():
+    # fastsab alone (no extra) must import: each third-party module the core imports as it is
+    # imported is one of the package's dependencies (imports inside functions are optional ones)
+    tomllib = pytest.importorskip("tomllib")
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    required = {
+        re.split(r"[<>=!~\[;\s]", dep, maxsplit=1)[0].lower().replace("-", "_") for dep in project["dependencies"]
+    }
+    undeclared = {}
+    for path in sorted((ROOT / "fastsab").rglob("*.py")):
+        if "integrations" in path.parts:
+            continue
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                names = [node.module]
+            else:
+                continue
+            for top in {name.split(".")[0] for name in names} - set(sys.stdlib_module_names) - {"fastsab"}:
+                if top.lower() not in required:
+                    undeclared.setdefault(top, path.relative_to(ROOT).as_posix())
+    assert undeclared == {}
+
+
 def test_every_promised_name_imports_where_every_extra_is_installed():
     assert check_imports(sorted(EXTRAS)) == []
+
+
+def _printed(script: str) -> str:
+    """What ``script`` printed, run by a new interpreter with the checkout's root as its argument."""
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(ROOT)], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
 
 
 def test_the_webdataset_stages_import_without_lightning():
@@ -63,11 +99,26 @@ def test_the_webdataset_stages_import_without_lightning():
         assert check_imports(["fastsab.integrations.lightning"])  # which does need lightning
         """
     )
-    done = subprocess.run(
-        [sys.executable, "-c", script, str(ROOT)], capture_output=True, text=True, timeout=120, check=False
-    )
-    assert done.returncode == 0, done.stderr
     assert (
         'WebDataModule is a Lightning data module and needs lightning, which is not installed: pip install "fastsab[lightning]".'
-        in done.stdout
+        in _printed(script)
+    )
+
+
+def test_the_data_modules_without_webdataset_say_which_extra_they_need():
+    # webdataset made unimportable, as in an environment with only fastsab[lightning]
+    script = textwrap.dedent(
+        """
+        import sys
+        sys.modules["webdataset"] = None
+        sys.path.insert(0, sys.argv[1])
+        try:
+            from fastsab.integrations.webdataset import PickledDataWDS
+        except ImportError as err:
+            print(err)
+        """
+    )
+    assert (
+        'PickledDataWDS is a Lightning data module and needs webdataset, which is not installed: pip install "fastsab[webdataset]".'
+        in _printed(script)
     )

@@ -112,7 +112,9 @@ def test_an_item_whose_padded_length_exceeds_the_cap_is_oversize():
         ragged(lengths, 8), lengths, 12, cost="padded", pad_to_multiple_of=8, shuffle=False, oversize="own_batch"
     )
     assert run(own) == ([[0], [1], [2]], [(1, 8), (1, 16), (1, 8)])
-    with pytest.raises(ValueError, match=r"item 1 has cost 16 above max_total_size 12"):
+    with pytest.raises(
+        ValueError, match=r"item 1 has cost 16 \(its length padded to a multiple of 8\) above max_total_size 12"
+    ):
         list(FastSizeAwareLoader(torch.arange(3), lengths, 12, cost="padded", pad_to_multiple_of=8, oversize="error"))
 
 
@@ -135,6 +137,24 @@ def test_a_collator_that_pads_further_than_the_budget_charges_is_refused(given):
         )
     with pytest.raises(ValueError, match=r"the dataset's collator PadCollator\(pad_value=0, pad_to_multiple_of=8\)"):
         FastSizeAwareLoader(ragged(lengths, 8), lengths, 64, cost="padded", pad_to_multiple_of=given)
+
+
+class _ConfiguredCollator:
+    """A collator whose multiple was read from a configuration as a numpy integer."""
+
+    pad_to_multiple_of = np.int64(8)
+
+    def __call__(self, samples: list[dict[str, object]]) -> list[dict[str, object]]:
+        return samples
+
+
+def test_a_collators_multiple_held_as_a_numpy_integer_is_charged_too():
+    lengths = [5, 9, 14]
+    with pytest.raises(ValueError, match=r"rounds every batch's length up to a multiple of 8, which the padded budget"):
+        FastSizeAwareLoader(Samples(lengths), lengths, 64, cost="padded", collate_fn=_ConfiguredCollator())
+    FastSizeAwareLoader(
+        Samples(lengths), lengths, 64, cost="padded", collate_fn=_ConfiguredCollator(), pad_to_multiple_of=8
+    )
 
 
 def test_collators_the_budget_covers_are_accepted():

@@ -19,7 +19,7 @@ import pytest
 import torch
 from torch.utils.data import dataloader
 
-from fastsab import FastLoader, FastSizeAwareLoader, OutOfCoreDataset, adaptive, sending
+from fastsab import FastLoader, FastSizeAwareLoader, OutOfCoreDataset, adaptive, sending, workers
 from fastsab.bench.workers import workers_rows
 from fastsab.cli import main
 from fastsab.options import LoaderOptions
@@ -859,6 +859,34 @@ def test_closing_the_loader_from_another_thread_ends_the_wait_for_a_batch(monkey
     assert seen == [list(range(i, i + 4)) for i in (0, 4, 8)]
     closer.join(20)
     assert ended(pids)
+
+
+@pytest.mark.timeout(60)
+def test_closing_the_loader_while_its_workers_start_shuts_them_down(monkeypatch):
+    started, closed, iterators = threading.Event(), threading.Event(), []
+    start = workers._WorkerIterator.__init__
+
+    def starting(self, *args):
+        start(self, *args)
+        iterators.append(self)
+        started.set()
+        closed.wait(20)  # (the loader is closed after the workers started, before iter() returned them)
+
+    monkeypatch.setattr(workers._WorkerIterator, "__init__", starting)
+    loader = FastLoader(Items(), 4, shuffle=False, num_workers=2, persistent_workers=True)
+
+    def close():
+        started.wait(20)
+        loader.close()
+        closed.set()
+
+    closer = threading.Thread(target=close)
+    closer.start()
+    error = finished(lambda: ids_of(loader))  # (kept, with the frames of its traceback)
+    closer.join(20)
+    assert isinstance(error, RuntimeError) and "the loader was closed (loader.close())" in str(error)
+    assert ended([worker.pid for worker in iterators[0]._workers])
+    assert ids_of(loader) == [list(range(i, min(i + 4, N))) for i in range(0, N, 4)]  # new workers
 
 
 @pytest.mark.timeout(90)

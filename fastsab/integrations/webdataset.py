@@ -136,10 +136,12 @@ def __getattr__(name: str) -> Any:
     try:
         from fastsab.integrations import _webdataset_modules
     except ModuleNotFoundError as err:
-        if (err.name or "").split(".")[0] != extra:
+        # NOTE: also webdataset itself, which this module's own stages do not need (fastsab[lightning] alone)
+        missing = (err.name or "").split(".")[0]
+        if missing not in (extra, "webdataset"):
             raise
         raise ImportError(
-            f"{name} is a Lightning data module and needs {extra}, which is not installed: "
-            f'pip install "fastsab[{extra}]".'
+            f"{name} is a Lightning data module and needs {missing}, which is not installed: "
+            f'pip install "fastsab[{missing}]".'
         ) from err
     return getattr(_webdataset_modules, name)
