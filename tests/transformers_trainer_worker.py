@@ -19,6 +19,7 @@ of each epoch and the step the interrupted run stopped after. With
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import sys
@@ -137,4 +138,7 @@ if __name__ == "__main__":
     else:
         train(root, kind, "stopped", resume=True, stopping=False, stop=stop)
     if dist.is_available() and dist.is_initialized():
+        # NOTE: the trainers and their DDP models (whose reducers hold gloo work) sit in
+        # reference cycles: collected before the group ends, or gloo may abort at exit
+        gc.collect()
         dist.destroy_process_group()
