@@ -28,7 +28,7 @@ from fastsab.planned import PlannedBatchSampler, PlannedDataLoader
 from fastsab.planners import FixedSizePlanner, SizeAwarePlanner
 from fastsab.prefetch import prefetched
 from fastsab.shuffle import DEFAULT_GROUP_SIZE
-from fastsab.trainer_sampler import CountedLength, TrainerSampler
+from fastsab.trainer_sampler import CountedLength, TrainerSampler, loaded_at_epoch_end
 from fastsab.transfer import Transfer
 from fastsab.workers import PersistentWorkers, worker_batches
 
@@ -182,6 +182,12 @@ class LoaderBase(EpochCursor, Generic[T], metaclass=TakesDataLoaderKeywords):
         """Exact number of steps of the next epoch (see :meth:`EpochCursor.__len__`)."""
         return self._counted.read(super().__len__())
 
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state`` (see :meth:`EpochCursor.load_state_dict`)."""
+        super().load_state_dict(state)
+        if self.finished_steps:  # saved after its epoch's last step: a trainer may count them on
+            loaded_at_epoch_end(self.fingerprint(), self.epoch, self.finished_steps, self)
+
     @property
     def sampler(self) -> TrainerSampler:
         """Where a trainer written for ``DataLoader`` sets the epoch (see :class:`TrainerSampler`)."""
@@ -199,7 +205,7 @@ class LoaderBase(EpochCursor, Generic[T], metaclass=TakesDataLoaderKeywords):
     def _iterate(self, with_indices: bool) -> Generator[T | tuple[IndexArray, T], None, None]:
         # NOTE: a generator, so the epoch is fixed at the first next(), not at iter(): a
         # trainer may call iter() before set_epoch(), as DataLoader's lazy samplers allow.
-        self._counted.start(type(self).__name__, self.epoch, lambda: EpochCursor.__len__(self))
+        self._counted.start(self, self.epoch, lambda: EpochCursor.__len__(self), self.fingerprint)
         stats = EpochStats(self.epoch)
         epoch, stream = self._start_epoch(stats)
         progress = self._progress

@@ -17,9 +17,25 @@ than be cut short: a shorter epoch ends early, which trainers handle exactly.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 
-__all__ = ["CountedLength", "TrainerSampler"]
+__all__ = ["CountedLength", "TrainerSampler", "loaded_at_epoch_end"]
+
+#: States loaded at their epoch's very end, by plan fingerprint: the next epoch, the steps a
+#: trainer counted of the ended one, and the loader that loaded it.
+_ENDED: dict[str, tuple[int, int, weakref.ref[object]]] = {}
+
+
+def loaded_at_epoch_end(fingerprint: str, epoch: int, steps: int, loader: object) -> None:
+    """Note that ``loader`` loaded a state saved after the last of an epoch's ``steps``; ``epoch`` is the next.
+
+    Lightning, resumed from such a state with a training loader it reloads every epoch, takes
+    the ended epoch's steps as run steps of the next one when that one has more: a loader it
+    builds anew for the next epoch would be stopped after the difference. That loader checks
+    the note when its epoch starts (:meth:`CountedLength.start`).
+    """
+    _ENDED[fingerprint] = (epoch, steps, weakref.ref(loader))
 
 
 class TrainerSampler:
@@ -64,23 +80,40 @@ class CountedLength:
             self.counted, self._open = length, False
         return length
 
-    def start(self, loader: str, epoch: int, length: Callable[[], int]) -> None:
+    def start(self, loader: object, epoch: int, length: Callable[[], int], fingerprint: Callable[[], str]) -> None:
         """Start ``epoch``, unless the trainer that set it counts fewer steps than it has.
 
         Args:
-            loader: The loader's name, for the message.
+            loader: The loader.
             epoch: The epoch about to start.
             length: Its number of steps, as ``len()`` counts them (computed only if needed).
+            fingerprint: The digest of the loader's plan (computed only if a state was loaded
+                at an epoch's end in this process).
 
         Raises:
             ValueError: If the trainer set ``epoch`` and it has more steps than the length
-                the trainer read: the trainer would stop the epoch before its last batches.
+                the trainer read, or than the trainer goes on to count after a state another
+                loader loaded at the end of the epoch before: the trainer would stop the epoch
+                before its last batches.
         """
+        name = type(loader).__name__
+        ended = _ENDED.pop(fingerprint(), None) if _ENDED else None
+        if self._set_by_trainer and self.counted is not None and ended is not None:
+            ended_epoch, carried, by = ended
+            if ended_epoch == epoch and by() is not loader and self.counted > carried:
+                raise ValueError(
+                    f"{name} epoch {epoch} has {length()} steps, but the trainer resumed from a state saved after the "
+                    f"last of epoch {epoch - 1}'s {carried} steps and counts them as steps of this epoch: it would "
+                    f"stop it after {self.counted - carried} batches. Lightning does so when it reloads the training "
+                    "loader every epoch and the epoch after such a checkpoint is longer. Resume from a checkpoint "
+                    "saved at another step or at the epoch's end (ModelCheckpoint(every_n_epochs=1)), or use "
+                    "fastsab.integrations.lightning.FastDataModule, which keeps one loader."
+                )
         if self._set_by_trainer and self.counted is not None:
             steps = length()
             if steps > self.counted:
                 raise ValueError(
-                    f"{loader} epoch {epoch} has {steps} steps, but the trainer counts {self.counted} (the len() it "
+                    f"{name} epoch {epoch} has {steps} steps, but the trainer counts {self.counted} (the len() it "
                     f"read when it got the loader) and would stop the epoch {steps - self.counted} batches early. "
                     "Size-aware epochs differ in length: give the trainer a loader for each epoch "
                     "(Trainer(reload_dataloaders_every_n_epochs=1), and in train_dataloader() call "

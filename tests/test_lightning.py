@@ -360,6 +360,25 @@ def test_a_longer_epoch_than_lightning_counts_is_refused_before_any_batch_is_los
     assert refused.train_batches == whole.train_batches[:13]  # epoch 0 whole, no batch of epoch 1 run
 
 
+def test_a_resume_from_an_epochs_last_step_into_a_longer_reloaded_epoch_is_refused(tmp_path):
+    # invariant: no batch is lost silently: resumed from a checkpoint after epoch 0's last step,
+    # Lightning counts those 13 steps into epoch 1 of the loader it reloads, and would run 1 of its 14
+    assert epoch_lengths(size_aware(5), 2) == [13, 14]
+    options = {"max_epochs": 3, "limit_val_batches": 0, "reload_dataloaders_every_n_epochs": 1}
+    crashing = BareRecorder(size_aware(5), crash_at_step=15)
+    checkpoints = pl.callbacks.ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=13, save_top_k=-1)
+    with pytest.raises(Crash):
+        trainer(tmp_path / "crash", enable_checkpointing=True, callbacks=[checkpoints], **options).fit(crashing)
+    (saved,) = (tmp_path / "ckpt").glob("*step=13.ckpt")
+    resumed = BareRecorder(size_aware(5))
+    with pytest.raises(
+        ValueError,
+        match=r"epoch 1 has 14 steps, but the trainer resumed from a state saved after the last of epoch 0's 13 steps .*FastDataModule",
+    ):
+        trainer(tmp_path / "resumed", **options).fit(resumed, ckpt_path=saved)
+    assert resumed.train_batches == []  # refused before any batch of epoch 1 ran
+
+
 def test_a_loader_built_anew_each_epoch_gets_the_epoch_from_lightning(tmp_path):
     kept = BareRecorder(fixed)  # one loader: its epoch advances as it is iterated
     trainer(tmp_path / "kept", max_epochs=3, limit_val_batches=0).fit(kept)
