@@ -48,6 +48,13 @@ class ConsumedCount:
         if self.position is not None:
             self.position = (self.position[0], self.position[1] + 1)
 
+    def left(self) -> None:
+        """The consumer left the iteration before its end: a ``set_epoch`` now chooses the next position."""
+        if self.position is not None:
+            # NOTE: the cursor may have handed out its whole epoch already (worker processes fetch
+            # ahead), so its own iteration is not the one left
+            self.cursor._iteration_left()
+
     def ended(self) -> None:
         """The iteration ran to its end: the cursor's own position holds again."""
         self.position = None

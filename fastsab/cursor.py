@@ -127,6 +127,7 @@ class EpochCursor:
         self._progress: list[int] | None = None  # [epoch, steps] while an epoch is iterated
         self._run: _Run | None = None  # the epoch last started: its stretches and stream
         self._advance = False  # under ranks: the end of the epoch last started sets the next one
+        self._left = False  # the iteration last started was left before its end (a peek, a break)
         self._fingerprint: str | None = None
         self._shares = EpochShares(planner, rank)
 
@@ -140,13 +141,19 @@ class EpochCursor:
     def set_epoch(self, epoch: int) -> None:
         """Use ``epoch`` for the next iteration (the order depends only on seed and epoch).
 
-        A position loaded for another epoch is dropped; a loaded state of an epoch whose
-        every step ran makes that epoch run empty, if it is chosen again. Without it, the
+        A position loaded for another epoch is dropped, and so is that of an iteration left
+        before its end (a peek, a loop left mid-epoch): :meth:`state_dict` then names the
+        chosen epoch, where the next iteration starts. A loaded state of an epoch whose every
+        step ran makes that epoch run empty, if it is chosen again. Without it, the
         next iteration runs the epoch after the last one started (one process) or after the
         last one run to its end (several ranks: see :meth:`_start_epoch`).
         """
         epoch = check_nonnegative_int("epoch", epoch)
         self._advance = False
+        if self._left:
+            # NOTE: the left iteration's position is not where the next one starts: the state,
+            # as len(), names the epoch chosen (at its loaded position, if it is the loaded one)
+            self._left, self._progress, self._run = False, None, None
         finished, self._finished = self._finished, None
         if finished is not None and epoch == finished[0]:
             self._history, self._segment, self._resuming = finished[1], finished[2], True
@@ -200,6 +207,7 @@ class EpochCursor:
             # (a peek) run another epoch's share from then on, silently losing and repeating
             # samples; the end of an epoch is reached by every rank alike (equal steps)
             self._advance = True
+        self._left = False
         stream, dealt = self._shares.stream(epoch, self._history, self._segment)
         stream.stats = stats
         if dealt is not None:  # reports its padding and spreads as it deals
@@ -274,6 +282,10 @@ class EpochCursor:
         if self._resuming:
             other._history, other._segment, other._resuming = list(self._history), replace(self._segment), True
 
+    def _iteration_left(self) -> None:
+        """The iteration last started was left before its end (a peek, a break, a consumer that stopped)."""
+        self._left = True
+
     def _step_done(self) -> None:
         if self._progress is not None:
             self._progress[1] += 1
@@ -327,7 +339,8 @@ class EpochCursor:
                 a trainer that fetches ahead) received of the epoch it iterates, or ``None``
                 when it iterates none: then the state is :meth:`state_dict`.
         """
-        return self.state_dict() if consumed is None else self._state(*consumed)
+        # (after set_epoch dropped a left iteration, what it consumed is no longer the position)
+        return self.state_dict() if consumed is None or self._run is None else self._state(*consumed)
 
     def _state(self, epoch: int, steps: int) -> dict[str, Any]:
         """The state of ``epoch`` after ``steps`` steps of its current stretch."""

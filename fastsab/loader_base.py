@@ -220,13 +220,18 @@ class LoaderBase(EpochCursor, Generic[T], metaclass=TakesDataLoaderKeywords):
         if depth is None:  # in-memory gathers are cheaper than a thread hand-off
             depth = 0 if self.fetcher.in_memory and not self.num_workers else 2
         next_stream: Stream | None = stream
-        while next_stream is not None:
-            if self.num_workers:
-                source = self._produce_in_workers(next_stream, depth, with_indices)
-            else:
-                produced = self._produce(next_stream, with_indices, per_batch=depth > 0)
-                source = produced if depth == 0 else prefetched(produced, depth)
-            next_stream = yield from self._consume(next_stream, source, stats, progress)
+        try:
+            while next_stream is not None:
+                if self.num_workers:
+                    source = self._produce_in_workers(next_stream, depth, with_indices)
+                else:
+                    produced = self._produce(next_stream, with_indices, per_batch=depth > 0)
+                    source = produced if depth == 0 else prefetched(produced, depth)
+                next_stream = yield from self._consume(next_stream, source, stats, progress)
+        except GeneratorExit:
+            if self._progress is progress:  # (not an iteration a newer one left behind)
+                self._iteration_left()
+            raise
         self._epoch_done(stats)
 
     def _consume(

@@ -69,12 +69,18 @@ class PlannedBatchSampler(EpochCursor, Sampler[list[int]]):
             # the epoch (and take batches ahead) when the loop calls iter(), before any batch arrives
             self._counted_by.started()
         self.stats = stats
-        for chunk in stream:
-            for batch in chunk.batches():
-                stats.num_batches += 1
-                stats.num_items += len(batch)
-                self._step_done()  # counted as handed out
-                yield batch.tolist()
+        progress = self._progress
+        try:
+            for chunk in stream:
+                for batch in chunk.batches():
+                    stats.num_batches += 1
+                    stats.num_items += len(batch)
+                    self._step_done()  # counted as handed out
+                    yield batch.tolist()
+        except GeneratorExit:
+            if self._progress is progress:  # (not an iteration a newer one left behind)
+                self._iteration_left()
+            raise
         self._epoch_done(stats)
 
     def state_dict(self) -> dict[str, Any]:
@@ -136,9 +142,13 @@ class PlannedDataLoader(DataLoader):  # type: ignore[type-arg]
         return self._counted(super().__iter__())
 
     def _counted(self, batches: Iterator[Any]) -> Iterator[Any]:
-        for batch in batches:  # (the sampler starts the count when it starts its epoch)
-            self._received.received()
-            yield batch
+        try:
+            for batch in batches:  # (the sampler starts the count when it starts its epoch)
+                self._received.received()
+                yield batch
+        except GeneratorExit:
+            self._received.left()
+            raise
         self._received.ended()
 
     def set_epoch(self, epoch: int) -> None:

@@ -238,3 +238,27 @@ def test_state_saved_between_epochs_resumes_at_the_next_one(accelerator):
     second = [batch.tolist() for batch in resumed]
     reference = FastLoader(torch.arange(12), 4, seed=3)
     assert [first, second] == [[b.tolist() for b in reference], [b.tolist() for b in reference]]
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_loop_left_mid_epoch_then_set_epoch_saves_the_chosen_epoch(accelerator, workers):
+    # (with a worker, the plan of this short epoch is all handed out before the loop leaves it)
+    def make() -> AcceleratedLoader:
+        loader = FastLoader(torch.arange(16), 4, seed=3)
+        return prepare_loader(accelerator, loader.data_loader(num_workers=workers) if workers else loader)
+
+    reference = FastLoader(torch.arange(16), 4, seed=3)
+    epochs = [[batch.tolist() for batch in reference] for _ in range(3)]
+    prepared = make()
+    for count, _ in enumerate(prepared, 1):
+        if count == 2:  # as a loop that caps an epoch's steps
+            break
+    prepared.set_epoch(1)
+    state = prepared.state_dict()
+    assert (state["epoch"], state["steps"]) == (1, 0)
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert [[[batch.tolist() for batch in loader] for _ in range(2)] for loader in (resumed, prepared)] == [
+        epochs[1:],
+        epochs[1:],
+    ]

@@ -1103,3 +1103,44 @@ def test_a_state_digests_the_sizes_without_copying_them():
     finally:
         tracemalloc.stop()
     assert peak < sizes.nbytes / 8, f"{peak} bytes traced while the sizes are {sizes.nbytes}"
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+@pytest.mark.parametrize("left_after", [1, 3])  # a peek, a loop left mid-epoch
+def test_set_epoch_after_an_iteration_left_mid_epoch_moves_the_state_to_the_chosen_epoch(world_size, left_after):
+    def make():
+        return FastLoader(torch.arange(50), 4, seed=3, rank=0, world_size=world_size)
+
+    whole = make()
+    epochs = []
+    for epoch in range(3):
+        whole.set_epoch(epoch)
+        epochs.append([b.tolist() for b in whole])
+    loader = make()
+    for count, _ in enumerate(loader, 1):
+        if count == left_after:
+            break
+    loader.set_epoch(1)  # the next iteration runs epoch 1 whole: so does a resume from here
+    state = loader.state_dict()
+    assert (state["epoch"], state["steps"]) == (1, 0)
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert resumed.epoch == 1
+    assert _epochs(resumed, 2) == epochs[1:] == _epochs(loader, 2)
+    again = make()
+    next(iter(again))
+    again.set_epoch(0)  # a peek, then the epoch chosen again: it runs whole, and a resume too
+    resumed = make()
+    resumed.load_state_dict(again.state_dict())
+    assert _epochs(resumed, 1) == epochs[:1] == _epochs(again, 1)
+
+
+def test_set_epoch_after_a_peek_at_a_batch_sampler_moves_its_state_to_the_chosen_epoch():
+    sampler, plain = (FastLoader(torch.arange(50), 4, seed=3).batch_sampler() for _ in range(2))
+    next(iter(sampler))
+    sampler.set_epoch(0)
+    state = sampler.state_dict()
+    assert (state["epoch"], state["steps"]) == (0, 0)
+    resumed = FastLoader(torch.arange(50), 4, seed=3).batch_sampler()
+    resumed.load_state_dict(state)
+    assert list(resumed) == list(plain)

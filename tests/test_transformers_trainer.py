@@ -199,3 +199,27 @@ def test_items_skipped_as_oversize_are_reported_every_epoch(tmp_path: Path) -> N
 def test_docs_page_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     exec(compile(page_script("trainers/transformers.md"), "transformers.md", "exec"), {})
+
+
+def test_a_limit_lowered_mid_epoch_is_refused_at_the_next_batch(tmp_path: Path) -> None:
+    from transformers import TrainerCallback, TrainingArguments
+
+    args = TrainingArguments(
+        output_dir=str(tmp_path), use_cpu=True, report_to=[], num_train_epochs=2, save_strategy="no", disable_tqdm=True
+    )
+    sizes = torch.tensor([1, 2, 3, 4] * 6)
+    loader = FastSizeAwareLoader({"index": torch.arange(24), "x": torch.linspace(0, 1, 24)}, sizes, 8, seed=0)
+    trained: list[int] = []
+
+    class Lower(TrainerCallback):  # as a memory monitor would, after the second step
+        def on_step_end(self, args: object, state: object, control: object, **kwargs: object) -> None:
+            trained.append(state.global_step)  # type: ignore[attr-defined]
+            if len(trained) == 2:
+                loader.lower_limit(4)
+
+    trainer = FastTrainer(model=_Model(), args=args, train_loader=loader, callbacks=[Lower()])
+    # the lowered epoch has more batches than Trainer counted for it: refused at the next batch,
+    # not after the epoch's last step (its items would be left untrained)
+    with pytest.raises(RuntimeError, match=r"the training loader's limit was lowered in epoch 0 after 2 batches"):
+        trainer.train()
+    assert trained == [1, 2]

@@ -100,6 +100,9 @@ class AcceleratedLoader(DataLoaderStateMixin):  # type: ignore[misc]  # accelera
             self.end_of_dataloader = True
             self.consumed.received()
             yield self._placed(current)
+        except GeneratorExit:
+            self.consumed.left()
+            raise
         finally:
             self.end()
         self.consumed.ended()

@@ -56,6 +56,9 @@ class FastTrainer(Trainer):
         TypeError: If ``train_loader`` is not a fastsab loader.
         ValueError: If the loader's rank or world size is not this process's, ``train_dataset``
             is given too, or ``auto_find_batch_size`` is set (the loader plans the batches).
+        RuntimeError: In ``train()``, at the first batch after the loader's limit was lowered
+            (``lower_limit``, ``retry_last_batch``, ``fastsab.adaptive.run``): Trainer counted
+            the epoch's steps from the plan before the epoch ran.
 
     Examples:
         >>> import tempfile
@@ -83,8 +86,8 @@ class FastTrainer(Trainer):
         super().__init__(*args, **kwargs)
         if self.args.auto_find_batch_size:
             raise ValueError(
-                "FastTrainer does not take auto_find_batch_size=True: the loader plans its batches; lower its limit "
-                "on out-of-memory errors with fastsab.adaptive instead."
+                "FastTrainer does not take auto_find_batch_size=True: the loader plans its batches; give it a limit "
+                "that fits, or split a batch within the training step with fastsab.adaptive.batch."
             )
         ranks = (self.args.process_index, self.args.world_size)
         if (train_loader.rank, train_loader.world_size) != ranks:
@@ -263,6 +266,16 @@ class _Epochs:
         batches = iter(self.loader)
         for count in range(1, rest + 1):
             batch = next(batches)
+            stats = self.loader.stats
+            if stats is not None and stats.limit_changes:
+                # NOTE: Trainer fixed the epoch's optimizer steps (and max_steps, the schedule) from
+                # the plan; run to the end counted, a lowered plan would leave its last items untrained
+                raise RuntimeError(
+                    f"the training loader's limit was lowered in epoch {stats.epoch} after "
+                    f"{stats.limit_changes[0][0]} batches, which plans the rest of the epoch again, but FastTrainer "
+                    "counted the epoch's steps from its plan; give the loader a limit that fits instead (or split "
+                    "a batch within the training step, as fastsab.adaptive.batch does)."
+                )
             if count == rest and next(batches, None) is not None:
                 raise RuntimeError(f"the training loader yielded more than the {rest} batches its plan has left.")
             yield batch
