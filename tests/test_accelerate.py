@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 import os
@@ -136,6 +137,10 @@ def accelerator() -> Iterator[Accelerator]:
     yield Accelerator(cpu=True)
     AcceleratorState._reset_state(True)
     GradientState._reset_state()
+    # NOTE: the loaders registered with the accelerator, and the worker processes of their
+    # iterations, end here rather than whenever the collector meets their cycles (later tests
+    # count the processes this one has)
+    gc.collect()
 
 
 def test_state_counts_the_batches_received_not_the_one_fetched_ahead(accelerator):
