@@ -145,7 +145,8 @@ class _ArrayCosts(_CostSource):
 
     def fingerprint(self, n: int) -> bytes | memoryview:
         # NOTE: a view of the sizes' bytes, not a copy: a state of 10**9 items would copy 8 GB
-        return np.ascontiguousarray(self.sizes).data.cast("B")
+        sizes = np.ascontiguousarray(self.sizes)
+        return sizes.data.cast("B") if sizes.size else b""
 
 
 def _checked_features(features: Any, n: int, sizeof: Any) -> np.ndarray | torch.Tensor:

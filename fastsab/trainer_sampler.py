@@ -22,9 +22,9 @@ from collections.abc import Callable
 
 __all__ = ["CountedLength", "TrainerSampler", "loaded_at_epoch_end"]
 
-#: States loaded at their epoch's very end, by plan fingerprint: the next epoch, the steps a
-#: trainer counted of the ended one, and the loader that loaded it.
-_ENDED: dict[str, tuple[int, int, weakref.ref[object]]] = {}
+#: The last state loaded at its epoch's very end in this process: the plan's fingerprint, the
+#: next epoch, the steps a trainer counted of the ended one, and the loader that loaded it.
+_ENDED: list[tuple[str, int, int, weakref.ref[object]]] = []
 
 
 def loaded_at_epoch_end(fingerprint: str, epoch: int, steps: int, loader: object) -> None:
@@ -35,7 +35,7 @@ def loaded_at_epoch_end(fingerprint: str, epoch: int, steps: int, loader: object
     builds anew for the next epoch would be stopped after the difference. That loader checks
     the note when its epoch starts (:meth:`CountedLength.start`).
     """
-    _ENDED[fingerprint] = (epoch, steps, weakref.ref(loader))
+    _ENDED[:] = [(fingerprint, epoch, steps, weakref.ref(loader))]
 
 
 class TrainerSampler:
@@ -97,10 +97,10 @@ class CountedLength:
                 before its last batches.
         """
         name = type(loader).__name__
-        ended = _ENDED.pop(fingerprint(), None) if _ENDED else None
-        if self._set_by_trainer and self.counted is not None and ended is not None:
-            ended_epoch, carried, by = ended
-            if ended_epoch == epoch and by() is not loader and self.counted > carried:
+        if self._set_by_trainer and self.counted is not None and _ENDED:
+            # NOTE: looked at only where a trainer set the epoch: the digest may call sizeof
+            ended_at, ended_epoch, carried, by = _ENDED.pop()
+            if ended_epoch == epoch and by() is not loader and self.counted > carried and ended_at == fingerprint():
                 raise ValueError(
                     f"{name} epoch {epoch} has {length()} steps, but the trainer resumed from a state saved after the "
                     f"last of epoch {epoch - 1}'s {carried} steps and counts them as steps of this epoch: it would "
