@@ -1,17 +1,17 @@
 """fastsab: fast, size-aware batching for PyTorch."""
 
-from fastsab.batching import BatchSplit, Carry, split_batches
-from fastsab.buckets import BucketBatchSampler, Buckets, create_buckets
-from fastsab.collate import PackCollator, PadCollator
-from fastsab.epochs import EpochStats
-from fastsab.fetch import collate_batch
-from fastsab.loader import FastLoader, FastSizeAwareLoader
+from fastsab.bionemo.buckets import BucketBatchSampler, Buckets, create_buckets
+from fastsab.bionemo.samplers import SizeAwareBatchSampler
+from fastsab.bionemo.streaming import size_aware_batching
+from fastsab.fetch.fetcher import collate_batch
+from fastsab.loaders.loader import FastLoader, FastSizeAwareLoader
+from fastsab.loaders.planned import PlannedBatchSampler, PlannedDataLoader
 from fastsab.out_of_core import OutOfCoreDataset
-from fastsab.planned import PlannedBatchSampler, PlannedDataLoader
-from fastsab.ragged import RaggedDataset
-from fastsab.samplers import SizeAwareBatchSampler
-from fastsab.shuffle import GroupedPermutation, grouped_permutation
-from fastsab.streaming import size_aware_batching
+from fastsab.plan.batching import BatchSplit, Carry, split_batches
+from fastsab.plan.epochs import EpochStats
+from fastsab.plan.shuffle import GroupedPermutation, grouped_permutation
+from fastsab.varlen.collate import PackCollator, PadCollator
+from fastsab.varlen.ragged import RaggedDataset
 
 __all__ = [
     "BatchSplit",

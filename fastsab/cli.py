@@ -2,7 +2,7 @@
 
 ``fastsab bench`` compares the loaders against DataLoader and the numpy floor;
 ``fastsab fit-memory`` measures a module's peak memory over input sizes and fits a model
-(:mod:`fastsab.cli_fit_memory`).
+(:mod:`fastsab.memory.cli`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from fastsab.bench.end_to_end import END_TO_END_MAX_EPOCHS, END_TO_END_SAMPLES
 from fastsab.bench.loaders import PER_BATCH_SAMPLES, PER_BATCH_SIZES, per_batch_rows, scale_rows
 from fastsab.bench.varlen import VARLEN_SAMPLES
 from fastsab.bench.workers import WORKERS_SAMPLES, workers_rows
-from fastsab.cli_fit_memory import add_fit_memory_parser, run_fit_memory
+from fastsab.memory.cli import add_fit_memory_parser, run_fit_memory
 
 __all__ = ["main"]
 

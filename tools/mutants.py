@@ -12,10 +12,10 @@ SIGTERM); at the end ``git diff`` must be as before. Results: *killed* (the tabl
 test), *survived*, *timeout*. The unmutated code must pass the same tests first. Usage::
 
     python tools/mutants.py                                    # the default targets, 60 per file
-    python tools/mutants.py --files fastsab/cursor.py:Stream,EpochCursor --max 20  # path[:top-level names]
-    python tools/mutants.py --files fastsab/shuffle.py --list  # the mutants, without running them
-    python tools/mutants.py --files fastsab/cursor.py --match "cursor.py:147 "  # one line's mutants
-    python tools/mutants.py --tests tests/test_cursor.py -k "not real_ddp"
+    python tools/mutants.py --files fastsab/position/cursor.py:Stream,EpochCursor --max 20  # path[:top-level names]
+    python tools/mutants.py --files fastsab/plan/shuffle.py --list  # the mutants, without running them
+    python tools/mutants.py --files fastsab/position/cursor.py --match "cursor.py:147 "  # one line's mutants
+    python tools/mutants.py --tests tests/position/test_cursor.py -k "not real_ddp"
 """
 
 from __future__ import annotations
@@ -34,14 +34,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_FILES = [
-    "fastsab/epochs.py:EpochOrder,EpochStats",
-    "fastsab/fixed_size.py:FixedSizePlanner,FixedSizeEpoch",
-    "fastsab/planners.py:SizeAwarePlanner,SizeAwareEpoch",
-    "fastsab/costs.py:BatchCost",
-    "fastsab/plans.py",
-    "fastsab/cursor.py",
-    "fastsab/distributed.py:assign_steps,_window_starts,step_spread",
-    "fastsab/shuffle.py:GroupedPermutation",
+    "fastsab/plan/epochs.py:EpochOrder,EpochStats",
+    "fastsab/plan/fixed_size.py:FixedSizePlanner,FixedSizeEpoch",
+    "fastsab/plan/planners.py:SizeAwarePlanner,SizeAwareEpoch",
+    "fastsab/plan/costs.py:BatchCost",
+    "fastsab/plan/plans.py",
+    "fastsab/position/cursor.py",
+    "fastsab/position/distributed.py:assign_steps,_window_starts,step_spread",
+    "fastsab/plan/shuffle.py:GroupedPermutation",
 ]
 DEFAULT_TESTS = [
     f"tests/test_{name}.py" for name in ("costs", "planners", "cursor", "distributed", "loader", "shuffle", "adaptive")

@@ -8,10 +8,10 @@ from typing import Protocol, TypeVar
 import numpy as np
 import torch  # noqa: F401  # NOTE: used by the examples of the docstrings (their namespace is this module's)
 
+from fastsab.adaptive.oom import is_out_of_memory
 from fastsab.adaptive.retry import AdaptiveOOMError, _check_factor, free_memory
-from fastsab.epochs import EpochStats
-from fastsab.oom import is_out_of_memory
-from fastsab.options import Limit
+from fastsab.loaders.options import Limit
+from fastsab.plan.epochs import EpochStats
 
 __all__ = ["LowersLimit", "run"]
 
@@ -24,7 +24,7 @@ class LowersLimit(Protocol[B_co]):
     """What :func:`run` needs of a loader: batches with their indices, and a limit it can lower.
 
     :class:`~fastsab.FastLoader` and :class:`~fastsab.FastSizeAwareLoader` implement it; the
-    limit is a batch size or the caps of the cost columns (:data:`fastsab.options.Limit`).
+    limit is a batch size or the caps of the cost columns (:data:`fastsab.loaders.options.Limit`).
     """
 
     @property

@@ -19,7 +19,7 @@ import torch
 
 from fastsab._checks import check_positive_int
 from fastsab.adaptive.caches import BatchSizeCache, _CacheSlot, _context_slot, _cuda_initialized
-from fastsab.oom import is_out_of_memory
+from fastsab.adaptive.oom import is_out_of_memory
 
 
 class AdaptiveOOMError(RuntimeError):

@@ -16,8 +16,8 @@ from fastsab.bench.epochs import Case, Progress, one_thread
 from fastsab.bench.loaders import BatchedDataset, PerItemDataset
 from fastsab.bench.report import Row
 from fastsab.bench.workloads import lognormal_lengths
-from fastsab.loader import FastLoader, FastSizeAwareLoader
-from fastsab.samplers import SizeAwareBatchSampler
+from fastsab.bionemo.samplers import SizeAwareBatchSampler
+from fastsab.loaders.loader import FastLoader, FastSizeAwareLoader
 
 __all__ = ["TokenModel", "end_to_end_rows"]
 

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fastsab.loader import FastSizeAwareLoader
+from fastsab.loaders.loader import FastSizeAwareLoader
 from fastsab.memory.batch import BatchMemoryModel, fit_batch_memory, measure_batches
 
 __all__ = ["FidelityResult", "Kind", "fidelity_markdown", "fidelity_results", "kinds"]

@@ -20,8 +20,8 @@ from torch.utils.data import DataLoader, Dataset, RandomSampler
 from fastsab.bench.epochs import Case, Progress, epoch_times, floor_rows
 from fastsab.bench.report import Row, time_best
 from fastsab.bench.workloads import lognormal_lengths
-from fastsab.loader import FastLoader, FastSizeAwareLoader
-from fastsab.samplers import SizeAwareBatchSampler
+from fastsab.bionemo.samplers import SizeAwareBatchSampler
+from fastsab.loaders.loader import FastLoader, FastSizeAwareLoader
 
 __all__ = [
     "PER_BATCH_SAMPLES",

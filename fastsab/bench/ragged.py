@@ -4,7 +4,7 @@
 token budget (``cost="sum"``), padded (unsorted, and sorted by size within windows of
 :data:`SORT_WINDOW` sequences) and packed, three ways: a ``RaggedDataset`` gathered in one pass
 per batch, a list of per-sequence tensors fetched as a list and collated by
-:class:`~fastsab.collate.PadCollator` or :class:`~fastsab.collate.PackCollator`, and the
+:class:`~fastsab.varlen.collate.PadCollator` or :class:`~fastsab.varlen.collate.PackCollator`, and the
 floor: ``FastLoader`` over fixed-shape rows of the same total tokens.
 """
 
@@ -21,9 +21,9 @@ from torch.utils.data import DataLoader, Dataset
 from fastsab.bench.epochs import Case, Progress, floor_rows
 from fastsab.bench.report import Row
 from fastsab.bench.workloads import lognormal_lengths
-from fastsab.collate import Collator, PackCollator, PadCollator
-from fastsab.loader import FastLoader, FastSizeAwareLoader
-from fastsab.ragged import RaggedDataset
+from fastsab.loaders.loader import FastLoader, FastSizeAwareLoader
+from fastsab.varlen.collate import Collator, PackCollator, PadCollator
+from fastsab.varlen.ragged import RaggedDataset
 
 __all__ = ["BatchedSequenceList", "SequenceList", "ragged_rows"]
 

@@ -27,12 +27,12 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from fastsab.batching import split_batches
 from fastsab.bench.epochs import Progress, epoch_times
 from fastsab.bench.loaders import BatchedDataset, _identity
 from fastsab.bench.ragged import ragged_rows
 from fastsab.bench.report import Row
-from fastsab.loader import FastSizeAwareLoader
+from fastsab.loaders.loader import FastSizeAwareLoader
+from fastsab.plan.batching import split_batches
 
 __all__ = [
     "VarlenResult",

@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader
 
 from fastsab.bench.epochs import Case, Progress, one_thread
 from fastsab.bench.report import Row
-from fastsab.loader import FastLoader, FastSizeAwareLoader, LoaderBase
+from fastsab.loaders.loader import FastLoader, FastSizeAwareLoader, LoaderBase
 
 __all__ = ["WORKERS_SAMPLES", "EpochTiming", "TokenizedTexts", "first_and_later_epochs", "pad_tokens", "workers_rows"]
 

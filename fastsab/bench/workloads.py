@@ -13,9 +13,9 @@ import numpy as np
 import torch
 
 from fastsab import adaptive
-from fastsab.batching import split_batches
 from fastsab.bench.report import Row, time_best
-from fastsab.shuffle import GroupedPermutation
+from fastsab.plan.batching import split_batches
+from fastsab.plan.shuffle import GroupedPermutation
 
 __all__ = ["adaptive_rows", "kernel_cases", "kernel_rows", "lognormal_lengths", "permutation_rows"]
 

@@ -14,8 +14,8 @@ import torch
 from fastsab import adaptive
 from fastsab._checks import check_positive_int
 from fastsab.adaptive import AdaptiveOOMError, BatchSizeCache, GlobalCache, NoCache, StackMemoryCache
+from fastsab.adaptive.oom import is_out_of_memory
 from fastsab.adaptive.retry import _LAZY_ADVICE, _lazy_kind
-from fastsab.oom import is_out_of_memory
 
 _T = TypeVar("_T")
 
@@ -29,7 +29,7 @@ DEFAULT_CACHE_TYPE = StackMemoryCache
 
 
 def should_reduce_batch_size(exception: BaseException) -> bool:
-    """Whether ``exception`` is an out-of-memory error (:func:`fastsab.oom.is_out_of_memory`)."""
+    """Whether ``exception`` is an out-of-memory error (:func:`fastsab.adaptive.oom.is_out_of_memory`)."""
     return is_out_of_memory(exception)
 
 

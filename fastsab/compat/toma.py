@@ -10,7 +10,7 @@ even a size of 1 runs out of memory: the last out-of-memory error itself (caused
 
 Where this module differs from toma 1.1 (README, "Coming from bionemo / toma"):
 
-- Out-of-memory errors are those of :func:`fastsab.oom.is_out_of_memory` (every backend,
+- Out-of-memory errors are those of :func:`fastsab.adaptive.oom.is_out_of_memory` (every backend,
   ``torch.OutOfMemoryError``, ``MemoryError``); cuDNN's ``CUDNN_STATUS_NOT_SUPPORTED``,
   which a smaller batch does not cure, is not one.
 - When the last, shorter chunk of a range fails, the step shrinks until the chunk gets

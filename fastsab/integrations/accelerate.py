@@ -21,10 +21,10 @@ from accelerate.data_loader import DataLoaderStateMixin
 from accelerate.state import GradientState
 from accelerate.utils import send_to_device
 
-from fastsab.consumed import ConsumedCount
-from fastsab.cursor import EpochCursor
-from fastsab.loader_base import LoaderBase
-from fastsab.planned import PlannedDataLoader
+from fastsab.loaders.loader_base import LoaderBase
+from fastsab.loaders.planned import PlannedDataLoader
+from fastsab.position.consumed import ConsumedCount
+from fastsab.position.cursor import EpochCursor
 
 __all__ = ["AcceleratedLoader", "prepare_loader"]
 

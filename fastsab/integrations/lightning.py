@@ -18,13 +18,13 @@ from typing import Any
 
 import lightning.pytorch as pl
 
-from fastsab.consumed import ConsumedCount
-from fastsab.cost_sources import size_array
-from fastsab.costs import BatchCost
-from fastsab.dataloader_keywords import without_dataloader_defaults
-from fastsab.distributed import resolve_rank
 from fastsab.integrations._splits import SPLITS
-from fastsab.loader import FastLoader, FastSizeAwareLoader
+from fastsab.loaders.dataloader_keywords import without_dataloader_defaults
+from fastsab.loaders.loader import FastLoader, FastSizeAwareLoader
+from fastsab.plan.cost_sources import size_array
+from fastsab.plan.costs import BatchCost
+from fastsab.position.consumed import ConsumedCount
+from fastsab.position.distributed import resolve_rank
 
 __all__ = ["SPLITS", "FastDataModule"]
 

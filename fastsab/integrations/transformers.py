@@ -25,7 +25,7 @@ from typing import Any
 from transformers import Trainer, TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from fastsab.loader_base import LoaderBase
+from fastsab.loaders.loader_base import LoaderBase
 
 __all__ = ["LOADER_STATE_NAME", "FastTrainer"]
 

@@ -26,8 +26,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from fastsab.bionemo.streaming import size_aware_batching
 from fastsab.integrations._splits import Split
-from fastsab.streaming import size_aware_batching
 
 # NOTE: WebDataModule and PickledDataWDS are names of this module too (see __getattr__), left out
 # of __all__ so that `import *` works without lightning

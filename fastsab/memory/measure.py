@@ -27,7 +27,7 @@ from torch.profiler import DeviceType, ProfilerActivity, profile
 from tqdm import tqdm
 
 from fastsab._checks import check_choice
-from fastsab.oom import is_out_of_memory
+from fastsab.adaptive.oom import is_out_of_memory
 
 __all__ = ["Measurements", "collect_cuda_peak_alloc", "collect_peak_alloc", "profile_peak_bytes"]
 

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from fastsab._checks import check_optional_positive_int, check_positive_int
-from fastsab.transfer import tree_arrays
+from fastsab.fetch.transfer import tree_arrays
 
 __all__ = ["GiB", "KiB", "MemoryPlan", "MiB", "plan_memory", "sample_nbytes"]
 

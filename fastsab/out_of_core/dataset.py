@@ -33,13 +33,13 @@ import optree
 import torch
 
 from fastsab._checks import check_positive_int
-from fastsab.fetch import check_indices
+from fastsab.fetch.fetcher import check_indices
+from fastsab.fetch.transfer import tree_map_arrays
 from fastsab.memory.plan import sample_nbytes
 from fastsab.out_of_core.chunks import ChunkCache
 from fastsab.out_of_core.memmap import MemmapRows
 from fastsab.out_of_core.reads import ChunkLoader, SampleReads
 from fastsab.out_of_core.samples import empty_batch
-from fastsab.transfer import tree_map_arrays
 
 __all__ = ["OVERHEAD_BYTES", "OutOfCoreDataset"]
 

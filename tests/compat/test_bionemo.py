@@ -26,11 +26,11 @@ from hypothesis import strategies as st
 from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler
 
 from fastsab import FastSizeAwareLoader, split_batches
-from fastsab import samplers as fastsab_samplers
 from fastsab._checks import NotAnIntegerError, NotANumberError, NotASingleNumberError
-from fastsab.batching import size_aware_batching
-from fastsab.buckets import BucketBatchSampler, Buckets, NoElementInBucketsError, create_buckets
-from fastsab.samplers import SizeAwareBatchSampler
+from fastsab.bionemo import samplers as fastsab_samplers
+from fastsab.bionemo.buckets import BucketBatchSampler, Buckets, NoElementInBucketsError, create_buckets
+from fastsab.bionemo.samplers import SizeAwareBatchSampler
+from fastsab.plan.batching import size_aware_batching
 
 PEER = SimpleNamespace(
     size_aware_batching=bionemo_sampler.size_aware_batching,

@@ -1,0 +1,220 @@
+"""FastLoader and FastSizeAwareLoader: the DataLoader replacement.
+
+A loader wires the data path together: epoch order (:mod:`fastsab.plan.epochs`) -> batch plan
+(:mod:`fastsab.plan.planners`, split by :mod:`fastsab.plan.batching`) -> this rank's share
+(:mod:`fastsab.position.cursor`) -> batches made by :class:`~fastsab.fetch.batch_maker.BatchMaker` (fetch,
+collate, move), one plan chunk at a time, optionally ahead in a thread
+(:mod:`fastsab.fetch.prefetch`).
+
+A loader is generic in its batch type: ``FastLoader[torch.Tensor]``, or the return type of
+the given ``collate_fn``, which a type checker infers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from typing_extensions import Unpack
+
+from fastsab._checks import check_choice, check_positive_int
+from fastsab.loaders.loader_base import LoaderBase
+from fastsab.loaders.options import (
+    DEFAULT_CHUNK_BYTES,
+    LimitLike,
+    LoaderKeywords,
+    LoaderOptions,
+    T,
+    takes_loader_options,
+)
+from fastsab.plan.batching import CostMode, OversizePolicy
+from fastsab.plan.cost_sources import feature_rows
+from fastsab.plan.costs import CostSource, make_cost_source
+from fastsab.plan.planners import FixedSizePlanner, SizeAwarePlanner
+
+__all__ = ["DEFAULT_CHUNK_BYTES", "FastLoader", "FastSizeAwareLoader", "LoaderBase", "LoaderOptions"]
+
+_Loader = LoaderBase  # the older name of the base
+
+
+#: Per-item sizes as :class:`FastSizeAwareLoader` accepts them (see its ``sizeof``).
+SizeOf = torch.Tensor | np.ndarray | Sequence[float] | Sequence[Sequence[float]] | Callable[[Any], Any]
+#: Per-item features for a callable ``sizeof``.
+Features = torch.Tensor | np.ndarray | Sequence[Any]
+#: What ``cost="padded"`` pads: the features (``len * sizeof(maxima)``) or the costs (``len * max``).
+Padding = Literal["features", "costs"]
+
+
+def resolve_padding(padding: object, cost: object, features: object) -> Padding:
+    """What a padded batch pads: ``padding`` as given, or ``"features"`` where ``features`` are given.
+
+    Raises:
+        ValueError: If ``padding`` is unknown, or ``"features"`` without ``cost="padded"``.
+    """
+    if padding is None:
+        return "features" if cost == "padded" and features is not None else "costs"
+    checked: Padding = check_choice("padding", padding, ("features", "costs"))  # type: ignore[assignment]
+    if checked == "features" and cost != "padded":
+        raise ValueError(f"padding='features' pads a padded batch's features, so it needs cost='padded', got {cost!r}.")
+    return checked
+
+
+class FastLoader(LoaderBase[T]):
+    """A fast replacement for ``DataLoader(dataset, batch_size, shuffle=...)``.
+
+    Batches of ``batch_size`` items over a seeded grouped permutation; an in-memory tensor
+    dataset is gathered a whole shuffle group at a time, other datasets are fetched with one
+    ``__getitems__`` call per batch (see :mod:`fastsab.fetch.fetcher`).
+
+    Args:
+        dataset: A tensor, numpy array, ``TensorDataset``, pytree of tensors with a common
+            first dimension, or a map-style dataset (``__getitems__`` or ``__getitem__``).
+        batch_size: Items per batch.
+        drop_last: Drop the last partial batch (counted in ``stats.num_dropped``).
+        shuffle, seed, group_size, collate_fn, device, pin_memory, non_blocking, prefetch,
+        chunk_bytes, rank, world_size, even_batches, balance, num_workers, worker_init_fn,
+        multiprocessing_context: The options both loaders share, described in
+            :class:`~fastsab.loaders.options.LoaderOptions` (kept in ``loader.options``). ``shuffle``
+            shuffles every epoch (a seeded grouped permutation, by default); ``device`` moves
+            every batch there; ``num_workers`` fetches batches in worker processes.
+
+    Examples:
+        >>> loader = FastLoader(torch.arange(10), batch_size=4, seed=0)
+        >>> batches = list(loader)
+        >>> [len(b) for b in batches], sorted(torch.cat(batches).tolist()) == list(range(10))
+        ([4, 4, 2], True)
+        >>> len(loader), loader.stats.num_items, loader.options.seed
+        (3, 10, 0)
+    """
+
+    @takes_loader_options
+    def __init__(
+        self,
+        dataset: object,
+        batch_size: int,
+        *,
+        drop_last: bool = False,
+        **options: Unpack[LoaderKeywords[T]],
+    ) -> None:
+        check_positive_int("batch_size", batch_size)
+        super().__init__(dataset, LoaderOptions.given_to(type(self).__name__, options))
+        self._batch_size = batch_size
+        self._use_planner(FixedSizePlanner(self.order, batch_size, drop_last))
+
+    # NOTE: read-only, as in DataLoader: the epoch's plan is made from it, so a new value set
+    # afterwards would silently not apply
+    @property
+    def batch_size(self) -> int:
+        """Items per batch, as configured (a lowered limit is ``loader.limit``)."""
+        return self._batch_size
+
+
+class FastSizeAwareLoader(LoaderBase[T]):
+    """Batches whose total cost stays within ``max_total_size``, planned per epoch.
+
+    The greedy size-aware rule of :mod:`fastsab.plan.batching` over a seeded grouped
+    permutation, with sizes evaluated one shuffle group at a time. ``len()`` is exact: it
+    plans the epoch (cheap, vectorized) and keeps the plan for the iteration.
+
+    Args:
+        dataset: As for :class:`FastLoader`.
+        sizeof: Per-item sizes: a 1-D (or ``(n, k)`` for ``k`` limits) tensor, array or
+            sequence; a callable applied to ``features[indices]`` (e.g. a fitted memory
+            model) when ``features`` is given; a vectorized callable taking an index array;
+            or a per-item callable (accepted, warned about as slow).
+        max_total_size: The inclusive cap (or ``k`` caps) of a batch's cost.
+        features: Per-item features for a callable ``sizeof``, e.g. sequence lengths.
+        cost: ``"sum"`` or ``"padded"`` (``len(batch) * max(size)``, or with padded features
+            ``len(batch) * sizeof(per-feature maxima)``: see ``padding``).
+        padding: What ``cost="padded"`` pads. ``"features"``: every feature column is padded to
+            the batch's maximum (an image batch padded to its largest height and its largest
+            width), and a batch costs ``len(batch) * sizeof(row of maxima)``; it needs a callable
+            ``sizeof`` with ``features``. ``"costs"``: a batch costs ``len(batch) * max(cost)``,
+            the costs' maximum per column. ``None`` (default): ``"features"`` where ``features``
+            is given with ``cost="padded"``, else ``"costs"``. Features are never summed: with
+            ``cost="sum"`` each item costs ``sizeof`` of its own features.
+        fixed_cost: The cost a batch pays once whatever its items (e.g. a training step's
+            gradient buffers and workspace), one number or one per cap: a batch costs
+            ``fixed_cost`` plus its sum or padded cost, and that total stays within
+            ``max_total_size``. A fitted :class:`~fastsab.memory.BatchMemoryModel` gives it.
+        max_batch_size: Optional cap on items per batch.
+        batch_size_multiple: Cut full batches down to a multiple of this.
+        oversize: ``"skip"`` (counted in ``stats`` and warned once per epoch),
+            ``"own_batch"`` or ``"error"``.
+        pad_to_multiple_of: With ``cost="padded"`` and ``sizeof`` of lengths, charge each item its
+            length rounded up to a multiple of this, the length a ``PadCollator`` with the same
+            ``pad_to_multiple_of`` pads to, so that a padded ``(B, L)`` batch stays within
+            ``max_total_size`` (items are oversize, windows sorted and batches split by the
+            rounded lengths). A ``PadCollator`` (``collate_fn``, or a ``RaggedDataset``'s
+            ``collator``) that pads to a multiple this one is not a multiple of is refused.
+        sort_window: Sort each run of this many items of the epoch order by size before
+            splitting it, so that batches hold items of similar size (little padding), and
+            yield each shuffle group's batches in a seeded random order. ``None`` (default)
+            splits the order as it is. Windows do not cross shuffle groups; sizes with ``k``
+            columns sort by the first column, then the next ones. See :mod:`fastsab.plan.windows`.
+        shuffle, seed, group_size, collate_fn, device, pin_memory, non_blocking, prefetch,
+        chunk_bytes, rank, world_size, even_batches, balance, num_workers, worker_init_fn,
+        multiprocessing_context: As for :class:`FastLoader` (see
+            :class:`~fastsab.loaders.options.LoaderOptions`).
+
+    Examples:
+        >>> lengths = torch.tensor([3, 1, 2, 4, 1, 2, 2])
+        >>> loader = FastSizeAwareLoader(torch.arange(7) * 10, lengths, max_total_size=4, shuffle=False)
+        >>> len(loader), [b.tolist() for b in loader]
+        (5, [[0, 10], [20], [30], [40, 50], [60]])
+        >>> sorted_loader = FastSizeAwareLoader(torch.arange(7) * 10, lengths, 4, shuffle=False, sort_window=7)
+        >>> len(sorted_loader), [b.tolist() for b in sorted_loader]
+        (4, [[10, 40, 20], [50, 60], [0], [30]])
+    """
+
+    @takes_loader_options
+    def __init__(
+        self,
+        dataset: object,
+        sizeof: SizeOf,
+        max_total_size: LimitLike,
+        *,
+        features: Features | None = None,
+        cost: CostMode = "sum",
+        max_batch_size: int | None = None,
+        batch_size_multiple: int = 1,
+        oversize: OversizePolicy = "skip",
+        padding: Padding | None = None,
+        fixed_cost: float | Sequence[float] = 0,
+        sort_window: int | None = None,
+        pad_to_multiple_of: int | None = None,
+        **options: Unpack[LoaderKeywords[T]],
+    ) -> None:
+        super().__init__(dataset, LoaderOptions.given_to(type(self).__name__, options))
+        self._max_total_size = max_total_size
+        costs: CostSource = make_cost_source(sizeof, self.order.n, features)
+        feature_cost = None
+        if resolve_padding(padding, cost, features) == "features":
+            rows = feature_rows(costs)
+            costs, feature_cost = rows, rows.item_costs
+        planner = SizeAwarePlanner(
+            self.order,
+            costs,
+            max_total_size,
+            cost=cost,
+            max_batch_size=max_batch_size,
+            batch_size_multiple=batch_size_multiple,
+            oversize=oversize,
+            fixed_cost=fixed_cost,
+            feature_cost=feature_cost,
+            sort_window=sort_window,
+            pad_to_multiple_of=pad_to_multiple_of,
+        )
+        collators = {
+            "collate_fn": self.options.collate_fn,
+            "the dataset's collator": getattr(dataset, "collator", None),
+        }
+        planner.rule.check_collators(collators)
+        self._use_planner(planner)
+
+    @property
+    def max_total_size(self) -> LimitLike:
+        """The cap (or caps) of a batch's cost, as given (a lowered limit is ``loader.limit``); read-only."""
+        return self._max_total_size

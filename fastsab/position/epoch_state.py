@@ -1,0 +1,209 @@
+"""The resume state format: an epoch's stretches (:class:`Segment`) and how a state is read back.
+
+A state is plain JSON: the format, seed, epoch and plan fingerprint, the stretch being run
+(its world size, steps, dealing options and lowered limits) at the top level, and the
+earlier stretches of the epoch under ``"history"``. :func:`parse_state` checks every value
+and names the key of the first bad one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from numbers import Integral, Real
+from typing import Any, TypeAlias
+
+from fastsab._checks import check_choice
+from fastsab.plan.costs import Limit
+from fastsab.position.distributed import EvenBatches
+
+__all__ = [
+    "MAX_WORLD_SIZE",
+    "SEGMENT_KEYS",
+    "STATE_FORMAT",
+    "STATE_KEYS",
+    "Limit",
+    "Lowered",
+    "Segment",
+    "check_steps",
+    "lowered_at",
+    "parse_state",
+]
+
+STATE_FORMAT = "fastsab.epoch-state/2"
+
+#: The largest world size a state may name.
+MAX_WORLD_SIZE = 2**24
+
+#: The entries of a stretch (a :class:`Segment`), at the top level of a state and in its history.
+SEGMENT_KEYS = ("world_size", "steps", "even_batches", "balance", "lowered")
+#: The entries of a state besides those of its current stretch.
+STATE_KEYS = ("format", "seed", "epoch", "history", "fingerprint")
+
+
+#: ``(position, limit)`` records: from the ``position``-th batch of a stream on, ``limit`` applied.
+#: Positions never decrease; entries of one position are lowerings applied there one after the
+#: other (a batch retried, then a part of it retried again), each re-planning what the previous left.
+Lowered: TypeAlias = list[tuple[int, Limit]]
+
+
+@dataclass
+class Segment:
+    """A stretch of an epoch run with one world size.
+
+    Attributes:
+        world_size: Ranks that ran it.
+        steps: Steps run (each rank ran one batch per step).
+        even_batches, balance: How the batches were dealt (``None`` for one rank).
+        lowered: ``(position, limit)`` for each limit lowered in this stretch, in the order
+            applied: from the ``position``-th batch of its stream on, the rest was re-planned
+            under ``limit`` (one rank only). Several entries may share a position.
+    """
+
+    world_size: int
+    steps: int = 0
+    even_batches: EvenBatches | None = None
+    balance: bool | None = None
+    lowered: Lowered = field(default_factory=list)
+
+    def dealing(self) -> tuple[int, EvenBatches | None, bool | None]:
+        """What decides which batches this stretch's steps ran, besides the batches."""
+        return self.world_size, self.even_batches, self.balance
+
+    def as_dict(self) -> dict[str, Any]:
+        """The stretch as the entries of a state (limits as given: numbers may be numpy's)."""
+        return {
+            "world_size": self.world_size,
+            "steps": self.steps,
+            "even_batches": self.even_batches,
+            "balance": self.balance,
+            "lowered": [[position, limit] for position, limit in self.lowered],
+        }
+
+
+def lowered_at(lowered: Lowered, position: int, limit: Limit) -> Lowered:
+    """The record ``lowered`` with ``limit`` lowered at ``position`` after its entries (later ones replaced).
+
+    An entry of the same position is kept: the rest was planned under it before ``limit``
+    re-planned it again, and a resume must plan it the same way twice.
+
+    Examples:
+        >>> lowered_at([(2, 50), (6, 40)], 4, 30)
+        [(2, 50), (4, 30)]
+        >>> lowered_at([(2, 50), (4, 30)], 4, 20)
+        [(2, 50), (4, 30), (4, 20)]
+    """
+    # NOTE: a lowering is applied at the position reached, after every recorded one, so no
+    # entry lies after it; those that would are dropped to keep the positions non-decreasing
+    return [(at, old) for at, old in lowered if at <= position] + [(position, limit)]
+
+
+def check_steps(segment: Segment, steps: int, epoch: int) -> None:
+    """Refuse ``segment`` if it ran more than the ``steps`` its epoch has on its ranks."""
+    if segment.steps > steps:
+        ranks = f"{segment.world_size} rank" + ("s" if segment.world_size > 1 else "")
+        raise ValueError(f"state has steps={segment.steps!r}, past the {steps} steps of epoch {epoch} on {ranks}.")
+
+
+def parse_state(
+    state: object, *, seed: int, fingerprint: str, check_limit: Callable[[Any], Limit]
+) -> tuple[int, list[Segment]]:
+    """The epoch of ``state`` and its stretches (the last one is where the state was taken).
+
+    Args:
+        state: What ``state_dict()`` returned (maybe through JSON).
+        seed, fingerprint: The reader's; a state of another seed or plan is refused.
+        check_limit: Checks a lowered limit and returns it as the planner uses it.
+
+    Raises:
+        TypeError: If ``state`` or one of its values has the wrong type.
+        ValueError: If it is not a state of this format, of this seed and plan, or a value
+            is out of range.
+
+    Examples:
+        >>> parse_state([], seed=0, fingerprint="", check_limit=int)
+        Traceback (most recent call last):
+        ...
+        TypeError: state must be a dict from state_dict(), got list.
+    """
+    if not isinstance(state, dict):
+        raise TypeError(f"state must be a dict from state_dict(), got {type(state).__name__}.")
+    if state.get("format") != STATE_FORMAT:
+        raise ValueError(
+            f"state is not a fastsab epoch state of this version (format {state.get('format')!r}, "
+            f"expected {STATE_FORMAT!r})."
+        )
+    _check_keys("state", state, STATE_KEYS + SEGMENT_KEYS)
+    if _state_int("seed", state["seed"]) != seed:
+        raise ValueError(f"state was saved with seed {state['seed']!r}, but this object has seed {seed!r}.")
+    if state["fingerprint"] != fingerprint:
+        raise ValueError(
+            "state was saved for another dataset, sizes or batching configuration "
+            f"(fingerprint {state['fingerprint']!r}, this object's is {fingerprint!r})."
+        )
+    epoch = _state_int("epoch", state["epoch"])
+    if epoch >= 2**63:
+        raise ValueError(f"state['epoch'] must be below 2**63, got {epoch!r}.")
+    if not isinstance(state["history"], list):
+        raise TypeError(f"state['history'] must be a list, got {state['history']!r}.")
+    for raw in state["history"]:
+        if not isinstance(raw, dict):
+            raise TypeError(f"each of state['history'] must be a dict, got {raw!r}.")
+        _check_keys("state['history']", raw, SEGMENT_KEYS)
+    return epoch, [_parse_segment(raw, check_limit) for raw in [*state["history"], state]]
+
+
+def _check_keys(name: str, raw: dict[Any, Any], keys: tuple[str, ...]) -> None:
+    """Refuse ``raw`` (``name`` in the state) unless it has exactly the entries ``keys``."""
+    for key in keys:
+        if key not in raw:
+            raise ValueError(f"state has no {key!r} entry; pass a dict made by state_dict().")
+    # NOTE: an entry this version does not know may change where a resume starts: refused, not ignored
+    unknown = [key for key in raw if key not in keys]
+    if unknown:
+        raise ValueError(
+            f"{name} has an unknown entry {unknown[0]!r} (entries are {', '.join(keys)}); "
+            "pass a dict made by state_dict()."
+        )
+
+
+def _parse_segment(raw: dict[str, Any], check_limit: Callable[[Any], Limit]) -> Segment:
+    world = _state_int("world_size", raw["world_size"])
+    if not 1 <= world <= MAX_WORLD_SIZE:
+        raise ValueError(f"state has world_size={world!r}; it must be from 1 to {MAX_WORLD_SIZE}.")
+    steps = _state_int("steps", raw["steps"])
+    even: EvenBatches | None = None
+    balance: bool | None = None
+    if world > 1:
+        even = check_choice("state['even_batches']", raw["even_batches"], ("pad", "drop"))  # type: ignore[assignment]
+        balance = raw["balance"]
+        if not isinstance(balance, bool):
+            raise TypeError(f"state['balance'] must be a bool, got {balance!r}.")
+    return Segment(world, steps, even, balance, _parse_lowered(raw["lowered"], world, check_limit))
+
+
+def _parse_lowered(lowered: object, world: int, check_limit: Callable[[Any], Limit]) -> Lowered:
+    if not isinstance(lowered, list) or (lowered and world != 1):
+        raise ValueError(f"state['lowered'] must be a list (empty for several ranks), got {lowered!r}.")
+    entries: Lowered = []
+    for entry in lowered:
+        if not isinstance(entry, list) or len(entry) != 2:
+            raise ValueError(f"each of state['lowered'] must be [position, limit], got {entry!r}.")
+        position = _state_int("lowered position", entry[0])
+        if entries and position < entries[-1][0]:
+            raise ValueError(f"state['lowered'] positions must not decrease, got {lowered!r}.")
+        try:
+            limit = check_limit(entry[1])
+        except (TypeError, ValueError) as error:
+            raise type(error)(f"state['lowered'] has a bad limit {entry[1]!r}: {error}") from None
+        entries.append((position, limit))
+    return entries
+
+
+def _state_int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, Integral):
+        kind = "a number that is not an integer" if isinstance(value, Real) else type(value).__name__
+        raise TypeError(f"state[{name!r}] must be an integer, got {value!r} ({kind}).")
+    if value < 0:
+        raise ValueError(f"state[{name!r}] must be a non-negative integer, got {value!r}.")
+    return int(value)

@@ -1,0 +1,1 @@
+"""varlen stage."""

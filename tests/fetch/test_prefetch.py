@@ -1,0 +1,89 @@
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Generator
+
+import pytest
+
+from fastsab.fetch.prefetch import prefetched
+
+
+def prefetch_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "fastsab-prefetch"]
+
+
+def counting(n: int, made: list[int], closed: threading.Event) -> Generator[int, None, None]:
+    try:
+        for i in range(n):
+            made.append(i)
+            yield i
+    finally:
+        closed.set()
+
+
+def test_items_come_in_order_and_the_thread_ends():
+    made: list[int] = []
+    closed = threading.Event()
+    assert list(prefetched(counting(50, made, closed), depth=3)) == list(range(50))
+    assert closed.is_set() and not prefetch_threads()
+
+
+def test_an_error_in_the_source_is_raised_in_the_consumer_after_the_items_before_it():
+    def failing() -> Generator[int, None, None]:
+        yield 1
+        yield 2
+        raise KeyError("cannot read item 3")
+
+    seen = []
+    with pytest.raises(KeyError, match="cannot read item 3"):
+        for item in prefetched(failing(), depth=1):
+            seen.append(item)
+    assert seen == [1, 2] and not prefetch_threads()
+
+
+def test_closing_early_stops_the_thread_and_closes_the_source():
+    made: list[int] = []
+    closed = threading.Event()
+    items = prefetched(counting(10**6, made, closed), depth=2)
+    assert next(items) == 0
+    time.sleep(0.05)  # the thread fills the queue and waits
+    items.close()
+    assert closed.is_set() and not prefetch_threads()
+    assert len(made) <= 5  # it stopped: at most the queue and the item being put were made
+
+
+def test_the_source_runs_ahead_at_most_depth_items():
+    made: list[int] = []
+    items = prefetched(counting(100, made, threading.Event()), depth=4)
+    next(items)
+    time.sleep(0.1)
+    assert len(made) <= 1 + 4 + 1  # the one consumed, the queue, the one waiting to be put
+    items.close()
+
+
+def test_a_loop_left_unfinished_at_exit_stops_its_thread_before_the_interpreter_tears_down():
+    # a loader iterator still referenced at exit: its prefetch thread must not run on while the
+    # interpreter finalizes (it used to abort the process, or print an ignored exception)
+    script = textwrap.dedent(
+        """
+        import torch
+        from fastsab import FastLoader
+
+        class Items:
+            def __len__(self):
+                return 100
+
+            def __getitems__(self, ids):
+                return torch.tensor(ids)
+
+        batches = iter(FastLoader(Items(), 4, prefetch=2))
+        next(batches)
+        """
+    )
+    for _ in range(3):  # (the failure depended on timing: most runs showed it)
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0 and done.stderr == "", done.stderr

@@ -1,0 +1,168 @@
+"""Batch memory models: fitted on whole batches, a fixed part once per batch, relative margins."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from fastsab import FastSizeAwareLoader
+from fastsab.memory import fit_batch_memory, fit_report, measure_batches
+from tests.memory.test_measure import FakeCudaAllocator, MiB
+
+
+def _sum_batches(seed: int = 0, count: int = 40) -> tuple[list[np.ndarray], list[float]]:
+    """Graphs joined into one: peak = 5000 + sum(3 * nodes + 2 * edges + 0.01 * nodes**2), plus noise."""
+    rng = np.random.default_rng(seed)
+    batches, peaks = [], []
+    for _ in range(count):
+        nodes = rng.integers(10, 300, size=rng.integers(1, 9))
+        rows = np.stack([nodes, nodes * rng.integers(2, 8, size=len(nodes))], axis=1)
+        exact = 5000 + float((3 * rows[:, 0] + 2 * rows[:, 1] + 0.01 * rows[:, 0] ** 2).sum())
+        batches.append(rows)
+        peaks.append(exact * (1 + 0.03 * rng.random()))
+    return batches, peaks
+
+
+def _padded_batches(seed: int = 0, count: int = 40) -> tuple[list[np.ndarray], list[float]]:
+    """Images padded to the batch's largest height and width: peak = 8000 + len * 12 * H * W."""
+    rng = np.random.default_rng(seed)
+    batches, peaks = [], []
+    for _ in range(count):
+        rows = rng.integers(8, 64, size=(rng.integers(1, 8), 2))
+        top = rows.max(axis=0)
+        batches.append(rows)
+        peaks.append(8000 + len(rows) * 12.0 * top[0] * top[1])
+    return batches, peaks
+
+
+def test_fixed_part_is_told_apart_from_the_per_item_part() -> None:
+    batches = [[n] * b for n in (10, 20, 40) for b in (1, 2, 4)]
+    model = fit_batch_memory(batches, [1000 + 5.0 * sum(batch) for batch in batches], degree=1, held_out=0)
+    assert model.fixed == pytest.approx(1000, rel=1e-6)
+    assert float(model.per_item(torch.tensor([10.0]))) == pytest.approx(50, rel=1e-6)
+    assert model.margin < 1e-6
+
+
+def test_padded_fit_pads_every_feature() -> None:
+    batches, peaks = _padded_batches()
+    model = fit_batch_memory(batches, peaks, cost="padded", degree=2)
+    assert model.fixed == pytest.approx(8000, rel=1e-3)
+    assert model.report is not None and model.report.worst_under_prediction <= 1e-6
+    assert model.report.mean_utilization == pytest.approx(1.0, abs=1e-3)
+    # a batch of a tall and a wide image costs its padded square
+    assert model.predict([[[8, 60], [60, 8]]])[0] == pytest.approx(8000 + 2 * 12 * 60 * 60, rel=1e-3)
+
+
+def test_margin_is_relative_and_covers_every_fitted_batch() -> None:
+    batches, peaks = _sum_batches()
+    model = fit_batch_memory(batches, peaks, degree=2)
+    assert 0 < model.margin < 0.05
+    assert model.fit.worst_under_prediction <= 0 and model.fit.worst_under_prediction_bytes <= 0
+    assert model.fit.mean_utilization > 0.95
+    assert model.report is not None and model.report.num_batches == 10
+    # the per-item part never decreases with a feature (non-negative coefficients over features >= 0)
+    assert (model.per_item.coefficients >= 0).all()
+
+
+def test_fit_report_on_other_batches() -> None:
+    batches, peaks = _sum_batches(seed=1)
+    model = fit_batch_memory(batches, peaks, held_out=0)
+    report = fit_report(model, batches[:5], np.array(peaks[:5]) * 2)
+    assert report.num_batches == 5 and report.worst_under_prediction > 0.5 and report.mean_utilization > 1.5
+
+
+def test_loader_options_keep_every_batch_within_the_budget() -> None:
+    batches, peaks = _padded_batches(seed=2)
+    model = fit_batch_memory(batches, peaks, cost="padded")
+    features = np.random.default_rng(3).integers(8, 64, size=(300, 2))
+    budget = 200_000.0
+    options = model.loader_options(budget)
+    assert options["fixed_cost"] == model.fixed and options["padding"] == "features"
+    loader = FastSizeAwareLoader(torch.arange(300), features=features, **options)
+    planned = [batch.numpy() for batch in loader]
+    assert sorted(np.concatenate(planned).tolist()) == list(range(300))
+    predicted = model.predict([features[batch] for batch in planned])
+    assert (predicted <= budget).all() and predicted.mean() > 0.7 * budget
+
+
+def test_measure_batches_on_the_cpu() -> None:
+    def work(batch: list[int]) -> None:
+        torch.zeros(sum(batch), 256, dtype=torch.float32).add_(1)  # 1 KiB per unit of feature
+
+    batches = [[n] * b for n in (64, 128, 256) for b in (1, 2, 3)]
+    peaks = measure_batches(work, batches)
+    # (a few bytes of bookkeeping besides the tensor)
+    assert all(0 <= peak - 1024 * sum(batch) <= 64 for peak, batch in zip(peaks, batches))
+    model = fit_batch_memory(batches, peaks, degree=1, held_out=0)
+    assert model.predict([[100, 100]])[0] == pytest.approx(200 * 1024, rel=1e-3)
+
+
+def test_measure_batches_with_the_cuda_collector(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = FakeCudaAllocator(capacity=100 * MiB)
+    for name in ("reset_peak_memory_stats", "memory_allocated", "memory_stats", "empty_cache"):
+        monkeypatch.setattr(torch.cuda, name, getattr(fake, name))
+    weights = fake.alloc(10 * MiB)  # held before every batch: not part of any batch's peak
+    workspace = MiB  # a step's fixed temporaries
+
+    def work(batch: list[int]) -> None:
+        fixed = fake.alloc(workspace)
+        activations = [fake.alloc(n * 1024) for n in batch]
+        del fixed, activations
+
+    batches = [[n] * b for n in (100, 200, 400) for b in (1, 2, 4)]
+    peaks = measure_batches(work, batches, device="cuda")
+    assert peaks == [workspace + 1024 * sum(batch) for batch in batches]
+    model = fit_batch_memory(batches, peaks, degree=1, held_out=0)
+    assert model.fixed == pytest.approx(workspace, rel=1e-6)
+    assert fake.allocated == weights.nbytes
+    with pytest.raises(RuntimeError, match=r"batches \[0\] ran out of memory while measuring"):
+        measure_batches(lambda batch: fake.alloc(200 * MiB), [[1]], device="cuda")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"peaks": [1.0]}, ValueError, r"batches and peaks must have the same length, got 9 and 1\."),
+        ({"held_out": 1.0}, ValueError, r"held_out must be a number in \[0, 1\), got 1\.0\."),
+        ({"cost": "max"}, ValueError, r"cost must be one of 'sum', 'padded', got 'max'\."),
+        ({"degree": -1}, ValueError, r"degree must be a non-negative integer, got -1\."),
+        ({"peaks": [-1.0] * 9}, ValueError, r"peaks must be >= 0, got -1\.0\."),
+        ({"batches": [[1]] * 8 + [[]]}, ValueError, r"batches\[8\] must hold at least one item, got an empty batch\."),
+        ({"batches": [[1]] * 8 + [["a"]]}, TypeError, r"batches\[8\]"),
+        ({"degree": 7}, ValueError, r"fitting 9 coefficients needs at least that many batches to fit, got 8"),
+    ],
+)
+def test_fit_refuses_bad_input(kwargs: dict[str, Any], error: type[Exception], match: str) -> None:
+    arguments: dict[str, Any] = {"batches": [[n] * b for n in (1, 2, 3) for b in (1, 2, 3)], "peaks": [1.0] * 9}
+    arguments.update(held_out=0.2)
+    arguments.update(kwargs)
+    with pytest.raises(error, match=match):
+        fit_batch_memory(arguments.pop("batches"), arguments.pop("peaks"), **arguments)
+
+
+def test_loader_options_refuse_a_budget_below_the_fixed_cost() -> None:
+    batches = [[n] * b for n in (10, 20, 40) for b in (1, 2, 4)]
+    model = fit_batch_memory(batches, [1000 + 5.0 * sum(batch) for batch in batches], degree=1, held_out=0)
+    with pytest.raises(ValueError, match=r"budget must exceed the model's fixed cost per batch \(1000\), got 500\."):
+        model.loader_options(500)
+    with pytest.raises(ValueError, match=r"budget must be a finite number, got inf\."):
+        model.loader_options(float("inf"))
+
+
+@pytest.mark.parametrize("budget", [np.int64(2000), np.float32(2000), torch.tensor(2000), np.array(2000.0)])
+def test_loader_options_take_a_numpy_or_torch_budget(budget: object) -> None:
+    batches = [[n] * b for n in (10, 20, 40) for b in (1, 2, 4)]
+    model = fit_batch_memory(batches, [1000 + 5.0 * sum(batch) for batch in batches], degree=1, held_out=0)
+    options = model.loader_options(budget)  # type: ignore[arg-type]
+    assert options["max_total_size"] == 2000 and type(options["max_total_size"]) in (int, float)
+    assert options == model.loader_options(2000)
+
+
+def test_loader_options_refuse_a_budget_that_is_no_number() -> None:
+    batches = [[n] * b for n in (10, 20, 40) for b in (1, 2, 4)]
+    model = fit_batch_memory(batches, [1000 + 5.0 * sum(batch) for batch in batches], degree=1, held_out=0)
+    with pytest.raises(TypeError, match=r"budget must be a real number, got '2000' of type str\."):
+        model.loader_options("2000")  # type: ignore[arg-type]
