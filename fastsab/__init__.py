@@ -8,8 +8,8 @@ from fastsab.loaders.loader import FastLoader, FastSizeAwareLoader
 from fastsab.loaders.planned import PlannedBatchSampler, PlannedDataLoader
 from fastsab.out_of_core import OutOfCoreDataset
 from fastsab.plan.batching import BatchSplit, Carry, split_batches
-from fastsab.plan.epochs import EpochStats
 from fastsab.plan.shuffle import GroupedPermutation, grouped_permutation
+from fastsab.position.stats import EpochStats
 from fastsab.varlen.collate import PackCollator, PadCollator
 from fastsab.varlen.ragged import RaggedDataset
 

@@ -11,7 +11,7 @@ import torch  # noqa: F401  # NOTE: used by the examples of the docstrings (thei
 from fastsab.adaptive.oom import is_out_of_memory
 from fastsab.adaptive.retry import AdaptiveOOMError, _check_factor, free_memory
 from fastsab.loaders.options import Limit
-from fastsab.plan.epochs import EpochStats
+from fastsab.position.stats import EpochStats
 
 __all__ = ["LowersLimit", "run"]
 

@@ -25,8 +25,9 @@ from fastsab._checks import as_numeric_array, check_nonnegative_real
 # NOTE: the names of buckets.py and planned.py are re-exported (listed in __all__):
 # ``from fastsab.bionemo.samplers import ...`` gives every sampler name.
 from fastsab.bionemo.buckets import BucketBatchSampler, Buckets, NoElementInBucketsError, create_buckets
+from fastsab.bionemo.streaming import report_batching
 from fastsab.loaders.planned import PlannedBatchSampler, PlannedDataLoader
-from fastsab.plan.batching import report_batching, split_with
+from fastsab.plan.batching import split_with
 from fastsab.plan.cost_sources import item_size, oversize_message, per_item_sizeof, size_array
 from fastsab.plan.costs import BatchCost
 from fastsab.plan.plans import PlanChunk

@@ -19,8 +19,8 @@ import torch
 import webdataset as wds
 
 from fastsab._checks import check_optional_positive_int, check_positive_int
+from fastsab.integrations._decoder import safe_decoder
 from fastsab.integrations._splits import Split
-from fastsab.integrations.webdataset import safe_decoder
 from fastsab.position.distributed import resolve_rank
 
 __all__ = ["PickledDataWDS", "WebDataModule"]

@@ -199,17 +199,14 @@ def check_dataloader_keywords(loader: type, keywords: Mapping[str, object]) -> N
         )
 
 
-def keyword_list(loaders: tuple[type, ...] | None = None) -> str:
-    """The README's list: every DataLoader keyword and what the loaders take instead.
+def keyword_list(loaders: tuple[type, ...]) -> str:
+    """The README's list: every DataLoader keyword and what ``loaders`` take instead.
 
     Examples:
-        >>> print(keyword_list().splitlines()[1])
+        >>> from fastsab import FastLoader, FastSizeAwareLoader
+        >>> print(keyword_list((FastLoader, FastSizeAwareLoader)).splitlines()[1])
         - `batch_size`: FastLoader: same. FastSizeAwareLoader: its batches are bounded by their total cost, ...
     """
-    if loaders is None:
-        from fastsab.loaders.loader import FastLoader, FastSizeAwareLoader
-
-        loaders = (FastLoader, FastSizeAwareLoader)
     lines = []
     for name in _dataloader_keywords():
         texts = [

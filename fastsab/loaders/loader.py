@@ -32,7 +32,8 @@ from fastsab.loaders.options import (
 from fastsab.plan.batching import CostMode, OversizePolicy
 from fastsab.plan.cost_sources import feature_rows
 from fastsab.plan.costs import CostSource, make_cost_source
-from fastsab.plan.planners import FixedSizePlanner, SizeAwarePlanner
+from fastsab.plan.fixed_size import FixedSizePlanner
+from fastsab.plan.planners import SizeAwarePlanner
 
 __all__ = ["DEFAULT_CHUNK_BYTES", "FastLoader", "FastSizeAwareLoader", "LoaderBase", "LoaderOptions"]
 

@@ -25,11 +25,13 @@ from fastsab.loaders.dataloader_keywords import TakesDataLoaderKeywords
 from fastsab.loaders.options import Limit, LimitLike, LoaderOptions, T
 from fastsab.loaders.planned import PlannedBatchSampler, PlannedDataLoader
 from fastsab.plan.costs import refuse_above
-from fastsab.plan.epochs import EpochOrder, EpochStats
-from fastsab.plan.planners import FixedSizePlanner, SizeAwarePlanner
+from fastsab.plan.epochs import EpochOrder
+from fastsab.plan.fixed_size import FixedSizePlanner
+from fastsab.plan.planners import SizeAwarePlanner
 from fastsab.plan.shuffle import DEFAULT_GROUP_SIZE
 from fastsab.position.cursor import EpochCursor, Stream
 from fastsab.position.distributed import resolve_rank
+from fastsab.position.stats import EpochStats
 from fastsab.position.trainer_sampler import CountedLength, TrainerSampler, loaded_at_epoch_end
 
 __all__ = ["LoaderBase"]

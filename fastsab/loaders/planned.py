@@ -15,10 +15,11 @@ from typing import Any
 from torch.utils.data import DataLoader, Sampler
 
 from fastsab.fetch.fetcher import collate_batch, indexable
-from fastsab.plan.epochs import EpochStats
 from fastsab.position.consumed import ConsumedCount
-from fastsab.position.cursor import EpochCursor, Planner
+from fastsab.position.cursor import EpochCursor
 from fastsab.position.distributed import EvenBatches
+from fastsab.position.shares import Planner
+from fastsab.position.stats import EpochStats
 
 __all__ = ["PlannedBatchSampler", "PlannedDataLoader"]
 

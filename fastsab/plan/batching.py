@@ -4,8 +4,8 @@ Two entry points share one semantics:
 
 * :func:`split_batches`, the vectorized kernel: per-item costs in epoch order in, batch
   boundaries out. It is what the loaders and samplers use.
-* :func:`size_aware_batching`, the streaming generator of the bionemo API, for plain
-  iterables of data (in :mod:`fastsab.bionemo.streaming`, importable from here).
+* :func:`~fastsab.bionemo.streaming.size_aware_batching`, the streaming generator of the
+  bionemo API, for plain iterables of data.
 
 The greedy rule (bionemo compatible): items are taken in order; an item whose cost exceeds
 ``max_total_size`` is oversize (skipped and counted by default); an item joins the current
@@ -27,14 +27,12 @@ from typing import Any, Literal, cast
 import numpy as np
 
 from fastsab._checks import as_cost_array, as_numeric_array, check_choice
-from fastsab.bionemo.streaming import report_batching as report_batching
-from fastsab.bionemo.streaming import size_aware_batching
 from fastsab.plan._kernels import _greedy_ends, _padded_feature_counter, _padded_split, _sum_split
 from fastsab.plan.costs import BatchCost
 from fastsab.plan.costs import CostMode as CostMode
 from fastsab.plan.plans import Carry, PlanChunk
 
-__all__ = ["BatchSplit", "Carry", "size_aware_batching", "split_batches"]
+__all__ = ["BatchSplit", "Carry", "split_batches"]
 
 OversizePolicy = Literal["skip", "own_batch", "error"]
 

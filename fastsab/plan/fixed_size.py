@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 
 from fastsab._checks import check_positive_int
 from fastsab.plan.costs import refuse_above
+from fastsab.plan.epochs import EpochOrder
 from fastsab.plan.plans import _EMPTY_IDS, PlanChunk, PlanInputs
-
-if TYPE_CHECKING:
-    from fastsab.plan.epochs import EpochOrder
 
 __all__ = ["FixedSizeEpoch", "FixedSizePlanner"]
 

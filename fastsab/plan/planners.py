@@ -14,22 +14,19 @@ This module holds the size-aware planner and its epoch; :class:`FixedSizePlanner
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from fastsab._checks import check_choice
 from fastsab.plan.batching import OversizePolicy, split_with
 from fastsab.plan.costs import BatchCost, Caps, CostMode, CostSource
-from fastsab.plan.fixed_size import FixedSizeEpoch, FixedSizePlanner
+from fastsab.plan.epochs import EpochOrder
 from fastsab.plan.plans import _EMPTY_IDS, Carry, PlanChunk, PlanInputs
 from fastsab.plan.window_epoch import SortedWindowEpoch, _WindowPlan
 from fastsab.plan.windows import check_sort_window
 
-if TYPE_CHECKING:
-    from fastsab.plan.epochs import EpochOrder
-
-__all__ = ["FixedSizeEpoch", "FixedSizePlanner", "SizeAwareEpoch", "SizeAwarePlanner", "SortedWindowEpoch"]
+__all__ = ["SizeAwareEpoch", "SizeAwarePlanner"]
 
 #: Epochs of at most this many items keep their whole plan after ``len()`` computed it.
 PLAN_CACHE_ITEMS = 2**22

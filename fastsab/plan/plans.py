@@ -12,12 +12,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar, overload
+from typing import Any, NamedTuple, Protocol, TypeVar, overload
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from fastsab.plan.epochs import EpochOrder
+from fastsab.plan.epochs import EpochOrder
 
 __all__ = ["Carry", "ExplicitPlan", "PlanChunk", "PlanInputs", "PlanStream", "Planner"]
 

@@ -8,19 +8,36 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
-from fastsab.plan.batching import split_with
-from fastsab.plan.costs import BatchCost, Caps
+from fastsab.plan.batching import OversizePolicy, split_with
+from fastsab.plan.costs import BatchCost, Caps, CostSource
+from fastsab.plan.epochs import EpochOrder
 from fastsab.plan.plans import _EMPTY_IDS, Carry, PlanChunk
 from fastsab.plan.windows import batch_order, window_order
 
-if TYPE_CHECKING:
-    from fastsab.plan.planners import SizeAwarePlanner
+__all__ = ["SortedWindowEpoch", "WindowedPlanner"]
 
-__all__ = ["SortedWindowEpoch"]
+
+class WindowedPlanner(Protocol):
+    """What a :class:`SortedWindowEpoch` reads of its planner (a :class:`~fastsab.plan.planners.SizeAwarePlanner`)."""
+
+    @property
+    def order(self) -> EpochOrder: ...
+
+    @property
+    def costs(self) -> CostSource: ...
+
+    @property
+    def rule(self) -> BatchCost: ...
+
+    @property
+    def oversize(self) -> OversizePolicy: ...
+
+    @property
+    def sort_window(self) -> int | None: ...
 
 
 @dataclass(frozen=True)
@@ -83,7 +100,7 @@ class SortedWindowEpoch:
     began (:meth:`mark`) is kept by whoever holds the chunk and may give it back.
     """
 
-    def __init__(self, planner: SizeAwarePlanner, epoch: int, cached: _WindowPlan | None = None) -> None:
+    def __init__(self, planner: WindowedPlanner, epoch: int, cached: _WindowPlan | None = None) -> None:
         if planner.sort_window is None:
             raise ValueError("SortedWindowEpoch needs a planner with a sort_window, got sort_window=None.")
         self.planner = planner

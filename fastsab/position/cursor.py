@@ -25,17 +25,14 @@ from typing import Any
 import numpy as np
 
 from fastsab._checks import check_choice, check_nonnegative_int
-from fastsab.plan.epochs import EpochStats
 from fastsab.plan.plans import PlanChunk
-from fastsab.plan.plans import Planner as _Planner
 from fastsab.position.distributed import EvenBatches
 from fastsab.position.epoch_state import STATE_FORMAT, Limit, Segment, lowered_at, parse_state
-from fastsab.position.shares import EpochShares
+from fastsab.position.shares import EpochShares, Planner
+from fastsab.position.stats import EpochStats
 from fastsab.position.stream import Stream
 
 __all__ = ["STATE_FORMAT", "EpochCursor", "Segment", "Stream", "plan_fingerprint"]
-
-Planner = _Planner[Any]
 
 
 def _plain(value: Any) -> Any:

@@ -13,18 +13,19 @@ plan. This is the one place where a state of another world size is resumed.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import Any
 
 import numpy as np
 
-from fastsab.plan.epochs import EpochOrder, EpochStats
+from fastsab.plan.epochs import EpochOrder
 from fastsab.plan.plans import PlanChunk
+from fastsab.plan.plans import Planner as _Planner
 from fastsab.position.dealing import DealtWindow, StepDealer, count_steps
 from fastsab.position.epoch_state import Limit, Segment, check_steps
+from fastsab.position.stats import EpochStats
 from fastsab.position.stream import Plan, Stream
 
-if TYPE_CHECKING:
-    from fastsab.position.cursor import Planner
+Planner = _Planner[Any]
 
 __all__ = ["DealtShare", "EpochShares"]
 

@@ -13,9 +13,9 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from fastsab.plan.epochs import EpochStats
 from fastsab.plan.plans import PlanChunk
 from fastsab.position.epoch_state import Limit, Lowered, lowered_at
+from fastsab.position.stats import EpochStats
 
 __all__ = ["Plan", "Stream"]
 

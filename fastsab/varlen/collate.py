@@ -33,7 +33,8 @@ from numpy.lib.stride_tricks import as_strided
 
 from fastsab._checks import check_optional_positive_int, short_repr
 from fastsab.plan.cost_sources import padded_length
-from fastsab.varlen.collator import Collator, Flat, as_numpy_if_possible, as_tensor, pack_positions
+from fastsab.varlen.collator import Collator, as_numpy_if_possible, as_tensor, pack_positions
+from fastsab.varlen.sample_columns import Flat
 
 __all__ = ["Collator", "Flat", "PackCollator", "PadCollator", "pack_positions"]
 

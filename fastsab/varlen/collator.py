@@ -8,18 +8,22 @@ values out in :meth:`Collator._layout`, the one step :meth:`Collator.from_flat` 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, TypeAlias, Union
+from typing import Any
 
 import numpy as np
 import torch
 
 from fastsab._checks import short_repr
-from fastsab.varlen.sample_columns import check_sample_lengths, concatenate, read_columns, sequence_length, stack
+from fastsab.varlen.sample_columns import (
+    Flat,
+    check_sample_lengths,
+    concatenate,
+    read_columns,
+    sequence_length,
+    stack,
+)
 
-__all__ = ["Collator", "Flat", "as_numpy_if_possible", "as_tensor", "pack_positions"]
-
-#: Flat per-token values of a batch: a numpy array where numpy holds the dtype, else a tensor.
-Flat: TypeAlias = Union[np.ndarray, torch.Tensor]  # noqa: UP007  # (a runtime alias under Python 3.10)
+__all__ = ["Collator", "as_numpy_if_possible", "as_tensor", "pack_positions"]
 
 
 def pack_positions(lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

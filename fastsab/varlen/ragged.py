@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from fastsab._arrays import native_order, short_repr
-from fastsab.varlen.collate import Collator, Flat, PadCollator, pack_positions
+from fastsab.varlen.collate import Collator, PadCollator, pack_positions
 from fastsab.varlen.collator import as_tensor
 from fastsab.varlen.ragged_sources import (
     MappedFile,
@@ -41,6 +41,7 @@ from fastsab.varlen.ragged_sources import (
     memmap_files,
     reopen,
 )
+from fastsab.varlen.sample_columns import Flat
 
 __all__ = ["RaggedDataset"]
 

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from fastsab._arrays import as_numpy, short_repr
-from fastsab.varlen.collator import Flat
+from fastsab.varlen.sample_columns import Flat
 
 __all__ = [
     "MappedFile",

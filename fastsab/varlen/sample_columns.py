@@ -8,17 +8,17 @@ A sample is a dict of 1-D per-token values (tensors, arrays or lists of numbers)
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, TypeAlias, Union
 
 import numpy as np
 import torch
 
 from fastsab._checks import short_repr
 
-if TYPE_CHECKING:
-    from fastsab.varlen.collator import Flat
+__all__ = ["Flat", "check_sample_lengths", "concatenate", "read_columns", "sequence_length", "stack"]
 
-__all__ = ["check_sample_lengths", "concatenate", "read_columns", "sequence_length", "stack"]
+#: Flat per-token values of a batch: a numpy array where numpy holds the dtype, else a tensor.
+Flat: TypeAlias = Union[np.ndarray, torch.Tensor]  # noqa: UP007  # (a runtime alias under Python 3.10)
 
 
 def read_columns(name: str, samples: Sequence[Any], reserved: tuple[str, ...]) -> dict[str, tuple[str, list[Any]]]:

@@ -30,7 +30,7 @@ from fastsab._checks import NotAnIntegerError, NotANumberError, NotASingleNumber
 from fastsab.bionemo import samplers as fastsab_samplers
 from fastsab.bionemo.buckets import BucketBatchSampler, Buckets, NoElementInBucketsError, create_buckets
 from fastsab.bionemo.samplers import SizeAwareBatchSampler
-from fastsab.plan.batching import size_aware_batching
+from fastsab.bionemo.streaming import size_aware_batching
 
 PEER = SimpleNamespace(
     size_aware_batching=bionemo_sampler.size_aware_batching,

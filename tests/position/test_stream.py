@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from fastsab.plan.cost_sources import make_cost_source
-from fastsab.plan.epochs import EpochOrder, EpochStats
-from fastsab.plan.planners import FixedSizePlanner, SizeAwarePlanner
+from fastsab.plan.epochs import EpochOrder
+from fastsab.plan.fixed_size import FixedSizePlanner
+from fastsab.plan.planners import SizeAwarePlanner
+from fastsab.position.stats import EpochStats
 from fastsab.position.stream import Stream
 
 
