@@ -13,6 +13,9 @@ import torch
 from fastsab.adaptive.caches import GlobalCache, call_site, code_context  # noqa: F401
 from fastsab.adaptive.retry import _Adaptive, _Batch, _Chunked, _decorate, _Range
 
+# NOTE: the forms' signatures are alike by design (each names its size and options as its API
+# does); what they share is done once, by the retry classes of retry.py
+
 
 def batch(
     func: Callable[..., Any] | None = None,

@@ -99,6 +99,9 @@ def _forward(
 class explicit:
     """Call forms; sizes are remembered per ``toma_context`` (default: the function's code)."""
 
+    # NOTE: toma's signatures, parameter for parameter, so alike in shape to fastsab.adaptive.explicit's;
+    # every form hands its call to _forward
+
     @staticmethod
     def batch(
         func: Callable[..., Any],

@@ -99,6 +99,9 @@ def _decorated(
 class toma:
     """Decorators (``@toma.batch(initial_batchsize=...)``) and run-at-once blocks (``toma.execute``)."""
 
+    # NOTE: the decorators are alike in shape because toma's are: each keeps toma's own parameter
+    # names and overrides; what they share is done once, by _decorated and _toma_calls._forward
+
     @staticmethod
     def batch(
         func: Callable[..., Any] | None = None,

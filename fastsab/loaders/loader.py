@@ -31,7 +31,7 @@ from fastsab.loaders.options import (
 )
 from fastsab.plan.batching import CostMode, OversizePolicy
 from fastsab.plan.cost_sources import feature_rows
-from fastsab.plan.costs import CostSource, make_cost_source
+from fastsab.plan.costs import BatchCost, CostSource, make_cost_source
 from fastsab.plan.fixed_size import FixedSizePlanner
 from fastsab.plan.planners import SizeAwarePlanner
 
@@ -195,19 +195,17 @@ class FastSizeAwareLoader(LoaderBase[T]):
         if resolve_padding(padding, cost, features) == "features":
             rows = feature_rows(costs)
             costs, feature_cost = rows, rows.item_costs
-        planner = SizeAwarePlanner(
-            self.order,
-            costs,
+        # NOTE: keyword arguments named as the rule's; alike only in shape to other such calls
+        rule = BatchCost(
             max_total_size,
             cost=cost,
             max_batch_size=max_batch_size,
             batch_size_multiple=batch_size_multiple,
-            oversize=oversize,
             fixed_cost=fixed_cost,
             feature_cost=feature_cost,
-            sort_window=sort_window,
             pad_to_multiple_of=pad_to_multiple_of,
         )
+        planner = SizeAwarePlanner(self.order, costs, rule, oversize=oversize, sort_window=sort_window)
         collators = {
             "collate_fn": self.options.collate_fn,
             "the dataset's collator": getattr(dataset, "collator", None),

@@ -13,14 +13,13 @@ This module holds the size-aware planner and its epoch; :class:`FixedSizePlanner
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Iterator
 
 import numpy as np
 
 from fastsab._checks import check_choice
 from fastsab.plan.batching import OversizePolicy, split_with
-from fastsab.plan.costs import BatchCost, Caps, CostMode, CostSource
+from fastsab.plan.costs import BatchCost, Caps, CostSource
 from fastsab.plan.epochs import EpochOrder
 from fastsab.plan.plans import _EMPTY_IDS, Carry, PlanChunk, PlanInputs
 from fastsab.plan.window_epoch import SortedWindowEpoch, _WindowPlan
@@ -35,9 +34,9 @@ PLAN_CACHE_ITEMS = 2**22
 class SizeAwarePlanner:
     """Greedy size-aware batches over the epoch order, split chunk by chunk with a carry.
 
-    ``fixed_cost``, ``feature_cost`` and ``pad_to_multiple_of`` are those of
-    :class:`~fastsab.plan.costs.BatchCost`; with a ``feature_cost``, ``costs`` gives the items'
-    features (:class:`~fastsab.plan.cost_sources.FeatureRows`).
+    ``rule`` (a :class:`~fastsab.plan.costs.BatchCost`) gives the caps and what a batch costs; with
+    its ``feature_cost``, ``costs`` gives the items' features
+    (:class:`~fastsab.plan.cost_sources.FeatureRows`).
 
     With ``sort_window`` the order is first sorted by size in windows of that many items and
     the batches of each chunk are yielded in a seeded random order (:class:`SortedWindowEpoch`).
@@ -47,28 +46,14 @@ class SizeAwarePlanner:
         self,
         order: EpochOrder,
         costs: CostSource,
-        max_total_size: Any,
+        rule: BatchCost,
         *,
-        cost: CostMode = "sum",
-        max_batch_size: int | None = None,
-        batch_size_multiple: int = 1,
         oversize: OversizePolicy = "skip",
-        fixed_cost: Any = 0,
-        feature_cost: Callable[[np.ndarray], np.ndarray] | None = None,
         sort_window: int | None = None,
-        pad_to_multiple_of: int | None = None,
     ) -> None:
         self.order = order
         self.sort_window = check_sort_window(sort_window)
-        self.rule = BatchCost(
-            max_total_size,
-            cost=cost,
-            max_batch_size=max_batch_size,
-            batch_size_multiple=batch_size_multiple,
-            fixed_cost=fixed_cost,
-            feature_cost=feature_cost,
-            pad_to_multiple_of=pad_to_multiple_of,
-        )
+        self.rule = rule
         # NOTE: every reader of the costs (split, oversize, sorted windows, balancing, lowering)
         # sees what the rule charges: with pad_to_multiple_of, the padded lengths
         self.costs = self.rule.charged(costs)

@@ -11,7 +11,7 @@ import torch
 
 from fastsab import BatchSplit, split_batches
 from fastsab.plan.batching import BatchSplit as BatchingBatchSplit
-from fastsab.plan.costs import make_cost_source
+from fastsab.plan.costs import BatchCost, make_cost_source
 from fastsab.plan.epochs import EpochOrder
 from fastsab.plan.fixed_size import FixedSizePlanner
 from fastsab.plan.planners import SizeAwarePlanner
@@ -26,8 +26,13 @@ def order(n: int = 10, shuffle: bool = False) -> EpochOrder:
     return EpochOrder(n, shuffle=shuffle, seed=1, group_size=4)
 
 
-def size_aware(cap: Any = 12, sizes: Any = SIZES, **kwargs: Any) -> SizeAwarePlanner:
-    return SizeAwarePlanner(order(len(sizes)), make_cost_source(sizes, len(sizes)), cap, **kwargs)
+def size_aware(
+    cap: Any = 12, sizes: Any = SIZES, oversize: Any = "skip", sort_window: Any = None, **rule: Any
+) -> SizeAwarePlanner:
+    costs = make_cost_source(sizes, len(sizes))
+    return SizeAwarePlanner(
+        order(len(sizes)), costs, BatchCost(cap, **rule), oversize=oversize, sort_window=sort_window
+    )
 
 
 # --- the modules ----------------------------------------------------------------------------
@@ -163,9 +168,12 @@ def test_fingerprints_are_pinned() -> None:
     shuffled = EpochOrder(10, shuffle=True, seed=1, group_size=4)
     assert plan_fingerprint(FixedSizePlanner(shuffled, 3, False)) == "e010229b4d9ffd588d30c646"
     array = make_cost_source(np.arange(10) + 1, 10)
-    assert plan_fingerprint(SizeAwarePlanner(shuffled, array, [12], cost="padded")) == "ec8996141e25cc8329cce8dc"
+    assert (
+        plan_fingerprint(SizeAwarePlanner(shuffled, array, BatchCost([12], cost="padded")))
+        == "ec8996141e25cc8329cce8dc"
+    )
     computed = make_cost_source(lambda i: i + 1, 10)
-    assert plan_fingerprint(SizeAwarePlanner(shuffled, computed, 12.0)) == "cf40cb9532d333e8fa3efb42"
+    assert plan_fingerprint(SizeAwarePlanner(shuffled, computed, BatchCost(12.0))) == "cf40cb9532d333e8fa3efb42"
 
 
 def test_fingerprint_tells_window_sizes_apart() -> None:
@@ -223,7 +231,7 @@ def test_positions_become_ids_when_read() -> None:
 def window_planner(n: int = 120, group_size: int = 16, window: int = 3, cap: Any = 20) -> SizeAwarePlanner:
     sizes = np.random.default_rng(0).integers(1, 10, n)
     grouped = EpochOrder(n, shuffle=True, seed=3, group_size=group_size)
-    return SizeAwarePlanner(grouped, make_cost_source(sizes, n), cap, sort_window=window)
+    return SizeAwarePlanner(grouped, make_cost_source(sizes, n), BatchCost(cap), sort_window=window)
 
 
 def stream_batches(stream: Any) -> list[list[int]]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from fastsab.plan.cost_sources import make_cost_source
+from fastsab.plan.costs import BatchCost
 from fastsab.plan.epochs import EpochOrder
 from fastsab.plan.fixed_size import FixedSizePlanner
 from fastsab.plan.planners import SizeAwarePlanner
@@ -119,7 +120,7 @@ def test_the_stream_reports_what_the_chunks_it_skips_over_hold():
 
 def test_a_chunk_without_batches_at_the_start_is_returned_with_what_it_skipped():
     # the first group is one oversize item: its chunk has no batch, only the item it skips
-    planner = SizeAwarePlanner(EpochOrder(3, shuffle=False, group_size=1), make_cost_source([5, 1, 1], 3), 1)
+    planner = SizeAwarePlanner(EpochOrder(3, shuffle=False, group_size=1), make_cost_source([5, 1, 1], 3), BatchCost(1))
     chunks = list(Stream(planner.chunks(0)))
     assert chunks[0].skipped.tolist() == [0]
     assert [batch.tolist() for chunk in chunks for batch in chunk.batches()] == [[1], [2]]
