@@ -15,8 +15,8 @@ emitted; no empty batch is ever emitted.
 
 This module holds the kernel's API (:func:`split_batches`, :func:`split_with`); the batches
 come back as a :class:`~fastsab.plan.plans.PlanChunk` (also named :data:`BatchSplit`), the caps and
-costs are those of a :class:`~fastsab.plan.costs.BatchCost`, and the counters that walk the batches
-are in :mod:`fastsab.plan._kernels`.
+costs are those of a :class:`~fastsab.plan.costs.BatchCost`, and the walks of the batches are in
+:mod:`fastsab.plan._sum_kernel`, :mod:`fastsab.plan._padded_kernel` and :mod:`fastsab.plan._greedy_walk`.
 """
 
 from __future__ import annotations
@@ -27,7 +27,9 @@ from typing import Any, Literal, cast
 import numpy as np
 
 from fastsab._checks import as_cost_array, as_numeric_array, check_choice
-from fastsab.plan._kernels import _greedy_ends, _padded_feature_counter, _padded_split, _sum_split
+from fastsab.plan._greedy_walk import _greedy_ends
+from fastsab.plan._padded_kernel import _padded_feature_counter, _padded_split
+from fastsab.plan._sum_kernel import _sum_split
 from fastsab.plan.costs import BatchCost
 from fastsab.plan.costs import CostMode as CostMode
 from fastsab.plan.plans import Carry, PlanChunk

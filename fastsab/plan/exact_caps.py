@@ -16,9 +16,9 @@ from numbers import Integral
 
 import numpy as np
 
-from fastsab.plan._kernels import _INT64_MAX
-
 __all__ = ["dtype_caps", "threshold"]
+
+_INT64_MAX = 2**63 - 1  # the largest integer cap or cost the kernels hold in int64
 
 
 def dtype_caps(caps: list[int | float], float_mode: bool) -> np.ndarray:
@@ -28,7 +28,7 @@ def dtype_caps(caps: list[int | float], float_mode: bool) -> np.ndarray:
     # `total <= the largest float64 not above cap`. Converting the cap once this way keeps
     # every later comparison exact in a single numpy dtype. An integer cap past int64 acts
     # as the largest int64 where no cost exceeds it; sums that pass int64 and padded mode
-    # work from the exact caps (see _kernels._sum_counter, _kernels._padded_lengths).
+    # work from the exact caps (see _sum_kernel._sum_counter, _padded_kernel._padded_lengths).
     if not float_mode:
         return np.array([min(math.floor(cap), _INT64_MAX) for cap in caps], dtype=np.int64)
     out = []

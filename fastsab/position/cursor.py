@@ -10,14 +10,12 @@ stretch of steps run with one world size (and the dealing options and lowered li
 stretch). The plan is never replayed item by item: :class:`~fastsab.position.shares.EpochShares`
 plans the epoch again from the seed and applies each segment in turn, so a state saved by a
 job of another world size or other dealing options resumes exactly. A state whose seed or
-plan fingerprint (dataset length, sizes, configured limits) differs from this object's is
-refused.
+plan fingerprint (:mod:`fastsab.position.fingerprint`: dataset length, sizes, configured limits)
+differs from this object's is refused.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import warnings
 from dataclasses import dataclass, replace
 from typing import Any
@@ -28,41 +26,12 @@ from fastsab._checks import check_choice, check_nonnegative_int
 from fastsab.plan.plans import PlanChunk
 from fastsab.position.distributed import EvenBatches
 from fastsab.position.epoch_state import STATE_FORMAT, Limit, Segment, lowered_at, parse_state
+from fastsab.position.fingerprint import _plain, plan_fingerprint
 from fastsab.position.shares import EpochShares, Planner
 from fastsab.position.stats import EpochStats
 from fastsab.position.stream import Stream
 
-__all__ = ["STATE_FORMAT", "EpochCursor", "Segment", "Stream", "plan_fingerprint"]
-
-
-def _plain(value: Any) -> Any:
-    """Numbers (numpy or Python, also in lists) as plain Python numbers, for states and digests."""
-    if isinstance(value, dict):
-        return {key: _plain(v) for key, v in value.items()}
-    if isinstance(value, (list, tuple, np.ndarray)):
-        return [_plain(v) for v in value]
-    if isinstance(value, np.generic):
-        value = value.item()
-    if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
-        return int(value)
-    return value
-
-
-def plan_fingerprint(planner: Planner) -> str:
-    """A short digest of what determines a planner's batches (besides seed and epoch).
-
-    It covers the number of items, the order options, the configured limits and the sizes:
-    all of them for an array of sizes, else the sizes of up to 4096 evenly spread items (a
-    callable's sizes are not all computed just to fingerprint them). Numbers are compared by
-    value: ``np.int64(100)``, ``100`` and ``100.0`` are the same cap.
-    """
-    kind, options, sizes = planner.plan_inputs()
-    order = planner.order
-    digest = hashlib.blake2b(digest_size=12)
-    digest.update(repr((kind, order.n, order.shuffle, order.group_size, order.rotate)).encode())
-    digest.update(json.dumps(_plain(options)).encode())
-    digest.update(sizes)
-    return digest.hexdigest()
+__all__ = ["STATE_FORMAT", "EpochCursor", "Segment", "Stream"]
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fastsab.bionemo.streaming import size_aware_batching
-from fastsab.plan import _kernels
+from fastsab.plan import _sum_kernel
 from fastsab.plan.batching import BatchSplit, Carry, split_batches
 from tests.reference import greedy_reference, running_sum_reference, seed_dataset
 
@@ -859,7 +859,7 @@ def test_int_sums_made_chunk_by_chunk_equal_greedy_loop(problem):
     # invariant: prefix sums made a chunk at a time ahead of the walk give the loop's batches, whole and in chunks
     rows, cap, chunk, cuts = problem
     expected, _ = greedy_reference(rows, cap)
-    with patch.object(_kernels, "_CHUNK", chunk):
+    with patch.object(_sum_kernel, "_CHUNK", chunk):
         assert as_lists(split_batches(np.array(rows, dtype=np.int64), cap)) == expected
         got, carry, start = [], None, 0
         for stop in [*sorted(cut for cut in cuts if cut <= len(rows)), len(rows)]:
@@ -890,7 +890,7 @@ def test_int_column_sums_made_chunk_by_chunk_equal_greedy_loop(problem):
     rows, caps, chunk, cuts = problem
     expected, _ = greedy_reference(rows, caps)
     costs = np.array(rows, dtype=np.int64).reshape(len(rows), len(caps))
-    with patch.object(_kernels, "_CHUNK", chunk):
+    with patch.object(_sum_kernel, "_CHUNK", chunk):
         assert as_lists(split_batches(costs, caps)) == expected
         got, carry, start = [], None, 0
         for stop in [*sorted(cut for cut in cuts if cut <= len(rows)), len(rows)]:
@@ -900,7 +900,7 @@ def test_int_column_sums_made_chunk_by_chunk_equal_greedy_loop(problem):
     assert got == expected
 
 
-@pytest.mark.parametrize("n", [_kernels._CHUNK - 1, _kernels._CHUNK, 3 * _kernels._CHUNK + 5])
+@pytest.mark.parametrize("n", [_sum_kernel._CHUNK - 1, _sum_kernel._CHUNK, 3 * _sum_kernel._CHUNK + 5])
 def test_int_sums_past_one_chunk_equal_running_loop(n):
     rng = np.random.default_rng(n)
     costs = np.where(rng.random(n) < 0.3, 0, rng.integers(0, 1000, n))  # runs of zeros across chunk ends

@@ -14,7 +14,7 @@ import torch
 from fastsab import FastSizeAwareLoader
 from fastsab.plan.cost_sources import item_size, make_cost_source, oversize_message, per_item_sizeof, size_array
 from fastsab.plan.costs import BatchCost
-from fastsab.position.cursor import _plain
+from fastsab.position.fingerprint import _plain
 
 # --- caps -----------------------------------------------------------------------------------
 

@@ -15,7 +15,7 @@ from fastsab import FastSizeAwareLoader, adaptive
 from fastsab.memory import PolynomialRegression
 from fastsab.plan.batching import split_with
 from fastsab.plan.costs import BatchCost
-from fastsab.position.cursor import plan_fingerprint
+from fastsab.position.fingerprint import plan_fingerprint
 from tests.reference import Row, greedy_loop
 
 

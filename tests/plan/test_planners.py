@@ -17,7 +17,7 @@ from fastsab.plan.fixed_size import FixedSizePlanner
 from fastsab.plan.planners import SizeAwarePlanner
 from fastsab.plan.plans import Carry, PlanChunk, Planner
 from fastsab.plan.window_epoch import SortedWindowEpoch
-from fastsab.position.cursor import plan_fingerprint
+from fastsab.position.fingerprint import plan_fingerprint
 
 SIZES = np.array([3, 1, 4, 1, 5, 9, 2, 6, 5, 3])
 
