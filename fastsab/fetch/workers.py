@@ -1,17 +1,15 @@
-"""Fetching a loader's batches in worker processes: :func:`worker_batches`.
+"""Fetching a loader's batches in worker processes: :func:`worker_batches`, :class:`PersistentWorkers`.
 
 With ``num_workers=n`` a loader's batches are fetched and collated in ``n`` worker processes
-by torch's own ``DataLoader`` machinery: a ``DataLoader`` over :class:`BatchFetch` (whose
-``__getitems__`` makes one whole batch with the loader's :class:`~fastsab.fetch.fetcher.Fetcher`)
-whose batch sampler pulls the index batches from the loader's plan stream on demand, at most
-``prefetch * n`` ahead. A batch's small tensors come with it through the worker's pipe
-(:func:`~fastsab.fetch.sending.in_band`), torch moves larger ones through shared memory; each batch is
-pickled by the worker itself (:func:`~fastsab.fetch.sending.pickled`), so that one that does not pickle is
-the worker's error. It yields the batches in order, re-raises a worker's exception with its
-traceback, reports a worker that died, and shuts the workers down when the iteration ends or
-is closed (:func:`worker_batches`: the workers of one iteration are :class:`PersistentWorkers`
-used once). Closing them from another thread, or from a signal handler, ends a wait for a
-batch with a ``RuntimeError``.
+by torch's own ``DataLoader`` machinery, made of the parts in :mod:`fastsab.fetch.worker_tasks`:
+a ``DataLoader`` over :class:`~fastsab.fetch.worker_tasks.BatchFetch` (whose ``__getitems__``
+makes one whole batch) whose batch sampler pulls the index batches from the loader's plan stream
+on demand, at most ``prefetch * n`` ahead. A batch's small tensors come with it through the
+worker's pipe, torch moves larger ones through shared memory. This module runs them: it yields
+the batches in order, re-raises a worker's exception with its traceback, reports a worker that
+died, and shuts the workers down when the iteration ends or is closed (:func:`worker_batches`:
+the workers of one iteration are :class:`PersistentWorkers` used once). Closing them from
+another thread, or from a signal handler, ends a wait for a batch with a ``RuntimeError``.
 
 :class:`PersistentWorkers` keeps the worker processes across epochs (``persistent_workers=True``):
 one ``DataLoader(persistent_workers=True)`` whose batch sampler reads each epoch's plan stream in
@@ -23,143 +21,20 @@ for that iteration.
 
 from __future__ import annotations
 
-import random
 import threading
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Generator
 from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, get_worker_info
-from torch.utils.data._utils.worker import _generate_state
+from torch.utils.data import DataLoader
 from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 
 from fastsab.fetch.fetcher import Fetcher
-from fastsab.fetch.sending import in_band, pickled
+from fastsab.fetch.worker_tasks import PlanBatches, ReseedingBatchFetch, base_seed, collate_whole
 from fastsab.position.stream import Stream
 
-__all__ = [
-    "BatchFetch",
-    "PersistentWorkers",
-    "ReseedingBatchFetch",
-    "base_seed",
-    "worker_batches",
-]
-
-
-class BatchFetch:
-    """A map-style dataset whose ``__getitems__(ids)`` is ``(ids, batch)``: one batch fetched and collated.
-
-    What a ``DataLoader``'s worker process runs for each index batch of the plan. It holds only
-    the :class:`~fastsab.fetch.fetcher.Fetcher` (the dataset and ``collate_fn``), which is what a spawned
-    worker receives pickled.
-
-    Examples:
-        >>> import torch
-        >>> fetch = BatchFetch(Fetcher(torch.arange(5) * 10, None))
-        >>> fetch.__getitems__(np.array([3, 1]))
-        (array([3, 1]), tensor([30, 10]))
-    """
-
-    def __init__(self, fetcher: Fetcher) -> None:
-        self.fetcher = fetcher
-
-    def __len__(self) -> int:
-        return self.fetcher.length
-
-    def __getitem__(self, index: int) -> Any:
-        return self.__getitems__(np.array([index], dtype=np.int64))[1]
-
-    def __getitems__(self, ids: np.ndarray) -> tuple[np.ndarray, Any]:
-        return ids, self.fetcher(ids)
-
-
-class ReseedingBatchFetch(BatchFetch):
-    """A :class:`BatchFetch` of persistent workers: ``__getitems__((ids, generation, base_seed))``.
-
-    On its first batch of a new ``generation`` a worker re-seeds ``random``, ``torch`` and
-    ``numpy`` from ``base_seed`` as torch seeds a worker it starts (and sets its
-    ``get_worker_info().seed``); ``worker_init_fn`` is not run again.
-
-    Examples:
-        >>> fetch = ReseedingBatchFetch(Fetcher(torch.arange(5) * 10, None), generation=1)
-        >>> fetch.__getitems__((np.array([4]), 1, 123))
-        (array([4]), tensor([40]))
-    """
-
-    def __init__(self, fetcher: Fetcher, generation: int) -> None:
-        super().__init__(fetcher)
-        self.generation = generation  # the one the workers are started for (seeded by torch)
-
-    def __getitems__(self, task: tuple[np.ndarray, int, int]) -> tuple[np.ndarray, Any]:  # type: ignore[override]
-        ids, generation, seed = task
-        if generation != self.generation:
-            self.generation = generation
-            _reseed(seed)
-        return super().__getitems__(ids)
-
-
-def _reseed(base_seed: int) -> None:
-    """Seed this worker process's generators as torch seeds a worker it starts with ``base_seed``."""
-    info = get_worker_info()
-    if info is None:  # (called in this process: nothing to re-seed)
-        return
-    seed = base_seed + info.id
-    random.seed(seed)
-    torch.manual_seed(seed)
-    np.random.seed(_generate_state(base_seed, info.id))  # type: ignore[no-untyped-call]  # torch's own
-    # NOTE: WorkerInfo refuses to be changed once made; its seed is what the worker's generators now follow
-    object.__setattr__(info, "seed", seed)
-
-
-def base_seed(seed: int) -> int:
-    """The base seed a ``DataLoader`` with ``generator=torch.Generator().manual_seed(seed)`` starts workers with.
-
-    Examples:
-        >>> base_seed(0) == base_seed(0) != base_seed(1)
-        True
-    """
-    # NOTE: the first draw of DataLoader's generator, as _BaseDataLoaderIter makes it (worker i gets base + i)
-    generator = torch.Generator().manual_seed(seed)
-    return int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
-
-
-class _PlanBatches:
-    """The index batches of a plan stream, read on demand (a ``DataLoader``'s ``batch_sampler``).
-
-    Each index batch goes with the iteration's ``task`` (generation, seed): ``(ids, *task)``;
-    no batches while ``stream`` is ``None``.
-    """
-
-    def __init__(self) -> None:
-        self.stream: Stream | None = None
-        self.task: tuple[int, int] = (0, 0)
-
-    def __iter__(self) -> Iterator[Any]:
-        # NOTE: the stream is taken now (at iter()), not at the first next()
-        return _index_batches(self.stream, self.task)
-
-
-def _index_batches(stream: Stream | None, task: tuple[int, int]) -> Iterator[Any]:
-    if stream is None:
-        return
-    generation, seed = task
-    for chunk in stream:
-        for ids in chunk.batches():
-            yield ids, generation, seed
-
-
-def _whole(fetched: Any) -> tuple[np.ndarray, Any]:
-    """The workers' ``collate_fn``: the batch made by :class:`BatchFetch`, sent :func:`in_band`, pickled here.
-
-    Raises:
-        TypeError: If the batch does not pickle (naming what in it does not), raised in the
-            loop's process as a worker's error.
-    """
-    ids, batch = fetched
-    # NOTE: pickled now, in the worker's own thread, rather than by its queue's thread, which
-    # prints the error and drops the batch, the loop waiting for it forever
-    return ids, pickled(in_band(batch))
+__all__ = ["PersistentWorkers", "worker_batches"]
 
 
 #: Seconds between two looks, while waiting for a batch from the workers, at whether they were closed.
@@ -276,7 +151,7 @@ class PersistentWorkers:
         self.worker_init_fn = worker_init_fn
         self.multiprocessing_context = multiprocessing_context
         self._loader: _WorkerLoader | None = None
-        self._plan = _PlanBatches()
+        self._plan = PlanBatches()
         self._generation = 0
         self._waiting: int | None = None  # the thread waiting for the workers, if any
 
@@ -299,7 +174,7 @@ class PersistentWorkers:
             self._loader = _WorkerLoader(
                 ReseedingBatchFetch(self.fetcher, self._generation),
                 batch_sampler=self._plan,  # (ids, generation, seed) tasks
-                collate_fn=_whole,
+                collate_fn=collate_whole,
                 num_workers=self.num_workers,
                 prefetch_factor=self.prefetch,
                 worker_init_fn=self.worker_init_fn,
