@@ -1,0 +1,79 @@
+"""docs/recipes/*.md: each recipe's code run as a user would, and what the page promises checked."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from tests.docs_pages import DOCS, page_script
+
+_TEXT = re.compile(r"^It prints:\n\n```text\n(.*?)^```", re.MULTILINE | re.DOTALL)
+
+
+def run_page(
+    page: str, directory: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> tuple[dict[str, Any], str]:
+    """Run the page's code in ``directory``; its namespace and what it printed."""
+    monkeypatch.chdir(directory)
+    namespace: dict[str, Any] = {"__name__": "__main__"}
+    threads = torch.get_num_threads()
+    # NOTE: one thread: the pages' tiny models run far slower with threads contending for shared cores
+    torch.set_num_threads(1)
+    try:
+        exec(compile(page_script(page), str(DOCS / page), "exec"), namespace)
+    finally:
+        torch.set_num_threads(threads)
+    return namespace, capsys.readouterr().out
+
+
+def shown_output(page: str) -> list[str]:
+    """The lines a page says its code prints (its ``It prints:`` blocks)."""
+    return [line for block in _TEXT.findall((DOCS / page).read_text()) for line in block.splitlines()]
+
+
+def assert_shows_what_it_prints(page: str, printed: str) -> None:
+    shown = shown_output(page)
+    assert shown, f"{page} shows no output"
+    lines = printed.splitlines()
+    assert all(line in lines for line in shown), f"shown:\n{shown}\nprinted:\n{lines}"
+
+
+def test_variable_length(tmp_path, monkeypatch, capsys):
+    page = "recipes/variable-length.md"
+    ns, printed = run_page(page, tmp_path, monkeypatch, capsys)
+    data, loader = ns["data"], ns["loader"]
+    assert "epoch 0: 38 batches, 2000 sequences" in printed and "epoch 1: 38 batches, 2000 sequences" in printed
+    # the figures on the page are this run's
+    assert_shows_what_it_prints(page, printed)
+    # every padded batch within the budget, every sequence once, labels with their sequences
+    loader.set_epoch(0)
+    seen = []
+    for batch in loader:
+        assert batch["input_ids"].numel() <= 8192
+        lengths = batch["attention_mask"].sum(1)
+        first_tokens = batch["input_ids"][:, 0].tolist()
+        for length, first, label in zip(lengths.tolist(), first_tokens, batch["label"].tolist()):
+            matches = [i for i in np.flatnonzero(data.lengths == length) if ns["sequences"][i][0] == first]
+            assert any(ns["labels"][i] == label for i in matches)
+            seen.append((length, first))
+    assert sorted(seen) == sorted(zip(data.lengths.tolist(), (int(s[0]) for s in ns["sequences"])))
+    # sorted windows cut the padding; the budget alone barely does
+    efficiency = {
+        name: ns["padded_efficiency"](each)
+        for name, each in [("fixed", ns["fixed"]), ("budget", ns["budget_only"]), ("window", loader)]
+    }
+    assert efficiency["budget"] < efficiency["fixed"] + 0.1 and efficiency["window"] > 2 * efficiency["budget"]
+    # the checkpoint holds the loader's position, which a new loader takes
+    checkpoint = torch.load(tmp_path / "checkpoint.pt")
+    assert set(checkpoint) == {"model", "optimizer", "loader"}
+    fresh = ns["FastSizeAwareLoader"](data, data.lengths, max_total_size=8192, cost="padded", sort_window=512, seed=0)
+    fresh.load_state_dict(checkpoint["loader"])
+    assert fresh.epoch == 1 and len(fresh) == 38
+    assert sum(1 for _ in fresh) == 38 - (60 - 38)  # saved at step 60, 22 steps into epoch 1
+    # packed: every token once, no padding
+    assert printed.splitlines()[-1] == "True True"
