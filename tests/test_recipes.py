@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -77,3 +78,33 @@ def test_variable_length(tmp_path, monkeypatch, capsys):
     assert sum(1 for _ in fresh) == 38 - (60 - 38)  # saved at step 60, 22 steps into epoch 1
     # packed: every token once, no padding
     assert printed.splitlines()[-1] == "True True"
+
+
+def logged_steps(run_dir: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (run_dir / "steps.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize(("save_every", "crash_at"), [(5, 48), (3, 34), (7, 2), (5, 99)])
+def test_resume(tmp_path, monkeypatch, capsys, save_every, crash_at):
+    # invariant: a job that died and was restarted trains, step by step, on the samples of the
+    # job that never died, and ends with its weights
+    page = "recipes/resume.md"
+    ns, printed = run_page(page, tmp_path, monkeypatch, capsys)
+    assert_shows_what_it_prints(page, printed)
+    whole = logged_steps(tmp_path / "runs" / "whole")
+    for epoch in range(3):
+        assert sorted(i for s in whole if s["epoch"] == epoch for i in s["indices"]) == list(range(1000))
+    assert [s["step"] for s in whole] == list(range(1, len(whole) + 1))
+    # the page's own crash at step 48: steps 46 to 48 ran twice, the same
+    crashed = logged_steps(tmp_path / "runs" / "crashed")
+    assert [s["step"] for s in crashed] == [*range(1, 49), *range(46, len(whole) + 1)]
+    assert crashed == whole[:48] + whole[45:]
+    # other checkpoints and crashes, one at an epoch's end (step 33 of 33 with save_every=3)
+    ns["SAVE_EVERY"] = save_every
+    with pytest.raises(RuntimeError, match=f"the job died at step {crash_at}"):
+        ns["train"]("again", crash_at=crash_at)
+    last_save = crash_at // save_every * save_every
+    resumed = ns["train"]("again")
+    again = logged_steps(tmp_path / "again")
+    assert again == whole[:crash_at] + whole[last_save:]
+    assert torch.equal(resumed.weight, ns["whole"].weight) and torch.equal(resumed.bias, ns["whole"].bias)
