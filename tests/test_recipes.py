@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import multiprocessing
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -108,3 +110,27 @@ def test_resume(tmp_path, monkeypatch, capsys, save_every, crash_at):
     again = logged_steps(tmp_path / "again")
     assert again == whole[:crash_at] + whole[last_save:]
     assert torch.equal(resumed.weight, ns["whole"].weight) and torch.equal(resumed.bias, ns["whole"].bias)
+
+
+def test_workers(tmp_path, monkeypatch, capsys):
+    page = "recipes/workers.md"
+    ns, printed = run_page(page, tmp_path, monkeypatch, capsys)
+    assert "same batches: True" in printed
+    # workers give, epoch by epoch, the batches of the loop's own process, and stop when closed
+    workers = ns["FastLoader"](ns["SlowDataset"](), batch_size=32, seed=0, num_workers=2, persistent_workers=True)
+    for epoch in range(2):
+        workers.set_epoch(epoch)
+        ns["in_process"].set_epoch(epoch)
+        got = [batch["index"].tolist() for batch in workers]
+        assert len(multiprocessing.active_children()) == 2
+        assert got == [batch["index"].tolist() for batch in ns["in_process"]]
+        assert sorted(i for batch in got for i in batch) == list(range(200))
+    workers.close()
+    deadline = time.monotonic() + 30  # a hang guard: a terminated worker is reaped a moment later
+    while multiprocessing.active_children() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert multiprocessing.active_children() == []
+    # a RaggedDataset's batches are the same with and without workers
+    ragged = [batch["input_ids"] for batch in ns["gather"]]
+    assert all(torch.equal(a, b["input_ids"]) for a, b in zip(ragged, ns["gather_workers"], strict=True))
+    ns["gather_workers"].close()
