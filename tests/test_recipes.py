@@ -134,3 +134,35 @@ def test_workers(tmp_path, monkeypatch, capsys):
     ragged = [batch["input_ids"] for batch in ns["gather"]]
     assert all(torch.equal(a, b["input_ids"]) for a, b in zip(ragged, ns["gather_workers"], strict=True))
     ns["gather_workers"].close()
+
+
+def test_surviving_oom(tmp_path, monkeypatch, capsys):
+    page = "recipes/surviving-oom.md"
+    ns, printed = run_page(page, tmp_path, monkeypatch, capsys)
+    assert_shows_what_it_prints(page, printed)
+    assert printed.splitlines()[-1] == "True"
+    adaptive, make, step = ns["adaptive"], ns["FastSizeAwareLoader"], ns["train_step"]
+    data, lengths = ns["data"], ns["lengths"]
+    # invariant: every sample once, each batch within the memory; the next epoch starts at the configured limit
+    loader = ns["loader"]
+    batches = list(adaptive.run(loader, step))
+    assert sorted(i for b in batches for i in b) == list(range(500))
+    assert all(int(lengths[b].sum()) <= ns["MEMORY"] for b in batches)
+    assert loader.stats.epoch == 1 and loader.stats.limit_changes[0][1] == [4096]
+    # a state saved between results resumes with the batches of the run never stopped
+    whole = list(adaptive.run(make(data, lengths, max_total_size=4096, seed=0), step))
+    first = make(data, lengths, max_total_size=4096, seed=0)
+    results = adaptive.run(first, step)
+    head = [next(results) for _ in range(5)]
+    resumed = make(data, lengths, max_total_size=4096, seed=0)
+    resumed.load_state_dict(first.state_dict())
+    assert head + list(adaptive.run(resumed, step)) == whole
+    # the decorated function tried 512, 256 and 128, then ran with 64
+    tried: list[int] = []
+
+    def recorded(batch_size: int, rows: torch.Tensor) -> torch.Tensor:
+        tried.append(batch_size)
+        return ns["embed"].__wrapped__(batch_size, rows)
+
+    fresh = adaptive.batch(recorded, initial_batch_size=512)
+    assert torch.equal(fresh(ns["rows"]), ns["rows"] * 2) and tried == [512, 256, 128, 64]
