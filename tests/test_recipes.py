@@ -166,3 +166,25 @@ def test_surviving_oom(tmp_path, monkeypatch, capsys):
 
     fresh = adaptive.batch(recorded, initial_batch_size=512)
     assert torch.equal(fresh(ns["rows"]), ns["rows"] * 2) and tried == [512, 256, 128, 64]
+
+
+def rows_of(batch: dict[str, torch.Tensor]) -> list[tuple[tuple[int, ...], int]]:
+    """The (real tokens, label) of each row of a padded batch."""
+    tokens = [row[mask.bool()].tolist() for row, mask in zip(batch["input_ids"], batch["attention_mask"])]
+    return [(tuple(t), int(label)) for t, label in zip(tokens, batch["label"])]
+
+
+def test_huggingface_datasets(tmp_path, monkeypatch, capsys):
+    page = "recipes/huggingface-datasets.md"
+    ns, printed = run_page(page, tmp_path, monkeypatch, capsys)
+    assert "same batches: True" in printed
+    tokenized = ns["tokenized"]
+    expected = sorted((tuple(ids), label) for ids, label in zip(tokenized["input_ids"], tokenized["label"]))
+    # invariant: both loaders give every row once per epoch, with its label, within the token budget
+    for loader in (ns["loader"], ns["direct"]):
+        for epoch in range(2):
+            loader.set_epoch(epoch)
+            batches = list(loader)
+            assert all(batch["input_ids"].numel() <= 2048 for batch in batches)
+            assert sorted(row for batch in batches for row in rows_of(batch)) == expected
+            assert loader.stats.num_skipped == 0
