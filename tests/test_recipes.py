@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import multiprocessing
 import re
@@ -188,3 +189,22 @@ def test_huggingface_datasets(tmp_path, monkeypatch, capsys):
             assert all(batch["input_ids"].numel() <= 2048 for batch in batches)
             assert sorted(row for batch in batches for row in rows_of(batch)) == expected
             assert loader.stats.num_skipped == 0
+
+
+def test_webdataset(tmp_path, monkeypatch, capsys):
+    page = "recipes/webdataset.md"
+    ns, printed = run_page(page, tmp_path, monkeypatch, capsys)
+    assert "every sample once: True" in printed and "real tokens per batch at most 512: True" in printed
+    lengths = ns["lengths"]
+    # invariant: each worker's stream is cut by the greedy rule: a batch ends where its stream's
+    # next sample would take it past the budget (worker w reads shards w and w + 2)
+    by_worker: dict[int, list[list[int]]] = {0: [], 1: []}
+    for batch in ns["batches"]:
+        indices = batch["index"].tolist()
+        assert batch["attention_mask"].sum(1).tolist() == lengths[indices].tolist()
+        workers = {i // 50 % 2 for i in indices}
+        assert len(workers) == 1
+        by_worker[workers.pop()].append(indices)
+    for batches in by_worker.values():
+        for batch, after in itertools.pairwise(batches):
+            assert int(lengths[batch].sum()) + int(lengths[after[0]]) > 512
