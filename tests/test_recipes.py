@@ -208,3 +208,27 @@ def test_webdataset(tmp_path, monkeypatch, capsys):
     for batches in by_worker.values():
         for batch, after in itertools.pairwise(batches):
             assert int(lengths[batch].sum()) + int(lengths[after[0]]) > 512
+
+
+def test_larger_than_ram(tmp_path, monkeypatch, capsys):
+    page = "recipes/larger-than-ram.md"
+    ns, printed = run_page(page, tmp_path, monkeypatch, capsys)
+    assert_shows_what_it_prints(page, printed)
+    dataset, loader, plan = ns["dataset"], ns["loader"], ns["plan"]
+    # the two chunks held fit the CPU budget the plan was made for
+    assert 2 * dataset.chunk_size <= plan.samples_in_memory and dataset.chunk_size * 4096 == 4 * 2**20 // 2
+    # invariant: every sample once per epoch, each row as it is in the file, batches within a chunk
+    rows = torch.from_numpy(np.load(tmp_path / "samples.npy"))
+    orders = []
+    for epoch in range(2):
+        loader.set_epoch(epoch)
+        batches = list(loader)
+        assert all(torch.equal(batch, rows[batch[:, -1].long()]) for batch in batches)
+        orders.append([int(i) for batch in batches for i in batch[:, -1]])
+        assert sorted(orders[-1]) == list(range(4096))
+        chunks = [i // dataset.chunk_size for i in orders[-1]]
+        assert sum(a != b for a, b in itertools.pairwise(chunks)) == dataset.num_chunks - 1  # chunk by chunk
+    assert orders[0] != orders[1]
+    # the second epoch begins with a chunk of the two the first one ended with, still held
+    ends = [chunk for chunk, _ in itertools.groupby(i // dataset.chunk_size for i in orders[0])][-2:]
+    assert orders[1][0] // dataset.chunk_size in ends
