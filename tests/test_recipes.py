@@ -232,3 +232,25 @@ def test_larger_than_ram(tmp_path, monkeypatch, capsys):
     # the second epoch begins with a chunk of the two the first one ended with, still held
     ends = [chunk for chunk, _ in itertools.groupby(i // dataset.chunk_size for i in orders[0])][-2:]
     assert orders[1][0] // dataset.chunk_size in ends
+
+
+def test_choosing_budget(tmp_path, monkeypatch, capsys):
+    page = "recipes/choosing-budget.md"
+    ns, printed = run_page(page, tmp_path, monkeypatch, capsys)
+    assert_shows_what_it_prints(page, printed)
+    rows = [line.split() for line in printed.splitlines()[1:]]
+    table = {(int(r[0]), r[1], int(r[2])): (float(r[3]), int(r[4]), float(r[5])) for r in rows}
+    # invariant: a larger window pads less and takes fewer steps, and batches more pairs together again
+    windows = [table[8192, window, 1] for window in ("-", "256", "512", "1024", "10000")]
+    assert [w[0] for w in windows] == sorted(w[0] for w in windows)
+    assert [w[1] for w in windows] == sorted((w[1] for w in windows), reverse=True)
+    assert [w[2] for w in windows] == sorted(w[2] for w in windows)
+    # every padded (B, L) batch, L rounded up to 8, within the budget; no sequence left out
+    lengths = ns["lengths"]
+    loader = ns["FastSizeAwareLoader"](
+        torch.arange(len(lengths)), lengths, 16384, cost="padded", sort_window=512, pad_to_multiple_of=8, seed=0
+    )
+    batches = list(loader)
+    assert all(len(b) * -(-int(lengths[b].max()) // 8) * 8 <= 16384 for b in batches)
+    assert sorted(torch.cat(batches).tolist()) == list(range(len(lengths)))
+    assert len(batches) == table[16384, "512", 8][1]
