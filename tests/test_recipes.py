@@ -254,3 +254,13 @@ def test_choosing_budget(tmp_path, monkeypatch, capsys):
     assert all(len(b) * -(-int(lengths[b].max()) // 8) * 8 <= 16384 for b in batches)
     assert sorted(torch.cat(batches).tolist()) == list(range(len(lengths)))
     assert len(batches) == table[16384, "512", 8][1]
+
+
+def test_index_lists_every_recipe():
+    # the recipe pages, the memory-budgets recipe and the trainer pages, each once
+    recipes = {path.name for path in (DOCS / "recipes").glob("*.md")} - {"index.md"}
+    expected = {*recipes, "memory-budgets.md"} | {
+        f"../trainers/{path.name}" for path in (DOCS / "trainers").glob("*.md")
+    }
+    links = re.findall(r"^- \[[^]]+\]\(([^)]+)\)", (DOCS / "recipes" / "index.md").read_text(), re.MULTILINE)
+    assert sorted(links) == sorted(expected)
