@@ -1,0 +1,261 @@
+"""docs/recipes/*.md: each recipe's code run as a user would, and what the page promises checked."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import multiprocessing
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from tests.docs_pages import DOCS, page_script
+
+_TEXT = re.compile(r"^It prints:\n\n```text\n(.*?)^```", re.MULTILINE | re.DOTALL)
+
+
+def run_page(
+    page: str, directory: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> tuple[dict[str, Any], str]:
+    """Run the page's code in ``directory``; its namespace and what it printed."""
+    monkeypatch.chdir(directory)
+    namespace: dict[str, Any] = {"__name__": "__main__"}
+    threads = torch.get_num_threads()
+    # NOTE: one thread: the pages' tiny models run far slower with threads contending for shared cores
+    torch.set_num_threads(1)
+    try:
+        exec(compile(page_script(page), str(DOCS / page), "exec"), namespace)
+    finally:
+        torch.set_num_threads(threads)
+    return namespace, capsys.readouterr().out
+
+
+def shown_output(page: str) -> list[str]:
+    """The lines a page says its code prints (its ``It prints:`` blocks)."""
+    return [line for block in _TEXT.findall((DOCS / page).read_text()) for line in block.splitlines()]
+
+
+def assert_shows_what_it_prints(page: str, printed: str) -> None:
+    shown = shown_output(page)
+    assert shown, f"{page} shows no output"
+    lines = printed.splitlines()
+    assert all(line in lines for line in shown), f"shown:\n{shown}\nprinted:\n{lines}"
+
+
+def rows_of(batch: dict[str, torch.Tensor]) -> list[tuple[tuple[int, ...], int]]:
+    """The (real tokens, label) of each row of a padded batch."""
+    tokens = [row[mask.bool()].tolist() for row, mask in zip(batch["input_ids"], batch["attention_mask"])]
+    return [(tuple(t), int(label)) for t, label in zip(tokens, batch["label"])]
+
+
+def test_variable_length(tmp_path, monkeypatch, capsys):
+    page = "recipes/variable-length.md"
+    ns, printed = run_page(page, tmp_path, monkeypatch, capsys)
+    data, loader = ns["data"], ns["loader"]
+    assert "epoch 0: 38 batches, 2000 sequences" in printed and "epoch 1: 38 batches, 2000 sequences" in printed
+    # the figures on the page are this run's
+    assert_shows_what_it_prints(page, printed)
+    # invariant: every padded batch within the budget, every sequence once per epoch, with its label
+    expected = sorted((tuple(seq.tolist()), int(label)) for seq, label in zip(ns["sequences"], ns["labels"]))
+    for epoch in range(2):
+        loader.set_epoch(epoch)
+        batches = list(loader)
+        assert all(batch["input_ids"].numel() <= 8192 for batch in batches)
+        assert sorted(row for batch in batches for row in rows_of(batch)) == expected
+    # sorted windows cut the padding; the budget alone barely does
+    efficiency = {
+        name: ns["padded_efficiency"](each)
+        for name, each in [("fixed", ns["fixed"]), ("budget", ns["budget_only"]), ("window", loader)]
+    }
+    assert efficiency["budget"] < efficiency["fixed"] + 0.1 and efficiency["window"] > 2 * efficiency["budget"]
+    # the checkpoint holds the loader's position, which a new loader takes
+    checkpoint = torch.load(tmp_path / "checkpoint.pt")
+    assert set(checkpoint) == {"model", "optimizer", "loader"}
+    fresh = ns["FastSizeAwareLoader"](data, data.lengths, max_total_size=8192, cost="padded", sort_window=512, seed=0)
+    fresh.load_state_dict(checkpoint["loader"])
+    assert fresh.epoch == 1 and len(fresh) == 38
+    assert sum(1 for _ in fresh) == 38 - (60 - 38)  # saved at step 60, 22 steps into epoch 1
+    # packed: every token once, no padding
+    assert printed.splitlines()[-1] == "True True"
+
+
+def logged_steps(run_dir: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (run_dir / "steps.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize(("save_every", "crash_at"), [(5, 48), (3, 34), (7, 2), (5, 99)])
+def test_resume(tmp_path, monkeypatch, capsys, save_every, crash_at):
+    # invariant: a job that died and was restarted trains, step by step, on the samples of the
+    # job that never died, and ends with its weights
+    page = "recipes/resume.md"
+    ns, printed = run_page(page, tmp_path, monkeypatch, capsys)
+    assert_shows_what_it_prints(page, printed)
+    whole = logged_steps(tmp_path / "runs" / "whole")
+    for epoch in range(3):
+        assert sorted(i for s in whole if s["epoch"] == epoch for i in s["indices"]) == list(range(1000))
+    assert [s["step"] for s in whole] == list(range(1, len(whole) + 1))
+    # the page's own crash at step 48: steps 46 to 48 ran twice, the same
+    crashed = logged_steps(tmp_path / "runs" / "crashed")
+    assert [s["step"] for s in crashed] == [*range(1, 49), *range(46, len(whole) + 1)]
+    assert crashed == whole[:48] + whole[45:]
+    # other checkpoints and crashes, one at an epoch's end (step 33 of 33 with save_every=3)
+    ns["SAVE_EVERY"] = save_every
+    with pytest.raises(RuntimeError, match=f"the job died at step {crash_at}"):
+        ns["train"]("again", crash_at=crash_at)
+    last_save = crash_at // save_every * save_every
+    resumed = ns["train"]("again")
+    again = logged_steps(tmp_path / "again")
+    assert again == whole[:crash_at] + whole[last_save:]
+    assert torch.equal(resumed.weight, ns["whole"].weight) and torch.equal(resumed.bias, ns["whole"].bias)
+
+
+def test_workers(tmp_path, monkeypatch, capsys):
+    page = "recipes/workers.md"
+    ns, printed = run_page(page, tmp_path, monkeypatch, capsys)
+    assert "same batches: True" in printed
+    # workers give, epoch by epoch, the batches of the loop's own process, and stop when closed
+    workers = ns["FastLoader"](ns["SlowDataset"](), batch_size=32, seed=0, num_workers=2, persistent_workers=True)
+    for epoch in range(2):
+        workers.set_epoch(epoch)
+        ns["in_process"].set_epoch(epoch)
+        got = [batch["index"].tolist() for batch in workers]
+        assert len(multiprocessing.active_children()) == 2
+        assert got == [batch["index"].tolist() for batch in ns["in_process"]]
+        assert sorted(i for batch in got for i in batch) == list(range(200))
+    workers.close()
+    deadline = time.monotonic() + 30  # a hang guard: a terminated worker is reaped a moment later
+    while multiprocessing.active_children() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert multiprocessing.active_children() == []
+    # a RaggedDataset's batches are the same with and without workers
+    ragged = [batch["input_ids"] for batch in ns["gather"]]
+    assert all(torch.equal(a, b["input_ids"]) for a, b in zip(ragged, ns["gather_workers"], strict=True))
+    ns["gather_workers"].close()
+
+
+def test_surviving_oom(tmp_path, monkeypatch, capsys):
+    page = "recipes/surviving-oom.md"
+    ns, printed = run_page(page, tmp_path, monkeypatch, capsys)
+    assert_shows_what_it_prints(page, printed)
+    assert printed.splitlines()[-1] == "True"
+    adaptive, make, step = ns["adaptive"], ns["FastSizeAwareLoader"], ns["train_step"]
+    data, lengths = ns["data"], ns["lengths"]
+    # invariant: every sample once, each batch within the memory; the next epoch starts at the configured limit
+    loader = ns["loader"]
+    batches = list(adaptive.run(loader, step))
+    assert sorted(i for b in batches for i in b) == list(range(500))
+    assert all(int(lengths[b].sum()) <= ns["MEMORY"] for b in batches)
+    assert loader.stats.epoch == 1 and loader.stats.limit_changes[0][1] == [4096]
+    # a state saved between results resumes with the batches of the run never stopped
+    whole = list(adaptive.run(make(data, lengths, max_total_size=4096, seed=0), step))
+    first = make(data, lengths, max_total_size=4096, seed=0)
+    results = adaptive.run(first, step)
+    head = [next(results) for _ in range(5)]
+    resumed = make(data, lengths, max_total_size=4096, seed=0)
+    resumed.load_state_dict(first.state_dict())
+    assert head + list(adaptive.run(resumed, step)) == whole
+    # the decorated function tried 512, 256 and 128, then ran with 64
+    tried: list[int] = []
+
+    def recorded(batch_size: int, rows: torch.Tensor) -> torch.Tensor:
+        tried.append(batch_size)
+        return ns["embed"].__wrapped__(batch_size, rows)
+
+    fresh = adaptive.batch(recorded, initial_batch_size=512)
+    assert torch.equal(fresh(ns["rows"]), ns["rows"] * 2) and tried == [512, 256, 128, 64]
+
+
+def test_huggingface_datasets(tmp_path, monkeypatch, capsys):
+    page = "recipes/huggingface-datasets.md"
+    ns, printed = run_page(page, tmp_path, monkeypatch, capsys)
+    assert "same batches: True" in printed
+    tokenized = ns["tokenized"]
+    expected = sorted((tuple(ids), label) for ids, label in zip(tokenized["input_ids"], tokenized["label"]))
+    # invariant: both loaders give every row once per epoch, with its label, within the token budget
+    for loader in (ns["loader"], ns["direct"]):
+        for epoch in range(2):
+            loader.set_epoch(epoch)
+            batches = list(loader)
+            assert all(batch["input_ids"].numel() <= 2048 for batch in batches)
+            assert sorted(row for batch in batches for row in rows_of(batch)) == expected
+            assert loader.stats.num_skipped == 0
+
+
+def test_webdataset(tmp_path, monkeypatch, capsys):
+    page = "recipes/webdataset.md"
+    ns, printed = run_page(page, tmp_path, monkeypatch, capsys)
+    assert "every sample once: True" in printed and "real tokens per batch at most 512: True" in printed
+    lengths = ns["lengths"]
+    # invariant: each worker's stream is cut by the greedy rule: a batch ends where its stream's
+    # next sample would take it past the budget (worker w reads shards w and w + 2)
+    by_worker: dict[int, list[list[int]]] = {0: [], 1: []}
+    for batch in ns["batches"]:
+        indices = batch["index"].tolist()
+        assert batch["attention_mask"].sum(1).tolist() == lengths[indices].tolist()
+        workers = {i // 50 % 2 for i in indices}
+        assert len(workers) == 1
+        by_worker[workers.pop()].append(indices)
+    for batches in by_worker.values():
+        for batch, after in itertools.pairwise(batches):
+            assert int(lengths[batch].sum()) + int(lengths[after[0]]) > 512
+
+
+def test_larger_than_ram(tmp_path, monkeypatch, capsys):
+    page = "recipes/larger-than-ram.md"
+    ns, printed = run_page(page, tmp_path, monkeypatch, capsys)
+    assert_shows_what_it_prints(page, printed)
+    dataset, loader, plan = ns["dataset"], ns["loader"], ns["plan"]
+    # the two chunks held fit the CPU budget the plan was made for
+    assert 2 * dataset.chunk_size <= plan.samples_in_memory and dataset.chunk_size * 4096 == 4 * 2**20 // 2
+    # invariant: every sample once per epoch, each row as it is in the file, batches within a chunk
+    rows = torch.from_numpy(np.load(tmp_path / "samples.npy"))
+    orders = []
+    for epoch in range(2):
+        loader.set_epoch(epoch)
+        batches = list(loader)
+        assert all(torch.equal(batch, rows[batch[:, -1].long()]) for batch in batches)
+        orders.append([int(i) for batch in batches for i in batch[:, -1]])
+        assert sorted(orders[-1]) == list(range(4096))
+        chunks = [i // dataset.chunk_size for i in orders[-1]]
+        assert sum(a != b for a, b in itertools.pairwise(chunks)) == dataset.num_chunks - 1  # chunk by chunk
+    assert orders[0] != orders[1]
+    # the second epoch begins with a chunk of the two the first one ended with, still held
+    ends = [chunk for chunk, _ in itertools.groupby(i // dataset.chunk_size for i in orders[0])][-2:]
+    assert orders[1][0] // dataset.chunk_size in ends
+
+
+def test_choosing_budget(tmp_path, monkeypatch, capsys):
+    page = "recipes/choosing-budget.md"
+    ns, printed = run_page(page, tmp_path, monkeypatch, capsys)
+    assert_shows_what_it_prints(page, printed)
+    rows = [line.split() for line in printed.splitlines()[1:]]
+    table = {(int(r[0]), r[1], int(r[2])): (float(r[3]), int(r[4]), float(r[5])) for r in rows}
+    # invariant: a larger window pads less and takes fewer steps, and batches more pairs together again
+    windows = [table[8192, window, 1] for window in ("-", "256", "512", "1024", "10000")]
+    assert [w[0] for w in windows] == sorted(w[0] for w in windows)
+    assert [w[1] for w in windows] == sorted((w[1] for w in windows), reverse=True)
+    assert [w[2] for w in windows] == sorted(w[2] for w in windows)
+    # every padded (B, L) batch, L rounded up to 8, within the budget; no sequence left out
+    lengths = ns["lengths"]
+    loader = ns["FastSizeAwareLoader"](
+        torch.arange(len(lengths)), lengths, 16384, cost="padded", sort_window=512, pad_to_multiple_of=8, seed=0
+    )
+    batches = list(loader)
+    assert all(len(b) * -(-int(lengths[b].max()) // 8) * 8 <= 16384 for b in batches)
+    assert sorted(torch.cat(batches).tolist()) == list(range(len(lengths)))
+    assert len(batches) == table[16384, "512", 8][1]
+
+
+def test_index_lists_every_recipe():
+    # the recipe pages, the memory-budgets recipe and the trainer pages, each once
+    recipes = {path.name for path in (DOCS / "recipes").glob("*.md")} - {"index.md"}
+    expected = {*recipes, "memory-budgets.md"} | {
+        f"../trainers/{path.name}" for path in (DOCS / "trainers").glob("*.md")
+    }
+    links = re.findall(r"^- \[[^]]+\]\(([^)]+)\)", (DOCS / "recipes" / "index.md").read_text(), re.MULTILINE)
+    assert sorted(links) == sorted(expected)
