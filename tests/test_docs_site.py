@@ -12,8 +12,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from fastsab import FastLoader, FastSizeAwareLoader
-from fastsab.loaders.dataloader_keywords import keyword_list
 from tests.docs_pages import DOCS, page_script
 
 ROOT = DOCS.parent
@@ -83,11 +81,6 @@ def test_readme_is_short_and_links_into_the_docs():
     assert len(readme.splitlines()) < 200
     for page in re.findall(r"\]\((docs/[^)#]+)", readme):
         assert (ROOT / page).is_file(), page
-
-
-def test_the_dataloader_page_lists_every_keyword_from_the_table():
-    page = (DOCS / "coming-from" / "dataloader.md").read_text()
-    assert keyword_list((FastLoader, FastSizeAwareLoader)) in page
 
 
 def test_the_site_builds_strictly(tmp_path):
