@@ -1,17 +1,20 @@
 """The documentation site: every page's code runs and prints what the page says, the site builds.
 
-A page promises a result by a comment ``# -> OUTPUT`` on the line of a ``print``: the tests run
-the page's ``python`` blocks as one script and compare its printed lines with those comments.
+A page promises a result by a comment ``# -> OUTPUT`` on the line of a ``print`` (or on the line
+after it, for a long output): the tests run the page's ``python`` blocks as one script and compare
+its printed lines with those comments, in order.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
 from tests.docs_pages import DOCS, page_script
 
 ROOT = DOCS.parent
@@ -53,8 +56,9 @@ def test_a_page_prints_what_it_promises(page, tmp_path):
 
 
 def test_promises_are_read_from_the_print_lines():
-    script = 'print(1 + 1)  # -> 2\nx = 3  # a comment\nprint("a", x)  # -> a 3\n'
+    script = 'print(1 + 1)  # -> 2\nx = 3  # a comment\nprint("a", x)\n# -> a 3\n'
     assert promised_lines(script) == ["2", "a 3"]
+    assert run_script(script, ROOT) == ["2", "a 3"]
 
 
 def nav_pages(entries: list[object]) -> list[str]:
@@ -83,11 +87,56 @@ def test_readme_is_short_and_links_into_the_docs():
         assert (ROOT / page).is_file(), page
 
 
+def update_readme():
+    """The module of ``benchmarks/update_readme.py``."""
+    spec = importlib.util.spec_from_file_location("update_readme", ROOT / "benchmarks" / "update_readme.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_readme_headline_is_generated_from_the_tables_of_the_docs():
+    tables = update_readme()
+    page = (DOCS / "benchmarks.md").read_text()
+    readme = (ROOT / "README.md").read_text()
+    for markers in (tables.BENCH, tables.VARLEN, tables.FIDELITY):
+        assert "|---|" in tables.section(page, markers, "benchmarks.md")
+    headline = tables.headline(tables.section(page, tables.BENCH, "benchmarks.md"))
+    assert headline in tables.section(readme, tables.HEADLINE, "README.md")
+    rows = headline.splitlines()
+    assert rows[0].startswith("Measured on ") and "torch" in rows[0]
+    assert [row.split("|")[2].strip() for row in rows[4:]] == [
+        "numpy permutation+reshape (floor)",
+        "DataLoader, __getitem__ per item",
+        "DataLoader + __getitems__",
+        "FastLoader",
+        "SizeAwareBatchSampler(callable) + DataLoader",
+        "FastSizeAwareLoader",
+    ]
+
+
+def test_the_headline_keeps_the_ratios_of_the_loaders_table():
+    bench = (
+        "Measured on a machine.\n\n**loaders** (x baseline = ...)\n\n"
+        "| workload | method | ms | x baseline | speed-up | note |\n|---|---|---:|---:|---:|---|\n"
+        "| seed loop | floor | 4 | 1 | 100x | 10 batches |\n| seed loop | FastLoader | 5 | 1.25 | 80x | 10 batches |\n"
+        "\n**per-batch** (...)\n\n| workload | method | ms | x baseline | speed-up | note |\n"
+    )
+    assert update_readme().headline(bench).splitlines()[2:] == [
+        "| workload | method | x numpy floor | speed-up over DataLoader |",
+        "|---|---|---:|---:|",
+        "| seed loop | floor | 1 | 100x |",
+        "| seed loop | FastLoader | 1.25 | 80x |",
+    ]
+
+
 def test_the_site_builds_strictly(tmp_path):
     pytest.importorskip("mkdocs")
     pytest.importorskip("mkdocstrings")
     done = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-d", str(tmp_path / "site")],
+        # NOTE: not -q, which hides the warnings that --strict fails on
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(tmp_path / "site")],
         cwd=ROOT,
         capture_output=True,
         text=True,
