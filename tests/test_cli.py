@@ -154,7 +154,7 @@ def test_kernel_suite_costs_are_c_contiguous_so_the_floor_is_one_pass():
 
 
 def test_scale_suite_reports_a_ranks_first_batch_and_its_memory(capsys):
-    # the suite `--suite all` (and so the README's tables) includes: both loaders, rank 7 of 8
+    # the suite `--suite all` (and so the tables of docs/benchmarks.md) includes: both loaders, rank 7 of 8
     assert "scale" in SUITES
     assert main(["bench", "--suite", "scale", "--samples", "100000", "--quiet", "--markdown"]) == 0
     printed = capsys.readouterr().out

@@ -8,7 +8,7 @@ explicit, simple``; the parameter names (``initial_batchsize``, ``cache_type``,
 even a size of 1 runs out of memory: the last out-of-memory error itself (caused by an
 :class:`~fastsab.adaptive.AdaptiveOOMError` that lists every size tried).
 
-Where this module differs from toma 1.1 (README, "Coming from bionemo / toma"):
+Where this module differs from toma 1.1 (docs/coming-from/toma.md):
 
 - Out-of-memory errors are those of :func:`fastsab.adaptive.oom.is_out_of_memory` (every backend,
   ``torch.OutOfMemoryError``, ``MemoryError``); cuDNN's ``CUDNN_STATUS_NOT_SUPPORTED``,

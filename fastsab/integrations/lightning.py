@@ -83,8 +83,10 @@ class FastDataModule(pl.LightningDataModule):
     """Fast loaders for the train, val, test and predict splits of a Lightning run.
 
     Args:
-        train, val, test, predict: The datasets of each split (any dataset the loaders
-            accept), or ``None`` for a split that is not used.
+        train: The training dataset (any dataset the loaders accept), or ``None`` if not used.
+        val: The validation dataset, or ``None``.
+        test: The test dataset, or ``None``.
+        predict: The prediction dataset, or ``None``.
         batch_size: Items per batch, for fixed-size batches.
         sizeof: Per-split sizes for size-aware batches: a mapping from split name to what
             :class:`~fastsab.FastSizeAwareLoader` accepts as ``sizeof``.

@@ -47,8 +47,8 @@ class FastTrainer(Trainer):
     """A ``transformers.Trainer`` that trains on the batches of a fast loader.
 
     Args:
-        *args, **kwargs: What ``Trainer`` takes (``model``, ``args``, ``eval_dataset``, ...);
-            ``train_dataset`` is not needed.
+        *args: What ``Trainer`` takes (``model``, ``args``, ...).
+        **kwargs: What ``Trainer`` takes (``eval_dataset``, ...); ``train_dataset`` is not needed.
         train_loader: The training loader. Make it after ``TrainingArguments`` (which starts
             ``torch.distributed`` under ``torchrun``), so that it plans for this process's rank.
 

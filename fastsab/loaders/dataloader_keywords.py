@@ -5,7 +5,7 @@ ones that mean the same thing in fastsab (``batch_size``, ``shuffle``, ``drop_la
 ``collate_fn``, ``pin_memory``, ``num_workers``, ``worker_init_fn``,
 ``multiprocessing_context``, ``persistent_workers``); for every other keyword, :func:`check_dataloader_keywords`
 raises a ``TypeError`` that names it and says what to use instead. The advice lives in one
-table, which also renders the "Coming from DataLoader" list of the README
+table, which also renders the list of docs/coming-from/dataloader.md
 (:func:`keyword_list`).
 """
 
@@ -75,7 +75,7 @@ LOADER_ADVICE: dict[str, dict[str, str]] = {
     },
 }
 
-#: How a keyword a loader takes compares with DataLoader's (for the README list).
+#: How a keyword a loader takes compares with DataLoader's (for the list of the docs).
 ACCEPTED_NOTES: dict[str, str] = {
     "dataset": "same (also tensors, arrays and pytrees of them)",
     "batch_size": "same",
@@ -200,7 +200,7 @@ def check_dataloader_keywords(loader: type, keywords: Mapping[str, object]) -> N
 
 
 def keyword_list(loaders: tuple[type, ...]) -> str:
-    """The README's list: every DataLoader keyword and what ``loaders`` take instead.
+    """The docs page's list: every DataLoader keyword and what ``loaders`` take instead.
 
     Examples:
         >>> from fastsab import FastLoader, FastSizeAwareLoader

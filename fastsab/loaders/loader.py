@@ -74,9 +74,10 @@ class FastLoader(LoaderBase[T]):
             first dimension, or a map-style dataset (``__getitems__`` or ``__getitem__``).
         batch_size: Items per batch.
         drop_last: Drop the last partial batch (counted in ``stats.num_dropped``).
-        shuffle, seed, group_size, collate_fn, device, pin_memory, non_blocking, prefetch,
-        chunk_bytes, rank, world_size, even_batches, balance, num_workers, worker_init_fn,
-        multiprocessing_context: The options both loaders share, described in
+        **options: The options both loaders share (``shuffle``, ``seed``, ``group_size``,
+            ``collate_fn``, ``device``, ``pin_memory``, ``non_blocking``, ``prefetch``,
+            ``chunk_bytes``, ``rank``, ``world_size``, ``even_batches``, ``balance``,
+            ``num_workers``, ``worker_init_fn``, ``multiprocessing_context``), described in
             :class:`~fastsab.loaders.options.LoaderOptions` (kept in ``loader.options``). ``shuffle``
             shuffles every epoch (a seeded grouped permutation, by default); ``device`` moves
             every batch there; ``num_workers`` fetches batches in worker processes.
@@ -155,10 +156,7 @@ class FastSizeAwareLoader(LoaderBase[T]):
             yield each shuffle group's batches in a seeded random order. ``None`` (default)
             splits the order as it is. Windows do not cross shuffle groups; sizes with ``k``
             columns sort by the first column, then the next ones. See :mod:`fastsab.plan.windows`.
-        shuffle, seed, group_size, collate_fn, device, pin_memory, non_blocking, prefetch,
-        chunk_bytes, rank, world_size, even_batches, balance, num_workers, worker_init_fn,
-        multiprocessing_context: As for :class:`FastLoader` (see
-            :class:`~fastsab.loaders.options.LoaderOptions`).
+        **options: As for :class:`FastLoader` (see :class:`~fastsab.loaders.options.LoaderOptions`).
 
     Examples:
         >>> lengths = torch.tensor([3, 1, 2, 4, 1, 2, 2])

@@ -167,10 +167,13 @@ def plan_memory(
     ``cpu_memory_limit - cpu_overhead_bytes``.
 
     Args:
-        gpu_memory_limit, cpu_memory_limit: Budgets in bytes (see :func:`GiB`); either may
-            be ``None`` (not planned).
-        sample: A sample pytree (its tensors and arrays are counted), or
-        input_shape, input_dtype, output_shape, output_dtype: one sample's shapes.
+        gpu_memory_limit: The GPU budget in bytes (see :func:`GiB`), or ``None`` (not planned).
+        cpu_memory_limit: The CPU budget in bytes, or ``None`` (not planned).
+        sample: A sample pytree (its tensors and arrays are counted), or the shapes below.
+        input_shape: One sample's input shape (instead of ``sample``).
+        input_dtype: The dtype of ``input_shape``.
+        output_shape: One sample's output shape (instead of ``sample``).
+        output_dtype: The dtype of ``output_shape``.
         model: Counted as parameters and buffers, plus gradients and optimizer state when
             ``train``.
         optimizer: Optimizer states per parameter: ``"adam"`` (2), ``"sgd_momentum"`` (1),

@@ -728,9 +728,9 @@ def test_dataloader_keywords_with_fastsab_meanings():
     assert len(pickle.loads(pickle.dumps(loader))) == 3
 
 
-def test_readme_lists_every_dataloader_keyword_from_the_table():
-    readme = (Path(__file__).parents[2] / "README.md").read_text()
-    assert keyword_list((FastLoader, FastSizeAwareLoader)) in readme
+def test_the_docs_list_every_dataloader_keyword_from_the_table():
+    page = (Path(__file__).parents[2] / "docs" / "coming-from" / "dataloader.md").read_text()
+    assert keyword_list((FastLoader, FastSizeAwareLoader)) in page
 
 
 @pytest.mark.parametrize("balance", [True, False])

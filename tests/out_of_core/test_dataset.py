@@ -115,7 +115,7 @@ def test_balanced_ranks_read_the_chunks_they_need_within_a_bound(kind, batch, bo
     # invariant: a rank whose balanced steps come back to the chunk it served before finds it
     # held (the budget's second chunk, without a read ahead): it reads the chunks its batches
     # need at most 1.1 times an epoch (batches within chunks; 1.0 to 1.05 measured) or 1.5
-    # times (batches of 2.5 chunks; 1.0 to 1.45), as README states. NOTE: no read-ahead, whose
+    # times (batches of 2.5 chunks; 1.0 to 1.45), as docs/concepts.md states. NOTE: no read-ahead, whose
     # count depends on thread timing.
     n, seen, padded = 4000, [], []
     for rank in range(world_size):
