@@ -9,14 +9,32 @@ Tests scale their own ``max_examples`` by the loaded profile's ``max_examples / 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import uuid
 from pathlib import Path
 
 from hypothesis import HealthCheck, Phase, settings
+
+from tests.reaper import TOKEN_VARIABLE
 
 # NOTE: processes the tests start (DDP workers and scripts run by path, notebook kernels) import
 # this checkout's fastsab, as the tests themselves do, whether or not it is installed
 _ROOT = str(Path(__file__).resolve().parent.parent)
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [_ROOT, os.environ.get("PYTHONPATH")]))
+
+
+def _start_reaper() -> None:
+    """Mark this run's processes, and leave none behind when it ends (see tests/reaper.py)."""
+    if TOKEN_VARIABLE in os.environ:  # a test run started by a test: the outer run's reaper covers it
+        return
+    token = uuid.uuid4().hex
+    reaper = [sys.executable, str(Path(__file__).with_name("reaper.py")), "--detach", token, str(os.getpid())]
+    subprocess.run(reaper, check=True, stdin=subprocess.DEVNULL)
+    os.environ[TOKEN_VARIABLE] = token
+
+
+_start_reaper()
 
 # NOTE: no deadline (a loader's first epoch pays for planning, and the machine is shared);
 # random seeds, printed with the falsifying example and its reproduction blob on failure.
