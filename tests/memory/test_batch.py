@@ -166,3 +166,21 @@ def test_loader_options_refuse_a_budget_that_is_no_number() -> None:
     model = fit_batch_memory(batches, [1000 + 5.0 * sum(batch) for batch in batches], degree=1, held_out=0)
     with pytest.raises(TypeError, match=r"budget must be a real number, got '2000' of type str\."):
         model.loader_options("2000")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("cost", ["sum", "padded"])
+@pytest.mark.parametrize("as_tensor", [False, True])
+def test_loader_takes_the_n_by_1_features_the_model_was_fitted_on(cost: str, as_tensor: bool) -> None:
+    rng = np.random.default_rng(4)
+    batches = [rng.integers(10, 100, size=(k, 1)) for k in (1, 2, 3, 4, 5, 6, 7, 8) * 2]
+    peaks = [1000 + 5.0 * (len(b) * b.max() if cost == "padded" else b.sum()) for b in batches]
+    model = fit_batch_memory(batches, peaks, cost=cost, degree=1)  # type: ignore[arg-type]
+    column = rng.integers(10, 100, size=(200, 1))
+    rows = torch.from_numpy(column) if as_tensor else column
+    options = model.loader_options(4000)
+    planned = [b.tolist() for b in FastSizeAwareLoader(torch.arange(200), features=rows, **options)]
+    flat = [b.tolist() for b in FastSizeAwareLoader(torch.arange(200), features=column[:, 0], **options)]
+    # the (n, 1) rows plan exactly the batches of the same features given 1-D
+    assert planned == flat
+    assert sorted(i for batch in planned for i in batch) == list(range(200))
+    assert (model.predict([column[batch] for batch in planned]) <= 4000).all()
