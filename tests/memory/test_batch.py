@@ -184,3 +184,24 @@ def test_loader_takes_the_n_by_1_features_the_model_was_fitted_on(cost: str, as_
     assert planned == flat
     assert sorted(i for batch in planned for i in batch) == list(range(200))
     assert (model.predict([column[batch] for batch in planned]) <= 4000).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("cost", ["sum", "padded"])
+def test_low_precision_features_and_peaks_fit_as_float32_ones(dtype: torch.dtype, cost: str) -> None:
+    batches, peaks = _padded_batches(seed=5)
+    # peaks in KiB (multiples of 8 below 2048: exact in both dtypes), features below 256 (exact too)
+    kib = [float(8 * round(p / 8192)) for p in peaks]
+    reference = fit_batch_memory(
+        [torch.tensor(b, dtype=torch.float32) for b in batches], torch.tensor(kib), cost=cost, degree=2
+    )  # type: ignore[arg-type]
+    model = fit_batch_memory(
+        [torch.tensor(b, dtype=dtype) for b in batches], torch.tensor(kib, dtype=dtype), cost=cost, degree=2
+    )  # type: ignore[arg-type]
+    assert model.to_json() == reference.to_json()
+    features = torch.tensor(np.random.default_rng(6).integers(8, 64, size=(100, 2)), dtype=dtype)
+    options = model.loader_options(200)
+    planned = [b.tolist() for b in FastSizeAwareLoader(torch.arange(100), features=features, **options)]
+    assert planned == [b.tolist() for b in FastSizeAwareLoader(torch.arange(100), features=features.float(), **options)]
+    measured = measure_batches(lambda rows: torch.zeros(int(rows.sum()), 256), [features[b] for b in planned[:3]])
+    assert measured == [1024 * int(features[b].sum()) for b in planned[:3]]
