@@ -193,7 +193,7 @@ class PolynomialRegression(torch.nn.Module):
             moved = fn(tensor)
             return moved if moved.dtype == tensor.dtype else tensor.to(moved.device)
 
-        super()._apply(move, recurse)
+        super()._apply(move, recurse)  # type: ignore[no-untyped-call]
         return self
 
     def fit(
