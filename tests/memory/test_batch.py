@@ -205,3 +205,62 @@ def test_low_precision_features_and_peaks_fit_as_float32_ones(dtype: torch.dtype
     assert planned == [b.tolist() for b in FastSizeAwareLoader(torch.arange(100), features=features.float(), **options)]
     measured = measure_batches(lambda rows: torch.zeros(int(rows.sum()), 256), [features[b] for b in planned[:3]])
     assert measured == [1024 * int(features[b].sum()) for b in planned[:3]]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_the_model_handed_to_the_loader_covers_every_measured_batch(seed: int) -> None:
+    batches, peaks = _sum_batches(seed=seed)
+    model = fit_batch_memory(batches, peaks)  # a quarter held back to estimate the fit's error
+    # the held-back batches are measured too: the model covers them as well as the fitted ones
+    assert (model.predict(batches) >= np.array(peaks)).all()
+    assert model.fit.num_batches == 40 and model.fit.worst_under_prediction <= 0
+    assert model.report is not None and model.report.num_batches == 10
+    # what the loader charges a measured batch is what the model predicts for it
+    options = model.loader_options(1e9)
+    charged = [options["fixed_cost"] + float(options["sizeof"](torch.from_numpy(b).double()).sum()) for b in batches]
+    assert np.allclose(charged, model.predict(batches), rtol=1e-12)
+
+
+def _exact_model() -> tuple[Any, list[list[int]], list[float]]:
+    batches = [[n] * b for n in (10, 20, 40) for b in (1, 2, 4)]
+    peaks = [1000 + 5.0 * sum(batch) for batch in batches]
+    return fit_batch_memory(batches, peaks, degree=1, held_out=0), batches, peaks
+
+
+def test_report_says_there_is_nothing_to_do_when_every_batch_is_covered() -> None:
+    model, batches, peaks = _exact_model()
+    assert fit_report(model, batches, peaks).advice == (
+        "The model covers every one of the 9 batches (they used 100% of its prediction on average); nothing to do."
+    )
+    assert model.advice == model.fit.advice
+
+
+def test_report_names_the_under_predicted_batch_and_what_to_do() -> None:
+    model, batches, peaks = _exact_model()
+    peaks = list(peaks)
+    peaks[4] *= 1.12  # batch 4: two items of 20
+    report = fit_report(model, batches, peaks)
+    assert report.worst_batch == 4 and report.worst_batch_items == 2
+    assert report.advice == (
+        "Batch 4 (2 items) used 12.0% more than the model predicts, so batches like it can exceed the budget: "
+        "measure more batches like it and fit on all the batches measured, or plan under a budget 10.7% lower "
+        "(model.loader_options(budget / 1.12))."
+    )
+
+
+def test_report_of_a_badly_fitted_model_says_to_act() -> None:
+    # mean use above 1 with a batch far above its prediction: the alarming report users saw
+    model, batches, peaks = _exact_model()
+    report = fit_report(model, batches[:3], [peaks[0] * 1.645, peaks[1], peaks[2] * 0.97])
+    assert report.mean_utilization > 1.09 and report.worst_under_prediction == pytest.approx(0.645)
+    assert report.advice.startswith("Batch 0 (1 items) used 64.5% more than the model predicts")
+
+
+def test_report_says_when_batches_would_fill_little_of_the_budget() -> None:
+    model, batches, peaks = _exact_model()
+    report = fit_report(model, batches, [p / 2 for p in peaks])
+    assert report.advice == (
+        "The model covers every one of the 9 batches, but they used 50% of its prediction on average, so planned "
+        "batches would fill about 50% of the budget: to fill more, fit it on batches like the planned ones "
+        "(calibration_batches) or try another degree or cost."
+    )

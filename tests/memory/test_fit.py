@@ -143,6 +143,7 @@ def test_fit_memory_cli_fits_a_batch_model_per_kind(tmp_path, monkeypatch, capsy
     printed = capsys.readouterr().out
     assert f"measured 12 batches of {kind}" in printed and "held-back batches (3)" in printed
     model = BatchMemoryModel.from_json(out.read_text())
+    assert model.advice in printed and model.fit.num_batches == 12
     assert model.cost == ("sum" if kind in ("graphs", "packed") else "padded")
     assert model.fit.worst_under_prediction <= 0
     assert model.per_item.num_features == (2 if kind in ("images", "graphs") else 1)
