@@ -38,6 +38,7 @@ from fastsab.memory.model import PolynomialRegression
 __all__ = ["BatchFitReport", "BatchMemoryModel", "fit_batch_memory", "fit_report", "measure_batches"]
 
 BatchCostMode = Literal["sum", "padded"]
+# NOTE: below 85%, a budget planned by the model is mostly its over-prediction, not a margin
 #: Below this mean use of its predictions, a model's budget is mostly over-prediction.
 LOW_UTILIZATION = 0.85
 
@@ -71,6 +72,12 @@ class BatchFitReport:
     worst_batch_items: int = 0
 
     @property
+    def calls_for_action(self) -> bool:
+        """Whether :attr:`advice` suggests a change: a batch used more than predicted, or the
+        batches used little of their predictions."""
+        return self.worst_under_prediction > 0 or self.mean_utilization < LOW_UTILIZATION
+
+    @property
     def advice(self) -> str:
         """One sentence: whether to act on this report, and what to do.
 
@@ -89,7 +96,6 @@ class BatchFitReport:
                 f"(model.loader_options(budget / {over:.3g}))."
             )
         covered = f"The model covers every one of the {self.num_batches} batches"
-        # NOTE: below 85%, a budget planned by the model is mostly its over-prediction, not a margin
         if use < LOW_UTILIZATION:
             return (
                 f"{covered}, but they used {use:.0%} of its prediction on average, so planned batches would fill "
@@ -123,9 +129,10 @@ class BatchMemoryModel:
 
     @property
     def advice(self) -> str:
-        """One sentence: whether to act on the fit, and what to do (:attr:`report`'s where batches
-        were held back, else :attr:`fit`'s)."""
-        return (self.fit if self.report is None else self.report).advice
+        """One sentence: whether to act on the fit, and what to do: :attr:`report`'s where the
+        batches held back call for it, else :attr:`fit`'s."""
+        report = self.report
+        return report.advice if report is not None and report.calls_for_action else self.fit.advice
 
     def predict(self, batches: Sequence[Any]) -> np.ndarray:
         """The predicted peak of each batch (each given as its items' features)."""

@@ -233,6 +233,20 @@ def test_report_says_there_is_nothing_to_do_when_every_batch_is_covered() -> Non
         "The model covers every one of the 9 batches (they used 100% of its prediction on average); nothing to do."
     )
     assert model.advice == model.fit.advice
+    # a model whose held-back batches call for no action speaks of every batch measured
+    batches, peaks = _sum_batches()
+    held = fit_batch_memory(batches, peaks)
+    assert held.report is not None and not held.report.calls_for_action
+    assert held.advice == held.fit.advice and held.advice.startswith("The model covers every one of the 40 batches")
+
+
+def test_model_advice_is_the_held_back_batches_where_they_call_for_action() -> None:
+    batches, peaks = _sum_batches(seed=3)  # a held-back batch is under-predicted by the fit without it
+    model = fit_batch_memory(batches, peaks)
+    assert model.report is not None and model.report.calls_for_action
+    assert model.advice == model.report.advice
+    worst = model.report.worst_batch  # its position among every batch measured
+    assert model.advice.startswith(f"Batch {worst} ({len(batches[worst])} items) used 0.8% more than")
 
 
 def test_report_names_the_under_predicted_batch_and_what_to_do() -> None:
