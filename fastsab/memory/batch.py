@@ -84,7 +84,7 @@ class BatchFitReport:
         Examples:
             >>> model = fit_batch_memory([[1], [2], [1, 1], [2, 2]], [12, 14, 14, 18], degree=1, held_out=0)
             >>> fit_report(model, [[2, 2, 2]], [22]).advice
-            'The model covers every one of the 1 batches (they used 100% of its prediction on average); nothing to do.'
+            'The model covers the one batch (it used 100% of its prediction on average); nothing to do.'
         """
         use = self.mean_utilization
         if self.worst_under_prediction > 0:
@@ -95,14 +95,16 @@ class BatchFitReport:
                 f"it and fit on all the batches measured, or plan under a budget {1 - 1 / over:.1%} lower "
                 f"(model.loader_options(budget / {over:.3g}))."
             )
-        covered = f"The model covers every one of the {self.num_batches} batches"
+        covered, they = f"The model covers every one of the {self.num_batches} batches", "they"
+        if self.num_batches == 1:
+            covered, they = "The model covers the one batch", "it"
         if use < LOW_UTILIZATION:
             return (
-                f"{covered}, but they used {use:.0%} of its prediction on average, so planned batches would fill "
+                f"{covered}, but {they} used {use:.0%} of its prediction on average, so planned batches would fill "
                 f"about {use:.0%} of the budget: to fill more, fit it on batches like the planned ones "
                 "(calibration_batches) or try another degree or cost."
             )
-        return f"{covered} (they used {use:.0%} of its prediction on average); nothing to do."
+        return f"{covered} ({they} used {use:.0%} of its prediction on average); nothing to do."
 
 
 @dataclass(frozen=True)
