@@ -10,8 +10,9 @@ fixed temporaries) and a part that grows with the items. :func:`fit_batch_memory
 from the measured peaks of batches of several shapes (single items are batches of one), with
 non-negative coefficients over features scaled to ``[0, 1]``: ``per_item`` never decreases
 when a feature grows and is never negative. The safety margin is relative to the prediction,
-the smallest that covers every fitted batch, and :func:`fit_report` says how the model does on
-batches held back from the fit. :meth:`BatchMemoryModel.loader_options` turns the model into
+the smallest that covers every measured batch; batches held back from a first fit say how the
+model does on batches it never saw, and each :class:`BatchFitReport` says in one sentence whether to
+act (:attr:`BatchFitReport.advice`). :meth:`BatchMemoryModel.loader_options` turns the model into
 a :class:`~fastsab.FastSizeAwareLoader`'s budget. Any collector measures the peaks
 (:func:`measure_batches`: the CPU's or CUDA's, by ``device``). The fit's linear algebra is
 :mod:`fastsab.memory.batch_design`'s.
@@ -37,6 +38,9 @@ from fastsab.memory.model import PolynomialRegression
 __all__ = ["BatchFitReport", "BatchMemoryModel", "fit_batch_memory", "fit_report", "measure_batches"]
 
 BatchCostMode = Literal["sum", "padded"]
+# NOTE: below 85%, a budget planned by the model is mostly its over-prediction, not a margin
+#: Below this mean use of its predictions, a model's budget is mostly over-prediction.
+LOW_UTILIZATION = 0.85
 
 
 @dataclass(frozen=True)
@@ -52,6 +56,10 @@ class BatchFitReport:
         worst_under_prediction: The largest ``(peak - prediction) / prediction``: <= 0 means no
             batch used more than predicted.
         worst_under_prediction_bytes: The largest ``peak - prediction``.
+        worst_batch: The position of the batch with the largest ``(peak - prediction) / prediction``
+            among those compared (for :attr:`BatchMemoryModel.report`, among all the batches
+            measured).
+        worst_batch_items: Its number of items.
     """
 
     num_batches: int
@@ -60,6 +68,43 @@ class BatchFitReport:
     min_utilization: float
     worst_under_prediction: float
     worst_under_prediction_bytes: float
+    worst_batch: int = -1
+    worst_batch_items: int = 0
+
+    @property
+    def calls_for_action(self) -> bool:
+        """Whether :attr:`advice` suggests a change: a batch used more than predicted, or the
+        batches used little of their predictions."""
+        return self.worst_under_prediction > 0 or self.mean_utilization < LOW_UTILIZATION
+
+    @property
+    def advice(self) -> str:
+        """One sentence: whether to act on this report, and what to do.
+
+        Examples:
+            >>> model = fit_batch_memory([[1], [2], [1, 1], [2, 2]], [12, 14, 14, 18], degree=1, held_out=0)
+            >>> fit_report(model, [[2, 2, 2]], [22]).advice
+            'The model covers the one batch (it used 100% of its prediction on average); nothing to do.'
+        """
+        use = self.mean_utilization
+        if self.worst_under_prediction > 0:
+            over = 1 + self.worst_under_prediction
+            return (
+                f"Batch {self.worst_batch} ({self.worst_batch_items} items) used {self.worst_under_prediction:.1%} "
+                "more than the model predicts, so batches like it can exceed the budget: measure more batches like "
+                f"it and fit on all the batches measured, or plan under a budget {1 - 1 / over:.1%} lower "
+                f"(model.loader_options(budget / {over:.3g}))."
+            )
+        covered, they = f"The model covers every one of the {self.num_batches} batches", "they"
+        if self.num_batches == 1:
+            covered, they = "The model covers the one batch", "it"
+        if use < LOW_UTILIZATION:
+            return (
+                f"{covered}, but {they} used {use:.0%} of its prediction on average, so planned batches would fill "
+                f"about {use:.0%} of the budget: to fill more, fit it on batches like the planned ones "
+                "(calibration_batches) or try another degree or cost."
+            )
+        return f"{covered} ({they} used {use:.0%} of its prediction on average); nothing to do."
 
 
 @dataclass(frozen=True)
@@ -72,8 +117,9 @@ class BatchMemoryModel:
             ``(n, d)`` for several): a fitted :class:`PolynomialRegression`.
         cost: ``"sum"`` or ``"padded"``.
         margin: The relative safety margin both parts include.
-        report: How the model does on the batches held back from the fit (``None`` if none were).
-        fit: How the model does on the batches it was fitted on.
+        fit: How the model does on the batches it was fitted on: every batch measured.
+        report: How a model fitted without the batches held back did on them (``None`` if none
+            were): an estimate of how this model does on batches it never saw.
     """
 
     fixed: float
@@ -82,6 +128,13 @@ class BatchMemoryModel:
     margin: float
     fit: BatchFitReport
     report: BatchFitReport | None = None
+
+    @property
+    def advice(self) -> str:
+        """One sentence: whether to act on the fit, and what to do: :attr:`report`'s where the
+        batches held back call for it, else :attr:`fit`'s."""
+        report = self.report
+        return report.advice if report is not None and report.calls_for_action else self.fit.advice
 
     def predict(self, batches: Sequence[Any]) -> np.ndarray:
         """The predicted peak of each batch (each given as its items' features)."""
@@ -195,12 +248,14 @@ def fit_batch_memory(
         cost: ``"sum"`` (items joined: ``fixed + sum_i per_item(x_i)``) or ``"padded"`` (every
             feature padded to the batch's maximum: ``fixed + len * per_item(max x)``).
         degree: Total degree of ``per_item`` in the features.
-        held_out: The share of batches held back from the fit, for :attr:`BatchMemoryModel.report`.
+        held_out: The share of batches held back from a first fit and compared with its
+            predictions (:attr:`BatchMemoryModel.report`: the error to expect on batches never
+            measured); the model returned is then fitted on every batch.
         seed: Seeds which batches are held back.
 
     Returns:
-        A :class:`BatchMemoryModel`: its margin is the smallest relative one under which no
-        fitted batch is under-predicted.
+        A :class:`BatchMemoryModel` fitted on every batch: its margin is the smallest relative
+        one under which no measured batch is under-predicted.
 
     Raises:
         TypeError: If a batch or a peak is not real-valued.
@@ -235,6 +290,27 @@ def fit_batch_memory(
             f"fitting {len(powers) + 1} coefficients needs at least that many batches to fit, "
             f"got {len(fitted)} (of {len(rows)}, {num_held} held back)."
         )
+    report = None
+    if len(held):
+        partial = _fit(rows, targets, fitted, powers, cost, degree)
+        report = fit_report(partial, [rows[b] for b in held], targets[held])
+        report = dataclasses.replace(report, worst_batch=int(held[report.worst_batch]))
+    # NOTE: the model handed on is fitted on every batch measured, held-back ones included: the
+    # held-back check estimates its error on unseen batches, and no measured batch is left above it
+    model = _fit(rows, targets, np.arange(len(rows)), powers, cost, degree)
+    return dataclasses.replace(model, report=report)
+
+
+def _fit(
+    rows: list[np.ndarray],
+    targets: np.ndarray,
+    fitted: np.ndarray,
+    powers: np.ndarray,
+    cost: BatchCostMode,
+    degree: int,
+) -> BatchMemoryModel:
+    """The model fitted on the batches ``fitted``, with the smallest margin that covers each of them."""
+    d = powers.shape[1]
     scale = np.max(np.concatenate([rows[b] for b in fitted]), axis=0).astype(np.float64)
     scale[scale <= 0] = 1.0
     design = np.array([design_row(rows[b] / scale, powers, cost) for b in fitted])
@@ -251,8 +327,7 @@ def fit_batch_memory(
     per_item.safety_margin.fill_(margin)
     model = BatchMemoryModel(fixed * (1 + margin), per_item, cost, margin, _EMPTY_REPORT)
     fit = fit_report(model, [rows[b] for b in fitted], targets[fitted])
-    report = fit_report(model, [rows[b] for b in held], targets[held]) if len(held) else None
-    return BatchMemoryModel(model.fixed, per_item, cost, margin, fit, report)
+    return dataclasses.replace(model, fit=fit)
 
 
 def fit_report(model: BatchMemoryModel, batches: Sequence[Any], peaks: Any) -> BatchFitReport:
@@ -275,13 +350,17 @@ def fit_report(model: BatchMemoryModel, batches: Sequence[Any], peaks: Any) -> B
     predicted = model.predict(batches)
     safe = np.where(predicted > 0, predicted, np.nan)
     utilization = targets / safe
+    relative = (targets - predicted) / safe
+    worst = int(np.nanargmax(relative)) if not np.isnan(relative).all() else int(np.argmax(targets - predicted))
     return BatchFitReport(
         num_batches=len(targets),
         margin=model.margin,
         mean_utilization=float(np.nanmean(utilization)),
         min_utilization=float(np.nanmin(utilization)),
-        worst_under_prediction=float(np.nanmax((targets - predicted) / safe)),
+        worst_under_prediction=float(relative[worst]),
         worst_under_prediction_bytes=float((targets - predicted).max()),
+        worst_batch=worst,
+        worst_batch_items=len(batches[worst]),
     )
 
 

@@ -199,13 +199,15 @@ def run_fit_batch_memory(args: argparse.Namespace, module: torch.nn.Module, devi
     print(f"measured {len(batches)} batches of {args.kind} ({cost}): fixed {model.fixed / 2**20:.4f} MiB per batch")
     print(
         f"relative margin {model.margin:.2%}; "
-        f"fitted batches: mean use of the prediction {model.fit.mean_utilization:.3f}"
+        f"all {model.fit.num_batches} batches: mean use of the prediction {model.fit.mean_utilization:.3f}"
     )
     if model.report is not None:
         report = model.report
         print(
             f"held-back batches ({report.num_batches}): expected use {report.mean_utilization:.3f} "
-            f"(min {report.min_utilization:.3f}), worst under-prediction {report.worst_under_prediction:+.2%}"
+            f"(min {report.min_utilization:.3f}), worst under-prediction {report.worst_under_prediction:+.2%} "
+            "(by a fit without them)"
         )
+    print(model.advice)
     print(f"saved the model to {args.out} (fastsab.memory.BatchMemoryModel.from_json)")
     return 0

@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from numbers import Integral
 from pathlib import Path
@@ -156,7 +157,7 @@ class PolynomialRegression(torch.nn.Module):
 
         ``x`` is any real-valued tensor, numpy array or sequence (integers too; booleans are
         refused), converted to float64 once per call. The prediction has the dtype of a
-        floating point tensor ``x``, and is float64 otherwise.
+        floating point tensor ``x`` (rounded up to it, never down), and is float64 otherwise.
 
         Raises:
             TypeError: If ``x`` does not hold integers or floats.
@@ -175,7 +176,25 @@ class PolynomialRegression(torch.nn.Module):
             raise RuntimeError("PolynomialRegression is not fitted: call fit(x, y) or load_state_dict first.")
         scaled = (features - self.x_center) / self.x_scale
         out = (self._polynomial(scaled) + self.offset) * (1 + self.safety_margin)
-        return out.to(x.dtype) if isinstance(x, torch.Tensor) and x.is_floating_point() else out
+        if not (isinstance(x, torch.Tensor) and x.is_floating_point()) or x.dtype == out.dtype:
+            return out
+        # NOTE: rounded up, not to the nearest: a cost in a narrower dtype (bfloat16 keeps 8
+        # bits) never falls below the model's, so a budget planned from it still holds. A value
+        # below by float64 rounding alone (1e-9 relative) is taken as exact: 8 stays 8
+        low = out.to(x.dtype)
+        below = low.to(out.dtype) < out - 1e-9 * out.abs()
+        return torch.where(below, torch.nextafter(low, torch.full_like(low, math.inf)), low)
+
+    def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> PolynomialRegression:
+        # NOTE: a model run in half or bfloat16 (.to(dtype), or a network converted as a whole)
+        # moves to the device but keeps its float64 state: rounding the coefficients would make
+        # it under-predict the peaks it was fitted to bound
+        def move(tensor: torch.Tensor) -> torch.Tensor:
+            moved = fn(tensor)
+            return moved if moved.dtype == tensor.dtype else tensor.to(moved.device)
+
+        super()._apply(move, recurse)  # type: ignore[no-untyped-call]
+        return self
 
     def fit(
         self,

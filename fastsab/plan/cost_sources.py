@@ -160,10 +160,13 @@ def _checked_features(features: Any, n: int, sizeof: Any) -> np.ndarray | torch.
     columns = getattr(sizeof, "num_features", None)  # a PolynomialRegression's number of inputs
     if not isinstance(columns, int) or isinstance(columns, bool):
         return _own_float_dtype(values, features)
+    if columns == 1 and values.ndim == 2 and values.shape[1] == 1:
+        # NOTE: (n, 1) rows are one feature per item, as a batch memory model is fitted on them
+        values = values[:, 0]
     if n:  # (an empty list has no columns)
         shape = tuple(values.shape)
         if (columns == 1 and len(shape) != 1) or (columns > 1 and shape[1:] != (columns,)):
-            wanted = "1-D" if columns == 1 else f"of shape (n, {columns})"
+            wanted = "1-D or of shape (n, 1)" if columns == 1 else f"of shape (n, {columns})"
             raise ValueError(f"features must be {wanted} for a model with num_features={columns}, got shape {shape}.")
     return values
 

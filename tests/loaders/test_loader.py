@@ -617,7 +617,11 @@ def test_features_reach_a_callable_sizeof_converted_once_in_their_own_kind():
         ),
         (torch.tensor([1.0, float("nan"), 2.0]), ValueError, r"features must be finite, got nan at position 1"),
         (np.array([1.0, 2.0, np.inf]), ValueError, r"features must be finite, got inf at position 2"),
-        (torch.ones(3, 2), ValueError, r"features must be 1-D for a model with num_features=1, got shape \(3, 2\)"),
+        (
+            torch.ones(3, 2),
+            ValueError,
+            r"features must be 1-D or of shape \(n, 1\) for a model with num_features=1, got shape \(3, 2\)",
+        ),
         (torch.ones(3, 1, 1), ValueError, r"features must be 1-D or 2-D, got shape \(3, 1, 1\)"),
         (7, ValueError, r"features must be 1-D or 2-D, got shape \(\): 7"),
         ([1, 2], ValueError, r"features has 2 rows but the dataset has 3 items"),

@@ -166,3 +166,115 @@ def test_loader_options_refuse_a_budget_that_is_no_number() -> None:
     model = fit_batch_memory(batches, [1000 + 5.0 * sum(batch) for batch in batches], degree=1, held_out=0)
     with pytest.raises(TypeError, match=r"budget must be a real number, got '2000' of type str\."):
         model.loader_options("2000")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("cost", ["sum", "padded"])
+@pytest.mark.parametrize("as_tensor", [False, True])
+def test_loader_takes_the_n_by_1_features_the_model_was_fitted_on(cost: str, as_tensor: bool) -> None:
+    rng = np.random.default_rng(4)
+    batches = [rng.integers(10, 100, size=(k, 1)) for k in (1, 2, 3, 4, 5, 6, 7, 8) * 2]
+    peaks = [1000 + 5.0 * (len(b) * b.max() if cost == "padded" else b.sum()) for b in batches]
+    model = fit_batch_memory(batches, peaks, cost=cost, degree=1)  # type: ignore[arg-type]
+    column = rng.integers(10, 100, size=(200, 1))
+    rows = torch.from_numpy(column) if as_tensor else column
+    options = model.loader_options(4000)
+    planned = [b.tolist() for b in FastSizeAwareLoader(torch.arange(200), features=rows, **options)]
+    flat = [b.tolist() for b in FastSizeAwareLoader(torch.arange(200), features=column[:, 0], **options)]
+    # the (n, 1) rows plan exactly the batches of the same features given 1-D
+    assert planned == flat
+    assert sorted(i for batch in planned for i in batch) == list(range(200))
+    assert (model.predict([column[batch] for batch in planned]) <= 4000).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("cost", ["sum", "padded"])
+def test_low_precision_features_and_peaks_fit_as_float32_ones(dtype: torch.dtype, cost: str) -> None:
+    batches, peaks = _padded_batches(seed=5)
+    # peaks in KiB (multiples of 8 below 2048: exact in both dtypes), features below 256 (exact too)
+    kib = [float(8 * round(p / 8192)) for p in peaks]
+    reference = fit_batch_memory(
+        [torch.tensor(b, dtype=torch.float32) for b in batches], torch.tensor(kib), cost=cost, degree=2
+    )  # type: ignore[arg-type]
+    model = fit_batch_memory(
+        [torch.tensor(b, dtype=dtype) for b in batches], torch.tensor(kib, dtype=dtype), cost=cost, degree=2
+    )  # type: ignore[arg-type]
+    assert model.to_json() == reference.to_json()
+    features = torch.tensor(np.random.default_rng(6).integers(8, 64, size=(100, 2)), dtype=dtype)
+    options = model.loader_options(200)
+    planned = [b.tolist() for b in FastSizeAwareLoader(torch.arange(100), features=features, **options)]
+    assert planned == [b.tolist() for b in FastSizeAwareLoader(torch.arange(100), features=features.float(), **options)]
+    measured = measure_batches(lambda rows: torch.zeros(int(rows.sum()), 256), [features[b] for b in planned[:3]])
+    assert measured == [1024 * int(features[b].sum()) for b in planned[:3]]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_the_model_handed_to_the_loader_covers_every_measured_batch(seed: int) -> None:
+    batches, peaks = _sum_batches(seed=seed)
+    model = fit_batch_memory(batches, peaks)  # a quarter held back to estimate the fit's error
+    # the held-back batches are measured too: the model covers them as well as the fitted ones
+    assert (model.predict(batches) >= np.array(peaks)).all()
+    assert model.fit.num_batches == 40 and model.fit.worst_under_prediction <= 0
+    assert model.report is not None and model.report.num_batches == 10
+    # what the loader charges a measured batch is what the model predicts for it
+    options = model.loader_options(1e9)
+    charged = [options["fixed_cost"] + float(options["sizeof"](torch.from_numpy(b).double()).sum()) for b in batches]
+    assert np.allclose(charged, model.predict(batches), rtol=1e-12)
+
+
+def _exact_model() -> tuple[Any, list[list[int]], list[float]]:
+    batches = [[n] * b for n in (10, 20, 40) for b in (1, 2, 4)]
+    peaks = [1000 + 5.0 * sum(batch) for batch in batches]
+    return fit_batch_memory(batches, peaks, degree=1, held_out=0), batches, peaks
+
+
+def test_report_says_there_is_nothing_to_do_when_every_batch_is_covered() -> None:
+    model, batches, peaks = _exact_model()
+    assert fit_report(model, batches, peaks).advice == (
+        "The model covers every one of the 9 batches (they used 100% of its prediction on average); nothing to do."
+    )
+    assert model.advice == model.fit.advice
+    # a model whose held-back batches call for no action speaks of every batch measured
+    batches, peaks = _sum_batches()
+    held = fit_batch_memory(batches, peaks)
+    assert held.report is not None and not held.report.calls_for_action
+    assert held.advice == held.fit.advice and held.advice.startswith("The model covers every one of the 40 batches")
+
+
+def test_model_advice_is_the_held_back_batches_where_they_call_for_action() -> None:
+    batches, peaks = _sum_batches(seed=3)  # a held-back batch is under-predicted by the fit without it
+    model = fit_batch_memory(batches, peaks)
+    assert model.report is not None and model.report.calls_for_action
+    assert model.advice == model.report.advice
+    worst = model.report.worst_batch  # its position among every batch measured
+    assert model.advice.startswith(f"Batch {worst} ({len(batches[worst])} items) used 0.8% more than")
+
+
+def test_report_names_the_under_predicted_batch_and_what_to_do() -> None:
+    model, batches, peaks = _exact_model()
+    peaks = list(peaks)
+    peaks[4] *= 1.12  # batch 4: two items of 20
+    report = fit_report(model, batches, peaks)
+    assert report.worst_batch == 4 and report.worst_batch_items == 2
+    assert report.advice == (
+        "Batch 4 (2 items) used 12.0% more than the model predicts, so batches like it can exceed the budget: "
+        "measure more batches like it and fit on all the batches measured, or plan under a budget 10.7% lower "
+        "(model.loader_options(budget / 1.12))."
+    )
+
+
+def test_report_of_a_badly_fitted_model_says_to_act() -> None:
+    # mean use above 1 with a batch far above its prediction: the alarming report users saw
+    model, batches, peaks = _exact_model()
+    report = fit_report(model, batches[:3], [peaks[0] * 1.645, peaks[1], peaks[2] * 0.97])
+    assert report.mean_utilization > 1.09 and report.worst_under_prediction == pytest.approx(0.645)
+    assert report.advice.startswith("Batch 0 (1 items) used 64.5% more than the model predicts")
+
+
+def test_report_says_when_batches_would_fill_little_of_the_budget() -> None:
+    model, batches, peaks = _exact_model()
+    report = fit_report(model, batches, [p / 2 for p in peaks])
+    assert report.advice == (
+        "The model covers every one of the 9 batches, but they used 50% of its prediction on average, so planned "
+        "batches would fill about 50% of the budget: to fill more, fit it on batches like the planned ones "
+        "(calibration_batches) or try another degree or cost."
+    )

@@ -143,6 +143,7 @@ def test_fit_memory_cli_fits_a_batch_model_per_kind(tmp_path, monkeypatch, capsy
     printed = capsys.readouterr().out
     assert f"measured 12 batches of {kind}" in printed and "held-back batches (3)" in printed
     model = BatchMemoryModel.from_json(out.read_text())
+    assert model.advice in printed and model.fit.num_batches == 12
     assert model.cost == ("sum" if kind in ("graphs", "packed") else "padded")
     assert model.fit.worst_under_prediction <= 0
     assert model.per_item.num_features == (2 if kind in ("images", "graphs") else 1)
@@ -161,3 +162,13 @@ def test_fit_memory_cli_refuses_the_options_of_sizes_with_a_batch_kind(option, m
     args = ["fit-memory", "torch.nn:Identity", "--kind", "sequences", "--sizes", "8,16", *option]
     with pytest.raises(SystemExit, match=match):
         main(args)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_fit_memory_model_takes_low_precision_sizes(dtype: torch.dtype) -> None:
+    sizes = [64, 128, 256, 512, 768]  # exact in both dtypes
+    fit = fit_memory_model(lambda n: torch.zeros(int(n), 1024).numel(), torch.tensor(sizes, dtype=dtype), degree=1)
+    assert fit.sizes == sizes and fit.peaks == [n * 4096 for n in sizes]
+    # predictions for float64 sizes as with sizes given as integers; for the narrow dtype, rounded up to it
+    assert fit.model(torch.tensor([2048.0], dtype=torch.float64)).item() == pytest.approx(2048 * 4096, rel=1e-9)
+    assert fit.model(torch.tensor([8.0], dtype=dtype)).item() >= 8 * 4096 * (1 - 1e-9)

@@ -211,3 +211,52 @@ def test_several_features_predict_each_point_as_alone() -> None:
     together = model(x)
     alone = torch.cat([model(x[i : i + 1]) for i in range(len(x))])
     assert torch.equal(together, alone)
+
+
+def _quadratic_model() -> PolynomialRegression:
+    x = torch.linspace(0, 10, 11, dtype=f64)
+    model = PolynomialRegression(2)
+    model.fit(x, 3 * x**2 + 2 * x + 1)
+    return model
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("how", ["to", "method", "parent"])
+def test_a_model_run_in_low_precision_keeps_its_float64_state(dtype: torch.dtype, how: str) -> None:
+    model = _quadratic_model()
+    x = torch.tensor([20.0, 123.0], dtype=f64)
+    expected = model(x)
+    if how == "to":
+        model.to(dtype)
+    elif how == "method":
+        model.half() if dtype == torch.float16 else model.bfloat16()
+    else:  # inside a network converted as a whole, as a trainer's precision setting does
+        torch.nn.Sequential(torch.nn.Linear(2, 2), model).to(dtype)
+    assert {buffer.dtype for name, buffer in model.named_buffers() if name not in ("exponents", "fitted")} == {f64}
+    # the model predicts what it did before, to the last bit
+    assert torch.equal(model(x), expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_predictions_in_low_precision_never_fall_below_the_model(dtype: torch.dtype) -> None:
+    model = _quadratic_model()
+    x = torch.arange(0, 140, dtype=dtype)  # (float16 holds costs up to 65504)
+    out = model(x)
+    exact = model(x.to(f64))
+    assert out.dtype == dtype
+    # rounded up, never to a smaller cost (but for float64's own rounding): a budget planned from them holds
+    assert (out.to(f64) >= exact * (1 - 1e-9)).all()
+    assert (out.to(f64) > exact).sum() > len(x) // 2  # most are not exact in the narrower dtype
+    assert (out.to(f64) <= exact * 1.01).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_fit_on_low_precision_tensors_equals_the_float32_fit(dtype: torch.dtype) -> None:
+    x = torch.arange(0, 64, 4, dtype=torch.float32)  # exact in both dtypes
+    y = 2 * x + 8
+    reference = PolynomialRegression(1)
+    reference.fit(x, y)
+    model = PolynomialRegression(1)
+    model.fit(x.to(dtype), y.to(dtype))
+    assert torch.equal(model.coefficients, reference.coefficients)
+    assert torch.equal(model(x.to(dtype)).to(f64), reference(x.to(f64)).to(dtype).to(f64))
