@@ -7,6 +7,7 @@ Every import of a ``fastsab`` module is read from the source (also those inside 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -160,6 +161,32 @@ def test_a_wrong_import_is_named(graph, module, source, message):
     # the check itself: an import that breaks the direction, added to a module's source, is found
     wrong = wrong_imports({**graph, module: imports(module, MODULES[module].read_text() + "\n" + source + "\n")})
     assert len(wrong) == 1 and message in wrong[0]
+
+
+def defined_names(tree: ast.Module) -> list[str]:
+    """The names a module's top level defines (functions, classes, assigned names)."""
+    names = []
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.append(node.name)
+        elif isinstance(node, ast.Assign):
+            names += [target.id for target in node.targets if isinstance(target, ast.Name)]
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names.append(node.target.id)
+    return names
+
+
+def test_no_private_name_is_left_unused():
+    # invariant: a move leaves no old alias or helper behind; a private name is used somewhere in the package
+    sources = {module: path.read_text() for module, path in MODULES.items()}
+    text = "\n".join(sources.values())
+    unused = [
+        f"{module}.{name}"
+        for module, source in sorted(sources.items())
+        for name in defined_names(ast.parse(source))
+        if name.startswith("_") and not name.startswith("__") and len(re.findall(rf"\b{re.escape(name)}\b", text)) == 1
+    ]
+    assert unused == []
 
 
 def test_a_circle_is_found():
