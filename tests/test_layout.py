@@ -33,7 +33,9 @@ STAGES = (
     "compat",
     "bench",
     "cli",
-    "feeder",
+    "feeder",  # the former module paths: fastsab.feeder, fastsab.collate, fastsab.oom
+    "collate",
+    "oom",
     "__main__",
     "__init__",
 )
