@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "fastsab"
+ARCHITECTURE = PACKAGE.parent / "ARCHITECTURE.md"
 
 #: The stages from the bottom up: a module imports from its own stage or from those below it.
 #: ``loaders -> fetch -> position -> plan`` is a batch's walk; the rest build on the loaders.
@@ -163,6 +164,22 @@ def test_a_wrong_import_is_named(graph, module, source, message):
     # the check itself: an import that breaks the direction, added to a module's source, is found
     wrong = wrong_imports({**graph, module: imports(module, MODULES[module].read_text() + "\n" + source + "\n")})
     assert len(wrong) == 1 and message in wrong[0]
+
+
+def test_architecture_names_every_module_and_only_real_ones():
+    # ARCHITECTURE.md names every module (by its path in the package or its file name), and no module that is gone
+    text = ARCHITECTURE.read_text()
+    files = {path.relative_to(PACKAGE).as_posix() for path in PACKAGE.rglob("*.py")}
+    unnamed = sorted(f for f in files if not f.endswith("__init__.py") and f.rpartition("/")[2] not in text)
+    named = set(re.findall(r"(?<![\w*/])([\w/]+\.py)\b", text))
+    unreal = sorted(
+        name
+        for name in named
+        if not name.startswith(("tests/", "tools/", "test_"))
+        and name.removeprefix("fastsab/") not in files
+        and not any(f.rpartition("/")[2] == name for f in files)
+    )
+    assert (unnamed, unreal) == ([], [])
 
 
 def defined_names(tree: ast.Module) -> list[str]:
