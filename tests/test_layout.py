@@ -1,7 +1,8 @@
 """The package's layout: imports run one way through the stages, with no circles, in small modules.
 
-Every import of a ``fastsab`` module is read from the source (also those inside functions and under
-``TYPE_CHECKING``), so a wrong import fails here whether or not it runs.
+Every import of a ``fastsab`` module is read from the source (also those inside functions, under
+``TYPE_CHECKING`` and by ``importlib.import_module`` of a literal name), so a wrong import fails here
+whether or not it runs.
 """
 
 from __future__ import annotations
@@ -75,7 +76,20 @@ def imports(module: str, source: str | None = None) -> set[str]:
             found |= {resolve(f"{node.module}.{alias.name}") for alias in node.names}
         elif isinstance(node, ast.Import):
             found |= {resolve(alias.name) for alias in node.names if alias.name.split(".")[0] == "fastsab"}
+        elif (name := imported_by_call(node)) is not None:
+            found.add(resolve(name))
     return found - {module}
+
+
+def imported_by_call(node: ast.AST) -> str | None:
+    """The module that ``importlib.import_module("fastsab...")`` or ``__import__("fastsab...")`` imports."""
+    if not isinstance(node, ast.Call) or not node.args:
+        return None
+    function = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
+    name = node.args[0]
+    if function not in ("import_module", "__import__") or not isinstance(name, ast.Constant):
+        return None
+    return name.value if isinstance(name.value, str) and name.value.split(".")[0] == "fastsab" else None
 
 
 def wrong_imports(graph: dict[str, set[str]]) -> list[str]:
@@ -158,6 +172,8 @@ def test_every_module_is_at_most_400_lines():
         ("fastsab.position.cursor", "import fastsab.fetch.fetcher", "position/ sits below fetch/"),
         ("fastsab.loaders.loader", "from fastsab.integrations import lightning", "sits below integrations/"),
         ("fastsab.memory.fit", "from fastsab.bench import report", "memory/ sits below bench/"),
+        ("fastsab.plan.shuffle", "importlib.import_module('fastsab.loaders.loader')", "plan/ sits below loaders/"),
+        ("fastsab.fetch.fetcher", "__import__('fastsab.varlen.ragged')", "fetch/ sits below varlen/"),
     ],
 )
 def test_a_wrong_import_is_named(graph, module, source, message):
