@@ -8,6 +8,7 @@ whether or not it runs.
 from __future__ import annotations
 
 import ast
+import importlib
 import re
 from pathlib import Path
 
@@ -196,6 +197,27 @@ def test_architecture_names_every_module_and_only_real_ones():
         and not any(f.rpartition("/")[2] == name for f in files)
     )
     assert (unnamed, unreal) == ([], [])
+
+
+def names_nothing(reference: str) -> bool:
+    """Whether ``fastsab.a.b.Name`` (a module, then attributes) names nothing the package has."""
+    module = resolve(reference)
+    target: object = importlib.import_module(module)
+    for attribute in reference.removeprefix(module).split(".")[1:]:
+        if not hasattr(target, attribute):
+            return True
+        target = getattr(target, attribute)
+    return False
+
+
+def test_every_cross_reference_of_the_docstrings_names_something_real():
+    # a moved class leaves no :class:`fastsab.old.path.Name` behind
+    references = {
+        (module, reference)
+        for module, path in MODULES.items()
+        for reference in re.findall(r":\w+:`~?(fastsab(?:\.\w+)+)`", path.read_text())
+    }
+    assert sorted(f"{module}: {reference}" for module, reference in references if names_nothing(reference)) == []
 
 
 def defined_names(tree: ast.Module) -> list[str]:
