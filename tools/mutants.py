@@ -12,7 +12,7 @@ SIGTERM); at the end ``git diff`` must be as before. Results: *killed* (the tabl
 test), *survived*, *timeout*. The unmutated code must pass the same tests first. Usage::
 
     python tools/mutants.py                                    # the default targets, 60 per file
-    python tools/mutants.py --files fastsab/position/cursor.py:Stream,EpochCursor --max 20  # path[:top-level names]
+    python tools/mutants.py --files fastsab/position/stream.py:Stream --max 20  # path[:top-level names]
     python tools/mutants.py --files fastsab/plan/shuffle.py --list  # the mutants, without running them
     python tools/mutants.py --files fastsab/position/cursor.py --match "cursor.py:147 "  # one line's mutants
     python tools/mutants.py --tests tests/position/test_cursor.py -k "not real_ddp"
@@ -34,7 +34,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_FILES = [
-    "fastsab/plan/epochs.py:EpochOrder,EpochStats",
+    "fastsab/plan/epochs.py:EpochOrder",
+    "fastsab/position/stats.py:EpochStats",
     "fastsab/plan/fixed_size.py:FixedSizePlanner,FixedSizeEpoch",
     "fastsab/plan/planners.py:SizeAwarePlanner,SizeAwareEpoch",
     "fastsab/plan/costs.py:BatchCost",
@@ -44,14 +45,23 @@ DEFAULT_FILES = [
     "fastsab/plan/shuffle.py:GroupedPermutation",
 ]
 DEFAULT_TESTS = [
-    f"tests/test_{name}.py" for name in ("costs", "planners", "cursor", "distributed", "loader", "shuffle", "adaptive")
+    f"tests/{name}.py"
+    for name in (
+        "plan/test_costs",
+        "plan/test_planners",
+        "position/test_cursor",
+        "position/test_distributed",
+        "loaders/test_loader",
+        "plan/test_shuffle",
+        "adaptive/test_adaptive",
+    )
 ]
 # NOTE: real DDP processes are slow, and of test_adaptive.py only the tests with a loader reach the planners
 DEFAULT_KEYWORD = "not real_ddp and not (test_adaptive.py and not loader and not ranks_split and not lower_limit)"
 # the test files that run first for a module (most likely to fail fast), then the others in the given order
 FIRST = {"epochs": "loader cursor adaptive", "plans": "loader cursor distributed", "cursor": "cursor distributed"}
 FIRST |= {"planners": "planners loader cursor adaptive", "distributed": "distributed cursor"}
-FIRST |= {"fixed_size": "planners loader cursor adaptive"}
+FIRST |= {"fixed_size": "planners loader cursor adaptive", "stats": "loader cursor adaptive"}
 FIRST |= {"shuffle": "shuffle loader", "costs": "costs planners loader"}
 PAIRS = [("<", ast.Lt, "<=", ast.LtE), (">", ast.Gt, ">=", ast.GtE), ("==", ast.Eq, "!=", ast.NotEq)]
 PAIRS += [("is", ast.Is, "is not", ast.IsNot), ("in", ast.In, "not in", ast.NotIn), ("+", ast.Add, "-", ast.Sub)]

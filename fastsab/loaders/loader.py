@@ -37,9 +37,6 @@ from fastsab.plan.planners import SizeAwarePlanner
 
 __all__ = ["DEFAULT_CHUNK_BYTES", "FastLoader", "FastSizeAwareLoader", "LoaderBase", "LoaderOptions"]
 
-_Loader = LoaderBase  # the older name of the base
-
-
 #: Per-item sizes as :class:`FastSizeAwareLoader` accepts them (see its ``sizeof``).
 SizeOf = torch.Tensor | np.ndarray | Sequence[float] | Sequence[Sequence[float]] | Callable[[Any], Any]
 #: Per-item features for a callable ``sizeof``.

@@ -45,7 +45,7 @@ class LoaderBase(LoaderIteration[T], metaclass=TakesDataLoaderKeywords):
         dataset: The dataset.
         order: The epoch order (:class:`~fastsab.plan.epochs.EpochOrder`).
         maker: Makes the batches (:class:`~fastsab.fetch.batch_maker.BatchMaker`).
-        stats: What the last epoch yielded (:class:`~fastsab.plan.epochs.EpochStats`), ``None`` before.
+        stats: What the last epoch yielded (:class:`~fastsab.position.stats.EpochStats`), ``None`` before.
         limit: The batch size or caps in force in the current epoch.
         parts_left: While :func:`fastsab.adaptive.run` runs the parts of a split step, how
             many come after the one running (0 otherwise).

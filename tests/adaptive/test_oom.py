@@ -100,3 +100,13 @@ def test_a_real_cpu_allocator_failure_is_out_of_memory():
     recognized, message = out.stdout.strip().split(" ", 1)
     assert recognized == "True", message
     assert "DefaultCPUAllocator: can't allocate memory" in message
+
+
+def test_the_former_module_path_gives_the_same_objects():
+    # the module the README named before the package had stage folders still imports
+    import fastsab.adaptive.oom
+    import fastsab.oom
+
+    assert fastsab.oom.is_out_of_memory is fastsab.adaptive.oom.is_out_of_memory
+    assert fastsab.oom.OOM_MESSAGES is fastsab.adaptive.oom.OOM_MESSAGES
+    assert fastsab.oom.__all__ == ["OOM_MESSAGES", "is_out_of_memory"]

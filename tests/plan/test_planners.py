@@ -174,6 +174,8 @@ def test_fingerprints_are_pinned() -> None:
     )
     computed = make_cost_source(lambda i: i + 1, 10)
     assert plan_fingerprint(SizeAwarePlanner(shuffled, computed, BatchCost(12.0))) == "cf40cb9532d333e8fa3efb42"
+    windowed = SizeAwarePlanner(shuffled, array, BatchCost(12), sort_window=4)
+    assert plan_fingerprint(windowed) == "7733f2d8012f0a8269c5474b"
 
 
 def test_fingerprint_tells_window_sizes_apart() -> None:

@@ -229,3 +229,16 @@ def test_every_name_of_fastsab_collate_is_the_one_of_its_module():
         assert getattr(collate, name) is getattr(home, name)
     assert {"Collator", "Flat", "pack_positions"} <= set(collate.__all__)
     assert fastsab.PadCollator is collate.PadCollator and fastsab.PackCollator is collate.PackCollator
+
+
+def test_the_former_module_path_gives_the_same_objects():
+    # the module the README named before the package had stage folders still imports
+    import fastsab
+    import fastsab.collate
+    from fastsab.varlen import collate
+
+    assert fastsab.collate.PadCollator is fastsab.PadCollator is collate.PadCollator
+    assert fastsab.collate.PackCollator is fastsab.PackCollator is collate.PackCollator
+    assert fastsab.collate.Collator is collate.Collator
+    assert fastsab.collate.pack_positions is collate.pack_positions
+    assert fastsab.collate.__all__ == ["Collator", "Flat", "PackCollator", "PadCollator", "pack_positions"]
