@@ -105,6 +105,7 @@ def test_the_webdataset_stages_import_without_lightning():
     )
 
 
+@pytest.mark.slow
 def test_the_data_modules_without_webdataset_say_which_extra_they_need():
     # webdataset made unimportable, as in an environment with only fastsab[lightning]
     script = textwrap.dedent(

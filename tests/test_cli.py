@@ -10,6 +10,7 @@ from fastsab import bench
 from fastsab.cli import SUITES, main
 
 
+@pytest.mark.slow
 def test_bench_small_run_writes_json_plot_and_table(tmp_path, capsys):
     out_json, out_png = tmp_path / "bench.json", tmp_path / "bench.png"
     assert (
@@ -41,6 +42,7 @@ def test_bench_small_run_writes_json_plot_and_table(tmp_path, capsys):
     assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow
 def test_bench_markdown_output(capsys):
     assert main(["bench", "--samples", "2000", "--batch-size", "20", "--epochs", "1", "--quiet", "--markdown"]) == 0
     printed = capsys.readouterr().out
@@ -65,6 +67,7 @@ def test_bad_arguments_exit_with_usage(args, capsys):
     assert "usage: fastsab" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_loader_rows_report_speedups():
     rows = bench.loader_rows(samples=2000, batch_size=20, epochs=1)
     by_method = {row.method: row for row in rows}
@@ -73,6 +76,7 @@ def test_loader_rows_report_speedups():
     assert by_method["FastLoader"].note == "100 batches"
 
 
+@pytest.mark.slow
 def test_adaptive_rows_measure_the_default_cache_from_a_deep_stack_too():
     rows = bench.adaptive_rows(calls=5, repeat=1)
     names = [row.method for row in rows if row.workload == "no-op"]
@@ -110,6 +114,7 @@ def test_the_bench_module_keeps_its_names():
         assert getattr(bench, name) is parts[name]
 
 
+@pytest.mark.slow
 def test_varlen_suite_prints_efficiencies_and_plots_them(tmp_path, capsys):
     out_png = tmp_path / "varlen.png"
     argv = ["bench", "--suite", "varlen", "--samples", "4000", "--epochs", "1", "--quiet", "--markdown"]
@@ -123,6 +128,7 @@ def test_varlen_suite_prints_efficiencies_and_plots_them(tmp_path, capsys):
     assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow
 def test_varlen_rows_compare_each_method_with_the_loader_without_window():
     rows = bench.varlen_rows(n=3000, epochs=1)
     windowed = [row for row in rows if row.suite == "varlen" and "sort_window" in row.method]
@@ -131,6 +137,7 @@ def test_varlen_rows_compare_each_method_with_the_loader_without_window():
     assert all(row.seconds > 0 and row.ratio > 0 for row in rows)
 
 
+@pytest.mark.slow
 def test_kernel_suite_times_sum_and_padded_splits_of_one_to_three_columns():
     rows = bench.kernel_rows([3000], repeat=1)
     kinds = ["int", "float", "int (n, 2)", "int (n, 3)"]
@@ -153,6 +160,7 @@ def test_kernel_suite_costs_are_c_contiguous_so_the_floor_is_one_pass():
     assert [costs.shape[1] for _, costs, _ in cases[2:]] == [2, 3]
 
 
+@pytest.mark.slow
 def test_scale_suite_reports_a_ranks_first_batch_and_its_memory(capsys):
     # the suite `--suite all` (and so the tables of docs/benchmarks.md) includes: both loaders, rank 7 of 8
     assert "scale" in SUITES

@@ -1302,6 +1302,7 @@ def test_lower_limit_with_sorted_windows(lowered: tuple[Case, Plan, list[tuple[i
     assert sorted(stats.skipped) == sorted(plain.skipped) and stats.num_skipped == len(plain.skipped)
 
 
+@pytest.mark.slow
 @settings(max_examples=examples(80))
 @given(case=cases(min_n=1, windows=WINDOWS), data=st.data())
 def test_adaptive_run_processes_every_index_once(case: Case, data: Any) -> None:

@@ -1096,6 +1096,7 @@ def test_fixed_loader_survives_oom_and_single_sample_failure_is_an_error():
         list(adaptive.run(FastLoader(torch.arange(4), 2), never))
 
 
+@pytest.mark.slow
 def test_ranks_split_failing_batches_but_keep_their_limit():
     sizes = np.random.default_rng(2).integers(1, 20, 300)
     loaders = [

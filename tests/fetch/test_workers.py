@@ -349,6 +349,7 @@ def test_a_loop_left_unfinished_at_exit_ends_without_error_or_orphans(tmp_path):
     assert not any(psutil.pid_exists(pid) for pid in pids)
 
 
+@pytest.mark.slow
 def test_the_workers_bench_suite_runs(capsys):
     before = {p.pid for p in children()}
     assert main(["bench", "--suite", "workers", "--samples", "300", "--epochs", "2", "--quiet", "--markdown"]) == 0

@@ -87,6 +87,7 @@ def check_syncs_at_epoch_ends(full: list[dict[str, Any]]) -> None:
             assert sum(syncs) == math.ceil(len(syncs) / 4)
 
 
+@pytest.mark.slow
 def test_one_process_resumed_run_sees_the_uninterrupted_runs_batches(tmp_path, one_process_run):
     full = one_process_run
     check_resumed(tmp_path, full, "fixed")
@@ -97,10 +98,12 @@ def test_one_process_resumed_run_sees_the_uninterrupted_runs_batches(tmp_path, o
     assert [sum(synced for _, _, synced in per_epoch(full[0], epoch)) for epoch in range(3)] == [9, 9, 9]
 
 
+@pytest.mark.slow
 def test_one_process_run_saved_after_the_last_batch_of_an_epoch_resumes_with_the_next(tmp_path, one_process_run):
     check_resumed(tmp_path, one_process_run, "fixed", stop=35)
 
 
+@pytest.mark.slow
 def test_two_processes_resumed_run_sees_the_uninterrupted_runs_batches(tmp_path):
     full = launch(tmp_path / "full", 2, "train", "sized", tmp_path / "full")
     check_resumed(tmp_path, full, "sized")
@@ -111,6 +114,7 @@ def test_two_processes_resumed_run_sees_the_uninterrupted_runs_batches(tmp_path)
     check_syncs_at_epoch_ends(full)
 
 
+@pytest.mark.slow
 def test_prepare_of_a_planned_data_loader_under_two_processes_refuses_to_shard_the_plan_again(tmp_path):
     # (without the check each rank ran 9 of its 18 steps: 119 of the 240 samples were never seen)
     for rank, record in enumerate(launch(tmp_path, 2, "naive", "fixed", tmp_path)):
@@ -119,6 +123,7 @@ def test_prepare_of_a_planned_data_loader_under_two_processes_refuses_to_shard_t
         assert "fastsab.integrations.accelerate.prepare_loader(accelerator, loader)" in record["error"]
 
 
+@pytest.mark.slow
 def test_prepare_of_a_planned_data_loader_refuses_to_dispatch_the_main_processs_plan(tmp_path):
     # (without the check the main process's share was dealt to both processes, the other's never seen)
     run = start(tmp_path, 2, "naive", "dispatch", tmp_path)
@@ -206,6 +211,7 @@ def test_state_of_a_planned_data_loader_with_workers_counts_the_batches_received
 # -- the docs page ----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_docs_page_train_script_resumes_exactly_under_two_processes(tmp_path):
     (tmp_path / "train.py").write_text(page_files("trainers/accelerate.md")["train.py"])
     assert page_script("trainers/accelerate.md").strip() == ""  # the page's code is the script
@@ -245,6 +251,7 @@ def test_state_saved_between_epochs_resumes_at_the_next_one(accelerator):
     assert [first, second] == [[b.tolist() for b in reference], [b.tolist() for b in reference]]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workers", [0, 1])
 def test_a_loop_left_mid_epoch_then_set_epoch_saves_the_chosen_epoch(accelerator, workers):
     # (with a worker, the plan of this short epoch is all handed out before the loop leaves it)

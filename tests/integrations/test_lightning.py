@@ -194,6 +194,7 @@ def ddp_worker(tmp_path, *mode):
     return out.stdout
 
 
+@pytest.mark.slow
 def test_two_process_ddp_with_lightning(tmp_path):
     out = ddp_worker(tmp_path)
     assert "DDP OK" in out, out[-2000:]
@@ -414,6 +415,7 @@ class CountsWorkers(Recorder):
         return super().training_step(batch, batch_idx)
 
 
+@pytest.mark.slow
 def test_data_module_shuts_its_worker_processes_down_after_fit(tmp_path):
     # NOTE: processes started before (multiprocessing's resource tracker, started once per run by
     # an earlier test's workers) are not this fit's
@@ -430,6 +432,7 @@ def test_data_module_shuts_its_worker_processes_down_after_fit(tmp_path):
     assert alive == []
 
 
+@pytest.mark.slow
 def test_the_lightning_docs_page_runs_and_shows_what_it_promises(tmp_path):
     script = tmp_path / "page.py"
     script.write_text(page_script("trainers/lightning.md"))
@@ -439,12 +442,14 @@ def test_the_lightning_docs_page_runs_and_shows_what_it_promises(tmp_path):
     assert "epoch 1 has 14 steps, but the trainer counts 13" in out.stdout
 
 
+@pytest.mark.slow
 def test_bare_size_aware_loader_under_two_process_ddp_resumes_every_rank_exactly(tmp_path):
     # epochs of 14, 13 and 13 steps per rank, crashed at step 22 and resumed from step 20
     out = ddp_worker(tmp_path, "bare")
     assert "BARE DDP OK" in out, out[-2000:]
 
 
+@pytest.mark.slow
 def test_data_module_resumed_on_fewer_devices_trains_each_sample_of_the_epoch_once(tmp_path):
     # 2 processes crash at step 10 of epoch 0; 1 process resumes from step 8: it counts the
     # 8 steps run and runs the rest of the epoch, then epoch 1 as one process runs it

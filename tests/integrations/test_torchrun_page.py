@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from tests.docs_pages import page_files, page_script
@@ -27,6 +28,7 @@ def steps(run_dir: Path, rank: int) -> list[dict[str, object]]:
     return [json.loads(line) for line in (run_dir / f"rank{rank}.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_the_torchrun_page_resumes_each_rank_step_by_step(tmp_path):
     # invariant: a run stopped after a checkpoint and resumed trains, rank by rank and step by
     # step, on the samples of the run never stopped, and ends with its weights

@@ -100,21 +100,25 @@ def _checkpoint(folder: Path) -> tuple[object, ...]:
     return state["global_step"], state["max_steps"], state["epoch"], loader, logged
 
 
+@pytest.mark.slow
 def test_fixed_size_resume_is_exact(tmp_path: Path) -> None:
     assert _check_resume(tmp_path, "fixed", 1) == [12, 12, 12]
 
 
+@pytest.mark.slow
 def test_size_aware_epochs_of_differing_lengths_resume_exactly(tmp_path: Path) -> None:
     epoch_steps = _check_resume(tmp_path, "sized", 1)
     assert len(set(epoch_steps)) > 1  # the epochs differ in length
     assert any(steps % ACCUMULATE for steps in epoch_steps)  # some epoch ends with a partial accumulation
 
 
+@pytest.mark.slow
 def test_a_checkpoint_at_the_end_of_an_epoch_with_a_partial_accumulation_resumes_at_the_next(tmp_path: Path) -> None:
     epoch_steps = _check_resume(tmp_path, "sized", 1, stop=26)
     assert epoch_steps[:2] == [24, 27]  # step 26 is the last of epoch 1, whose 27th batch is accumulated alone
 
 
+@pytest.mark.slow
 def test_torchrun_two_processes_resume_exactly(tmp_path: Path) -> None:
     epoch_steps = _check_resume(tmp_path, "sized", 2)
     assert len(set(epoch_steps)) > 1

@@ -179,6 +179,7 @@ def test_pickles_without_threads_and_bad_arguments():
         OutOfCoreDataset.from_memmap(np.zeros((3, 3)), cpu_memory_limit=100)
 
 
+@pytest.mark.slow
 def test_peak_rss_stays_within_the_budget_for_a_file_larger_than_it(tmp_path):
     # a 256 MiB file-backed dataset, fed within a 32 MiB budget: the resident set grows by at
     # most the budget, the documented overhead and two batches

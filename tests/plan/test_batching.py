@@ -520,6 +520,7 @@ def padded_block_problems(draw):
     return rows, caps, options
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(padded_block_problems(), st.booleans(), st.lists(st.integers(0, 300), max_size=5))
 def test_padded_blocks_equal_greedy_loop_whole_and_in_chunks(problem, as_float, cuts):

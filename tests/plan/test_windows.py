@@ -79,6 +79,7 @@ def test_co_batched_counts_each_pair_once() -> None:
     assert co_batched([np.array([3, 1, 2]), np.array([1, 3])]).tolist() == [1 * N + 2, 1 * N + 3, 2 * N + 3]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("cost", "window"), [("padded", 1_024), ("padded", 2_048), ("sum", 2_048)])
 def test_pairs_batched_together_rarely_meet_again_next_epoch(lengths: np.ndarray, cost: str, window: int) -> None:
     # NOTE: the share grows with the window's part of the dataset (or of a shuffle group): two

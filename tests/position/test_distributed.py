@@ -159,6 +159,7 @@ def test_resume_after_k_batches_yields_exactly_the_rest(world_size):
         assert resumed.state_dict()["epoch"] == 1 and resumed.state_dict()["steps"] == 0
 
 
+@pytest.mark.slow
 def test_resume_in_a_new_process(tmp_path):
     script = textwrap.dedent(
         f"""
@@ -248,6 +249,7 @@ def test_planned_batch_sampler_state_round_trip():
 # --- real processes: torch.distributed with the gloo backend -----------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_real_ddp_processes(world_size, tmp_path):
     worker = str(Path(__file__).with_name("ddp_worker.py"))
@@ -592,6 +594,7 @@ def test_a_history_stretch_past_the_end_of_its_epoch_is_refused(stretch, message
         sized(0, 2).load_state_dict(state)
 
 
+@pytest.mark.slow
 def test_a_rank_that_peeks_runs_the_epochs_of_a_run_without_the_peek(tmp_path):
     # invariant: next(iter(loader)) on one rank, without set_epoch, changes no rank's samples
     # of any epoch or step (also after a resume mid-epoch)
