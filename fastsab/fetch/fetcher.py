@@ -46,7 +46,15 @@ from fastsab.fetch.pytree import is_namedtuple as _is_namedtuple  # noqa: F401  
 from fastsab.fetch.pytree import tree_arrays, tree_map_arrays
 from fastsab.fetch.pytree import walk as _walk
 
-__all__ = ["Fetcher", "GatheredRows", "collate_batch", "getitems_in_memory", "indexable"]
+__all__ = ["Fetcher", "GatheredRows", "UnequalSamplesError", "collate_batch", "getitems_in_memory", "indexable"]
+
+
+class UnequalSamplesError(ValueError, RuntimeError):
+    """Samples of different shapes that the default ``collate_fn`` cannot stack into one batch.
+
+    A ``ValueError`` (the house rule for bad values) that is also the ``RuntimeError`` torch's
+    ``default_collate`` raises, so code written for a ``DataLoader`` keeps working.
+    """
 
 
 class Fetcher:
@@ -132,7 +140,7 @@ class Fetcher:
         if self.kind == "getitems":
             return self._getitems(index)
         samples = [self.dataset[i] for i in index.tolist()]
-        return (self.collate_fn or default_collate)(samples)
+        return (self.collate_fn or collate_batch)(samples)
 
     def _gather(self, index: np.ndarray) -> Any:
         tensor_index = torch.from_numpy(index)
@@ -253,13 +261,33 @@ def collate_batch(fetched: Any) -> Any:
     default ``collate_fn`` of the fast loaders and of ``loader.data_loader()``; pass it to a
     ``DataLoader`` of your own over such a dataset.
 
+    Raises:
+        UnequalSamplesError: If the samples have different shapes (variable-length sequences),
+            which ``default_collate`` cannot stack: the message keeps torch's and names the
+            collators that batch such samples.
+
     Examples:
         >>> collate_batch([torch.tensor([1]), torch.tensor([2])]).tolist()
         [[1], [2]]
         >>> collate_batch(torch.tensor([[1], [2]])).tolist()
         [[1], [2]]
     """
-    return default_collate(fetched) if isinstance(fetched, list) else fetched
+    if not isinstance(fetched, list):
+        return fetched
+    try:
+        return default_collate(fetched)
+    except RuntimeError as err:
+        # NOTE: torch's texts for tensors ("stack expects each tensor to be equal size") and for
+        # lists ("each element in list of batch should be of equal size"); other errors are not ours
+        if "equal size" not in str(err):
+            raise
+        raise UnequalSamplesError(
+            "the default collate_fn (torch's default_collate) cannot stack samples of different shapes into "
+            f"one batch: {err}. For variable-length sequences pass "
+            "collate_fn=fastsab.PadCollator() (a (B, L) batch with an attention_mask) or "
+            "collate_fn=fastsab.PackCollator() (the tokens as one (T,) row with cu_seqlens); "
+            "for the fast path, store the sequences as a fastsab.RaggedDataset, gathered without per-item Python."
+        ) from err
 
 
 # -- which datasets are gathered ------------------------------------------------------

@@ -279,8 +279,19 @@ class _IndexCosts(_CostSource):
 
     def __call__(self, ids: np.ndarray) -> np.ndarray:
         if self.per_item:
-            return _check_costs([as_python_number(self.fn(i)) for i in ids.tolist()], ids)
+            return _check_costs([as_python_number(self._item_cost(i)) for i in ids.tolist()], ids)
         return _check_costs(self.fn(ids), ids)
+
+    def _item_cost(self, index: int) -> Any:
+        try:
+            return self.fn(index)
+        except (TypeError, AttributeError) as err:
+            # NOTE: the signs of a function of a sample (len, x.shape, x["key"]) given an int
+            raise TypeError(
+                f"sizeof is called with a dataset index (got {index!r}), not a sample, and "
+                f"sizeof={self.fn!r} failed on it ({type(err).__name__}: {err}). Pass the sizes as an array "
+                "(one per item), or a function of the index such as sizeof=lambda i: len(dataset[i])."
+            ) from err
 
 
 def _is_vectorized(sizeof: Callable[[Any], Any], probe: np.ndarray) -> bool:
