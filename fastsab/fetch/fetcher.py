@@ -38,7 +38,7 @@ import numpy as np
 import torch
 from torch.utils.data import TensorDataset, default_collate
 
-from fastsab._checks import short_repr
+from fastsab._checks import short_repr, user_stacklevel
 from fastsab.fetch.pytree import children as _children
 from fastsab.fetch.pytree import is_array as _is_array
 from fastsab.fetch.pytree import is_dataclass_tree as _is_dataclass_tree  # noqa: F401  # an older import path
@@ -112,10 +112,15 @@ class Fetcher:
             )
         self.kind = "per_item"
         self.length = _length(dataset)
+        name = type(dataset).__name__
+        # NOTE: advising __getitems__ alone misleads: one that loops over the indices is as slow
         warnings.warn(
-            f"{type(dataset).__name__} has no __getitems__ and is not a tensor pytree: each batch is built "
-            "with one __getitem__ call per item, which is slow. Define __getitems__(indices) for one call per batch.",
-            stacklevel=3,
+            f"dataset {name} is read item by item: each batch calls {name}.__getitem__ once per sample, in Python, "
+            "which is slow. Tensors, numpy arrays, pytrees of them and fastsab.RaggedDataset (variable-length "
+            "sequences) are gathered a batch at a time without per-item Python: pass the data in one of these forms. "
+            "A __getitems__(indices) method helps only if it reads the whole batch at once (a gather, one read), "
+            "not if it loops over the indices.",
+            stacklevel=user_stacklevel(),
         )
 
     def take(self, indices: Any) -> Any:
@@ -380,4 +385,9 @@ def _length(dataset: Any) -> int:
     try:
         return len(dataset)
     except TypeError as err:
-        raise TypeError(f"dataset must have a length (__len__), got {type(dataset).__name__}.") from err
+        raise TypeError(
+            f"dataset must have a length (__len__), got {type(dataset).__name__} without one: the loaders plan whole "
+            "epochs by index (which indices form which batch), so they need len(dataset) and dataset[i]. For an "
+            "iterable or a stream, batch it with fastsab.size_aware_batching(iterable, sizeof, max_total_size); "
+            "for WebDataset shards, use fastsab.integrations.webdataset.size_aware_batched."
+        ) from err

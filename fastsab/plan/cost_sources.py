@@ -4,7 +4,8 @@
 index, or a callable over per-item ``features``; the planners evaluate the result one chunk
 at a time. An array of sizes is checked once; a callable's costs are checked on every chunk.
 The bionemo paths take sizes one item at a time: :func:`per_item_sizeof` (a callable or a
-mapping), :func:`item_size` (one checked size) and :func:`oversize_message` (the skip warning).
+mapping), :func:`item_size` (one checked size) and :func:`oversize_message` (the skip warning); the
+loaders warn once per epoch with :func:`skipped_message`.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import numpy as np
 import torch
 
 from fastsab._arrays import as_numpy, native_order
-from fastsab._checks import as_numeric_array, as_python_number, as_real_array, as_size
+from fastsab._checks import as_numeric_array, as_python_number, as_real_array, as_size, user_stacklevel
 
 __all__ = [
     "CostSource",
@@ -30,6 +31,7 @@ __all__ = [
     "padded_length",
     "per_item_sizeof",
     "size_array",
+    "skipped_message",
 ]
 
 #: How many evenly spread items a computed cost source's fingerprint samples.
@@ -105,7 +107,7 @@ def make_cost_source(sizeof: Any, n: int, features: Any = None) -> CostSource:
     warnings.warn(
         "sizeof is called once per item, which is slow: pass an array of sizes, a vectorized callable "
         "taking an index array, or a memory model with features=.",
-        stacklevel=3,
+        stacklevel=user_stacklevel(),
     )
     return _IndexCosts(sizeof, per_item=True)
 
@@ -372,3 +374,28 @@ def item_size(sizeof: Callable[[Any], Any], item: Any, describe: Callable[[Any],
 def oversize_message(item: Any, size: int | float, cap: int | float) -> str:
     """The bionemo warning for an item skipped because its size alone exceeds the cap."""
     return f"Size of element {item} exceeds max_total_size ({size} > {cap}), skipping"
+
+
+def skipped_message(count: int, epoch: int, largest: list[Any], caps: list[Any], fixed: list[Any]) -> str:
+    """The loaders' warning for the ``count`` oversize items skipped in ``epoch``, with the ways to keep them.
+
+    ``largest``, ``caps`` and ``fixed`` hold a value per cost column: the largest skipped cost,
+    the cap and the fixed cost per batch; a single column is shown as a number.
+
+    Examples:
+        >>> skipped_message(2, 0, [130], [100], [0])[:102]
+        '2 items were larger than max_total_size and were skipped in epoch 0; their indices are in stats.skipped'
+    """
+    # NOTE: a batch of one item must hold the item and the fixed cost; columns not exceeded keep their cap
+    needed = [max(cap, size + extra) for size, cap, extra in zip(largest, caps, fixed)]
+    plus = " (the size plus fixed_cost)" if any(fixed) else ""
+
+    def shown(values: list[Any]) -> Any:
+        return values[0] if len(values) == 1 else values
+
+    return (
+        f"{count} items were larger than max_total_size and were skipped in epoch {epoch}; their indices are in "
+        f"stats.skipped. The largest has size {shown(largest)!r} and max_total_size is {shown(caps)!r}. "
+        "To keep such items, pass oversize='own_batch' (each in a batch of its own), oversize='error' (stop at "
+        f"the first), or max_total_size >= {shown(needed)!r}{plus}."
+    )

@@ -19,6 +19,7 @@ import numpy as np
 
 from fastsab._checks import check_choice
 from fastsab.plan.batching import OversizePolicy, split_with
+from fastsab.plan.cost_sources import skipped_message
 from fastsab.plan.costs import BatchCost, Caps, CostSource
 from fastsab.plan.epochs import EpochOrder
 from fastsab.plan.plans import _EMPTY_IDS, Carry, PlanChunk, PlanInputs
@@ -106,6 +107,15 @@ class SizeAwarePlanner:
         if len(offsets) < 2:
             return np.empty(0, dtype=np.float64)
         return self.rule.balance_costs(self.costs(ids), offsets)
+
+    def skipped_warning(self, skipped: list[int], epoch: int) -> str:
+        """The warning for the oversize items ``skipped`` in ``epoch``: their largest cost, the caps, the fixes."""
+        costs = np.asarray(self.costs(np.asarray(skipped, dtype=np.int64)))
+        if self.rule.feature_cost is not None:  # (rows of features: the costs feature_cost gives them)
+            costs = np.asarray(self.rule.feature_cost(costs))
+        largest = costs.reshape(len(costs), -1).max(axis=0).tolist()
+        k = len(largest)
+        return skipped_message(len(skipped), epoch, largest, self.rule.column_caps(k), self.rule.column_fixed(k))
 
     def plan_inputs(self) -> PlanInputs:
         """What besides the order decides the batches: the caps, options and sizes."""

@@ -22,7 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from fastsab._checks import check_choice, check_nonnegative_int
+from fastsab._checks import check_choice, check_nonnegative_int, user_stacklevel
+from fastsab.plan.planners import SizeAwarePlanner
 from fastsab.plan.plans import PlanChunk
 from fastsab.position.distributed import EvenBatches
 from fastsab.position.epoch_state import STATE_FORMAT, Limit, Segment, lowered_at, parse_state
@@ -264,12 +265,9 @@ class EpochCursor:
             self.epoch = self._run.epoch + 1
         if not self._resuming:
             self._history, self._segment = [], self._new_segment()
-        if stats is not None and stats.num_skipped:
-            warnings.warn(
-                f"{stats.num_skipped} items were larger than max_total_size and were skipped in epoch "
-                f"{stats.epoch}; their indices are in stats.skipped.",
-                stacklevel=3,
-            )
+        # (only a size-aware plan skips items)
+        if stats is not None and stats.num_skipped and isinstance(self.planner, SizeAwarePlanner):
+            warnings.warn(self.planner.skipped_warning(stats.skipped, stats.epoch), stacklevel=user_stacklevel())
 
     # -- state ----------------------------------------------------------------------------------
 
@@ -356,7 +354,11 @@ class EpochCursor:
         """
         fingerprint, plan = self._plan_identity()
         epoch, segments = parse_state(
-            state, seed=self.planner.order.seed, fingerprint=fingerprint, check_limit=self.check_lowered_limit, plan=plan
+            state,
+            seed=self.planner.order.seed,
+            fingerprint=fingerprint,
+            check_limit=self.check_lowered_limit,
+            plan=plan,
         )
         history, current = segments[:-1], segments[-1]
         resuming = bool(history) or current.steps > 0 or bool(current.lowered)

@@ -74,7 +74,7 @@ def plan_identity(planner: Planner[Any]) -> tuple[str, dict[str, Any]]:
     digest.update(sizes)
     settings = {"kind": kind, "n": order.n, "shuffle": order.shuffle, "group_size": order.group_size}
     settings |= {"rotate": order.rotate, "options": plain}
-    return digest.hexdigest(), _plain(settings)  # type: ignore[no-any-return]
+    return digest.hexdigest(), _plain(settings)
 
 
 def plan_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
