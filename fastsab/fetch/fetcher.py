@@ -288,7 +288,8 @@ def collate_batch(fetched: Any) -> Any:
             raise
         raise UnequalSamplesError(
             "the default collate_fn (torch's default_collate) cannot stack samples of different shapes into "
-            f"one batch: {err}. For variable-length sequences pass "
+            f"one batch: {err}. For variable-length sequences, give each sample as a dict of per-token values "
+            '(e.g. {"input_ids": tensor}) and pass '
             "collate_fn=fastsab.PadCollator() (a (B, L) batch with an attention_mask) or "
             "collate_fn=fastsab.PackCollator() (the tokens as one (T,) row with cu_seqlens); "
             "for the fast path, store the sequences as a fastsab.RaggedDataset, gathered without per-item Python."
