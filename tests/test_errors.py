@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 import warnings
 
 import numpy as np
@@ -21,6 +23,7 @@ from fastsab import (
 )
 from fastsab._checks import user_stacklevel
 from fastsab.adaptive import run
+from tests.docs_pages import page_script
 
 LENGTHS = [53, 126, 7, 40, 90, 12]
 
@@ -265,3 +268,31 @@ def test_adaptive_run_names_what_it_takes():
     assert "got [1, 2, 3] of type list" in str(caught.value)
     with pytest.raises(TypeError, match="step must be a callable taking a batch, got 3 of type int"):
         run(FastLoader(torch.arange(4), batch_size=2), 3)
+
+
+# -- the page docs/errors.md ------------------------------------------------------------------------
+
+
+def test_the_errors_page_runs_and_shows_what_it_says(tmp_path):
+    script = tmp_path / "errors_page.py"
+    script.write_text(page_script("errors.md"))
+    out = subprocess.run(
+        [sys.executable, "-W", "ignore", str(script)], capture_output=True, text=True, timeout=120, check=True
+    ).stdout.splitlines()
+    assert out == [
+        "UnequalSamplesError names PadCollator: True",
+        "padded: (2, 126) [53, 126]",
+        "ragged batches: [[53, 126, 7], [40]]",
+        "sizes per batch: [186, 40]",
+        "state was saved for another dataset, sizes or batching configuration: "
+        "max_total_size was 20 when the state was saved and is 24 here",
+        "resumed with the same settings: True",
+        "skip: [[0, 2, 3]] skipped: [1]",
+        "warned: 1 items were larger than max_total_size and were skipped in epoch 0",
+        "own_batch: [[0], [1], [2, 3]]",
+        "gathered: (100, 16)",
+        "streamed: [[3, 5], [2], [7, 1]]",
+        "loader must be a fastsab.FastLoader or fastsab.FastSizeAwareLoader",
+        "run: [[0, 1, 2], [3, 4, 5]]",
+        "bfloat16 sizes: [[0, 1], [2], [3]]",
+    ]

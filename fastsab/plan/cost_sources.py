@@ -388,14 +388,10 @@ def skipped_message(count: int, epoch: int, largest: list[Any], caps: list[Any],
     """
     # NOTE: a batch of one item must hold the item and the fixed cost; columns not exceeded keep their cap
     needed = [max(cap, size + extra) for size, cap, extra in zip(largest, caps, fixed)]
-    plus = " (the size plus fixed_cost)" if any(fixed) else ""
-
-    def shown(values: list[Any]) -> Any:
-        return values[0] if len(values) == 1 else values
-
+    size, cap, need = (values[0] if len(values) == 1 else values for values in (largest, caps, needed))
     return (
         f"{count} items were larger than max_total_size and were skipped in epoch {epoch}; their indices are in "
-        f"stats.skipped. The largest has size {shown(largest)!r} and max_total_size is {shown(caps)!r}. "
-        "To keep such items, pass oversize='own_batch' (each in a batch of its own), oversize='error' (stop at "
-        f"the first), or max_total_size >= {shown(needed)!r}{plus}."
+        f"stats.skipped. The largest has size {size!r} and max_total_size is {cap!r}. To keep such items, pass "
+        "oversize='own_batch' (each in a batch of its own), oversize='error' (stop at the first), or "
+        f"max_total_size >= {need!r}{' (the size plus fixed_cost)' if any(fixed) else ''}."
     )
