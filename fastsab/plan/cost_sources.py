@@ -4,8 +4,7 @@
 index, or a callable over per-item ``features``; the planners evaluate the result one chunk
 at a time. An array of sizes is checked once; a callable's costs are checked on every chunk.
 The bionemo paths take sizes one item at a time: :func:`per_item_sizeof` (a callable or a
-mapping), :func:`item_size` (one checked size) and :func:`oversize_message` (the skip warning); the
-loaders warn once per epoch with :func:`skipped_message`.
+mapping), :func:`item_size` (one checked size) and :func:`oversize_message` (the skip warning).
 """
 
 from __future__ import annotations
@@ -31,7 +30,6 @@ __all__ = [
     "padded_length",
     "per_item_sizeof",
     "size_array",
-    "skipped_message",
 ]
 
 #: How many evenly spread items a computed cost source's fingerprint samples.
@@ -290,9 +288,9 @@ class _IndexCosts(_CostSource):
         except (TypeError, AttributeError) as err:
             # NOTE: the signs of a function of a sample (len, x.shape, x["key"]) given an int
             raise TypeError(
-                f"sizeof is called with a dataset index (got {index!r}), not a sample, and "
-                f"sizeof={self.fn!r} failed on it ({type(err).__name__}: {err}). Pass the sizes as an array "
-                "(one per item), or a function of the index such as sizeof=lambda i: len(dataset[i])."
+                f"sizeof is called with a dataset index (got {index!r}), not a sample, and sizeof={self.fn!r} failed "
+                f"on it ({type(err).__name__}: {err}). Pass the sizes as an array (one per item), or a function of "
+                "the index such as sizeof=lambda i: len(dataset[i])."
             ) from err
 
 
@@ -374,24 +372,3 @@ def item_size(sizeof: Callable[[Any], Any], item: Any, describe: Callable[[Any],
 def oversize_message(item: Any, size: int | float, cap: int | float) -> str:
     """The bionemo warning for an item skipped because its size alone exceeds the cap."""
     return f"Size of element {item} exceeds max_total_size ({size} > {cap}), skipping"
-
-
-def skipped_message(count: int, epoch: int, largest: list[Any], caps: list[Any], fixed: list[Any]) -> str:
-    """The loaders' warning for the ``count`` oversize items skipped in ``epoch``, with the ways to keep them.
-
-    ``largest``, ``caps`` and ``fixed`` hold a value per cost column: the largest skipped cost,
-    the cap and the fixed cost per batch; a single column is shown as a number.
-
-    Examples:
-        >>> skipped_message(2, 0, [130], [100], [0])[:102]
-        '2 items were larger than max_total_size and were skipped in epoch 0; their indices are in stats.skipped'
-    """
-    # NOTE: a batch of one item must hold the item and the fixed cost; columns not exceeded keep their cap
-    needed = [max(cap, size + extra) for size, cap, extra in zip(largest, caps, fixed)]
-    size, cap, need = (values[0] if len(values) == 1 else values for values in (largest, caps, needed))
-    return (
-        f"{count} items were larger than max_total_size and were skipped in epoch {epoch}; their indices are in "
-        f"stats.skipped. The largest has size {size!r} and max_total_size is {cap!r}. To keep such items, pass "
-        "oversize='own_batch' (each in a batch of its own), oversize='error' (stop at the first), or "
-        f"max_total_size >= {need!r}{' (the size plus fixed_cost)' if any(fixed) else ''}."
-    )
