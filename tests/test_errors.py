@@ -70,6 +70,17 @@ def test_unequal_samples_keep_torchs_text_and_name_the_collators(make):
     assert isinstance(caught.value, RuntimeError)
 
 
+def test_unequal_samples_in_a_worker_process_raise_the_same_error():
+    samples = [{"input_ids": torch.arange(n)} for n in LENGTHS]
+    loader = quiet(lambda: FastLoader(samples, batch_size=2, shuffle=False, num_workers=1))
+    try:
+        with pytest.raises(ValueError, match=r"stack expects each tensor to be equal size.*PadCollator") as caught:
+            next(iter(loader))
+        assert isinstance(caught.value, RuntimeError)
+    finally:
+        loader.close()
+
+
 def test_unequal_samples_with_a_collator_make_batches():
     samples = [{"input_ids": torch.arange(n)} for n in LENGTHS]
     loader = quiet(lambda: FastLoader(samples, batch_size=2, shuffle=False, collate_fn=fastsab.PadCollator()))
