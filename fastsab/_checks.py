@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
+import sys
 from numbers import Integral, Real
 from typing import Any
 
@@ -30,7 +32,11 @@ __all__ = [
     "check_positive_real",
     "positive_int_argument",
     "short_repr",
+    "user_stacklevel",
 ]
+
+#: The package's folder: frames of files under it are fastsab's, not the user's.
+_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
 class NotANumberError(TypeError, ValueError):
@@ -58,6 +64,22 @@ class NotASingleNumberError(TypeError, ValueError, RuntimeError):
     and the ``ValueError`` (numpy) that bionemo's batching runs into when it compares such a
     size with the budget, so code written for it keeps working.
     """
+
+
+def user_stacklevel() -> int:
+    """The ``stacklevel`` at which a warning points at the user's line: the first frame outside fastsab.
+
+    Pass it as ``warnings.warn(message, stacklevel=user_stacklevel())`` in the function that warns;
+    with no frame outside the package (a thread of its own), the warning points at that function.
+    """
+    # NOTE: Python 3.12's warnings.warn(skip_file_prefixes=...) does this; 3.10 and 3.11 lack it
+    frame = sys._getframe(1)
+    level = 1
+    while frame.f_code.co_filename.startswith(_PACKAGE):
+        if frame.f_back is None:
+            return 1
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def check_optional_positive_int(name: str, value: Any) -> int | None:

@@ -8,6 +8,7 @@ from typing import Protocol, TypeVar
 import numpy as np
 import torch  # noqa: F401  # NOTE: used by the examples of the docstrings (their namespace is this module's)
 
+from fastsab._checks import short_repr
 from fastsab.adaptive.oom import is_out_of_memory
 from fastsab.adaptive.retry import AdaptiveOOMError, _check_factor, free_memory
 from fastsab.loaders.options import Limit
@@ -88,8 +89,14 @@ def run(loader: LowersLimit[B], step: Callable[[B], R], *, factor: float = 2) ->
         step: The work on one batch, e.g. a training step; its results are yielded.
         factor: How much smaller the limit gets after each out-of-memory error (> 1).
 
-    Yields:
-        What ``step`` returns, batch after batch (split batches give one result per part).
+    Returns:
+        An iterator of what ``step`` returns, batch after batch (split batches give one result
+        per part).
+
+    Raises:
+        TypeError: If ``loader`` is not a fastsab loader (a list, a ``DataLoader``) or ``step``
+            is not callable (raised at the call, before any batch).
+        ValueError: If ``factor`` is not above 1.
 
     Examples:
         >>> from fastsab import FastLoader
@@ -103,7 +110,23 @@ def run(loader: LowersLimit[B], step: Callable[[B], R], *, factor: float = 2) ->
         >>> loader.stats.limit_changes, loader.stats.num_splits
         ([(0, 8, 4), (0, 4, 2)], 2)
     """
-    factor = _check_factor(factor)
+    # NOTE: checked now, not at the first batch: run() returns the generator below
+    missing = [name for name in ("iter_with_indices", "fetch", "smaller_limit") if not hasattr(loader, name)]
+    if missing:
+        raise TypeError(
+            f"loader must be a fastsab.FastLoader or fastsab.FastSizeAwareLoader (it lowers its own batch limit "
+            f"when a step runs out of memory), got {short_repr(loader)} of type {type(loader).__name__}, which has "
+            f"no {missing[0]}(). Wrap the data in a loader first, e.g. run(FastLoader(data, batch_size=64), step)."
+        )
+    if not callable(step):
+        raise TypeError(
+            f"step must be a callable taking a batch, got {short_repr(step)} of type {type(step).__name__}."
+        )
+    return _run(loader, step, _check_factor(factor))
+
+
+def _run(loader: LowersLimit[B], step: Callable[[B], R], factor: float) -> Iterator[R]:
+    """The generator :func:`run` returns (its arguments checked)."""
     for indices, first in loader.iter_with_indices():
         # NOTE: the parts of a split batch are fetched when their turn comes (None until then)
         pending: list[tuple[np.ndarray, B | None]] = [(indices, first)]

@@ -15,7 +15,7 @@ import torch
 from torch.utils.data import Sampler
 
 from fastsab._arrays import native_order
-from fastsab._checks import NotAnIntegerError, check_positive_int
+from fastsab._checks import NotAnIntegerError, check_positive_int, user_stacklevel
 
 __all__ = ["BucketBatchSampler", "Buckets", "NoElementInBucketsError", "create_buckets"]
 
@@ -182,7 +182,8 @@ class BucketBatchSampler(Sampler[list[int]]):
             )
         if self.num_skipped:
             warnings.warn(
-                f"{self.num_skipped} elements are outside the buckets provided and will be skipped", stacklevel=2
+                f"{self.num_skipped} elements are outside the buckets provided and will be skipped",
+                stacklevel=user_stacklevel(),
             )
         # NOTE: each base sampler keeps a reference to its bucket's list; shuffling the list in
         # place (as __iter__ does) reshuffles what the base sampler iterates over.

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch.utils.data import Sampler
 
-from fastsab._checks import as_numeric_array, check_nonnegative_real
+from fastsab._checks import as_numeric_array, check_nonnegative_real, user_stacklevel
 
 # NOTE: the names of buckets.py and planned.py are re-exported (listed in __all__):
 # ``from fastsab.bionemo.samplers import ...`` gives every sampler name.
@@ -47,7 +47,7 @@ CHUNK_SIZE = 2**16
 
 
 def _warn(message: str) -> None:
-    warnings.warn(message, stacklevel=3)
+    warnings.warn(message, stacklevel=user_stacklevel())
 
 
 class SizeAwareBatchSampler(Sampler[list[int]]):

@@ -38,7 +38,7 @@ import numpy as np
 import torch
 from torch.utils.data import TensorDataset, default_collate
 
-from fastsab._checks import short_repr
+from fastsab._checks import short_repr, user_stacklevel
 from fastsab.fetch.pytree import children as _children
 from fastsab.fetch.pytree import is_array as _is_array
 from fastsab.fetch.pytree import is_dataclass_tree as _is_dataclass_tree  # noqa: F401  # an older import path
@@ -46,7 +46,15 @@ from fastsab.fetch.pytree import is_namedtuple as _is_namedtuple  # noqa: F401  
 from fastsab.fetch.pytree import tree_arrays, tree_map_arrays
 from fastsab.fetch.pytree import walk as _walk
 
-__all__ = ["Fetcher", "GatheredRows", "collate_batch", "getitems_in_memory", "indexable"]
+__all__ = ["Fetcher", "GatheredRows", "UnequalSamplesError", "collate_batch", "getitems_in_memory", "indexable"]
+
+
+class UnequalSamplesError(ValueError, RuntimeError):
+    """Samples of different shapes that the default ``collate_fn`` cannot stack into one batch.
+
+    A ``ValueError`` (the house rule for bad values) that is also the ``RuntimeError`` torch's
+    ``default_collate`` raises, so code written for a ``DataLoader`` keeps working.
+    """
 
 
 class Fetcher:
@@ -104,10 +112,15 @@ class Fetcher:
             )
         self.kind = "per_item"
         self.length = _length(dataset)
+        name = type(dataset).__name__
+        # NOTE: advising __getitems__ alone misleads: one that loops over the indices is as slow
         warnings.warn(
-            f"{type(dataset).__name__} has no __getitems__ and is not a tensor pytree: each batch is built "
-            "with one __getitem__ call per item, which is slow. Define __getitems__(indices) for one call per batch.",
-            stacklevel=3,
+            f"dataset {name} is read item by item: each batch calls {name}.__getitem__ once per sample, in Python, "
+            "which is slow. Tensors, numpy arrays, pytrees of them and fastsab.RaggedDataset (variable-length "
+            "sequences) are gathered a batch at a time without per-item Python: pass the data in one of these forms. "
+            "A __getitems__(indices) method helps only if it reads the whole batch at once (a gather, one read), "
+            "not if it loops over the indices.",
+            stacklevel=user_stacklevel(),
         )
 
     def take(self, indices: Any) -> Any:
@@ -132,7 +145,7 @@ class Fetcher:
         if self.kind == "getitems":
             return self._getitems(index)
         samples = [self.dataset[i] for i in index.tolist()]
-        return (self.collate_fn or default_collate)(samples)
+        return (self.collate_fn or collate_batch)(samples)
 
     def _gather(self, index: np.ndarray) -> Any:
         tensor_index = torch.from_numpy(index)
@@ -253,13 +266,34 @@ def collate_batch(fetched: Any) -> Any:
     default ``collate_fn`` of the fast loaders and of ``loader.data_loader()``; pass it to a
     ``DataLoader`` of your own over such a dataset.
 
+    Raises:
+        UnequalSamplesError: If the samples have different shapes (variable-length sequences),
+            which ``default_collate`` cannot stack: the message keeps torch's and names the
+            collators that batch such samples.
+
     Examples:
         >>> collate_batch([torch.tensor([1]), torch.tensor([2])]).tolist()
         [[1], [2]]
         >>> collate_batch(torch.tensor([[1], [2]])).tolist()
         [[1], [2]]
     """
-    return default_collate(fetched) if isinstance(fetched, list) else fetched
+    if not isinstance(fetched, list):
+        return fetched
+    try:
+        return default_collate(fetched)
+    except RuntimeError as err:
+        # NOTE: torch's texts for tensors ("stack expects each tensor to be equal size") and for
+        # lists ("each element in list of batch should be of equal size"); other errors are not ours
+        if "equal size" not in str(err):
+            raise
+        raise UnequalSamplesError(
+            "the default collate_fn (torch's default_collate) cannot stack samples of different shapes into "
+            f"one batch: {err}. For variable-length sequences, give each sample as a dict of per-token values "
+            '(e.g. {"input_ids": tensor}) and pass '
+            "collate_fn=fastsab.PadCollator() (a (B, L) batch with an attention_mask) or "
+            "collate_fn=fastsab.PackCollator() (the tokens as one (T,) row with cu_seqlens); "
+            "for the fast path, store the sequences as a fastsab.RaggedDataset, gathered without per-item Python."
+        ) from err
 
 
 # -- which datasets are gathered ------------------------------------------------------
@@ -352,4 +386,9 @@ def _length(dataset: Any) -> int:
     try:
         return len(dataset)
     except TypeError as err:
-        raise TypeError(f"dataset must have a length (__len__), got {type(dataset).__name__}.") from err
+        raise TypeError(
+            f"dataset must have a length (__len__), got {type(dataset).__name__} without one: the loaders plan whole "
+            "epochs by index (which indices form which batch), so they need len(dataset) and dataset[i]. For an "
+            "iterable or a stream, batch it with fastsab.size_aware_batching(iterable, sizeof, max_total_size); "
+            "for WebDataset shards, use fastsab.integrations.webdataset.size_aware_batched."
+        ) from err

@@ -16,6 +16,7 @@ from typing import TypeVar
 import numpy as np
 import torch
 
+from fastsab._checks import user_stacklevel
 from fastsab.fetch.pytree import tree_arrays, tree_leaves, tree_map_arrays
 
 __all__ = [
@@ -77,7 +78,7 @@ def warn_pin_unavailable() -> None:
     """Warn that ``pin_memory=True`` has no effect without an accelerator (as DataLoader does)."""
     warnings.warn(
         "pin_memory=True has no effect: no accelerator is available, so batches stay in pageable memory.",
-        stacklevel=3,
+        stacklevel=user_stacklevel(),
     )
 
 

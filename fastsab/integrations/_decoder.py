@@ -17,6 +17,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from fastsab._checks import user_stacklevel
+
 __all__ = ["safe_decoder"]
 
 PICKLE_EXTENSIONS = ("pyd", "pickle", "pkl")
@@ -44,7 +46,7 @@ def safe_decoder(*, allow_pickle: bool = False) -> Callable[[dict[str, Any]], di
         warnings.warn(
             "allow_pickle=True: pickled fields of the shards will be unpickled, which can run arbitrary code; "
             "read only shards you trust.",
-            stacklevel=2,
+            stacklevel=user_stacklevel(),
         )
 
     def decode(sample: dict[str, Any]) -> dict[str, Any]:

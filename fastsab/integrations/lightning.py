@@ -18,6 +18,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 
+from fastsab._checks import user_stacklevel
 from fastsab.integrations._splits import SPLITS
 from fastsab.loaders.dataloader_keywords import without_dataloader_defaults
 from fastsab.loaders.loader import FastLoader, FastSizeAwareLoader
@@ -186,7 +187,7 @@ class FastDataModule(pl.LightningDataModule):
             "size-aware epochs differ in their number of batches: pass "
             "Trainer(reload_dataloaders_every_n_epochs=1) so that Lightning reads each epoch's exact length; "
             "until then the training loader reports none and every epoch runs to its end.",
-            stacklevel=3,
+            stacklevel=user_stacklevel(),
         )
         return _TrainLoader(loader)
 

@@ -18,6 +18,7 @@ from typing import Any, Generic, cast
 
 import numpy as np
 
+from fastsab._checks import user_stacklevel
 from fastsab.fetch.batch_maker import BatchMaker, IndexArray
 from fastsab.loaders.options import Limit, LimitLike, T
 from fastsab.plan.costs import refuse_above
@@ -83,7 +84,7 @@ class LimitLowering(EpochCursor, Generic[T]):
             f"state_dict() was called between the parts of a split step ({self.parts_left} part(s) still to run): "
             "the state resumes at the start of that step, so its parts already run will run again. Save states "
             "when loader.parts_left is 0.",
-            stacklevel=4,
+            stacklevel=user_stacklevel(),
         )
         return True
 

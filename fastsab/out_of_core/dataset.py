@@ -32,7 +32,7 @@ import numpy as np
 import optree
 import torch
 
-from fastsab._checks import check_positive_int
+from fastsab._checks import check_positive_int, user_stacklevel
 from fastsab.fetch.fetcher import check_indices
 from fastsab.fetch.transfer import tree_map_arrays
 from fastsab.memory.plan import sample_nbytes
@@ -211,7 +211,7 @@ class OutOfCoreDataset:
                 "read one after the other for this batch alone. Batches of random samples read most of the data "
                 "for each batch; the fastsab loaders (and their batch_sampler()) keep batches within chunks, or "
                 "within chunks that follow each other in the epoch.",
-                stacklevel=2,
+                stacklevel=user_stacklevel(),
             )
         held = self._cache.held(unique, self._read_chunk) if len(unique) == 2 else {}
         parts = []

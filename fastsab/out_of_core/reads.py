@@ -77,8 +77,8 @@ class SampleReads:
         for read in range(first, end):
             for position, sample in enumerate(self._samples(read)):
                 leaves, spec = optree.tree_flatten(sample)
-                arrays = [as_numpy(leaf) for leaf in leaves]  # numbers too
                 where = functools.partial(self._where, read, position)  # NOTE: formatted only for a message
+                arrays = [as_numpy(leaf, where) for leaf in leaves]  # numbers too
                 if layout is None:
                     check_dtypes(spec, arrays, where())
                     layout = self._first_layout(Layout.of(spec, arrays))

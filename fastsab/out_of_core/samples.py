@@ -104,9 +104,22 @@ def empty_array(shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
     return np.frombuffer(mmap.mmap(-1, nbytes), dtype=dtype).reshape(shape)
 
 
-def as_numpy(leaf: Any) -> np.ndarray:
-    """A leaf of a sample (a tensor, an array or a number) as a numpy array."""
-    return leaf.detach().cpu().numpy() if isinstance(leaf, torch.Tensor) else np.asarray(leaf)
+def as_numpy(leaf: Any, where: Callable[[], str]) -> np.ndarray:
+    """A leaf of a sample (a tensor, an array or a number) as a numpy array; ``where`` names the sample.
+
+    Raises:
+        TypeError: If the leaf is a tensor of a dtype numpy lacks (bfloat16): chunks are numpy arrays.
+    """
+    if not isinstance(leaf, torch.Tensor):
+        return np.asarray(leaf)
+    try:
+        return leaf.detach().cpu().numpy()
+    except TypeError as err:
+        raise TypeError(
+            f"{where()} with a tensor of dtype {leaf.dtype}, which numpy cannot hold, and the chunks of an "
+            "OutOfCoreDataset are numpy arrays. Return it as float32 (which holds every bfloat16 value exactly) "
+            "and cast the batch where it is used, e.g. batch.to(torch.bfloat16)."
+        ) from err
 
 
 def _at(path: tuple[Any, ...]) -> str:

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from fastsab._arrays import as_numpy, native_order
-from fastsab._checks import as_numeric_array, as_python_number, as_real_array, as_size
+from fastsab._checks import as_numeric_array, as_python_number, as_real_array, as_size, user_stacklevel
 
 __all__ = [
     "CostSource",
@@ -105,7 +105,7 @@ def make_cost_source(sizeof: Any, n: int, features: Any = None) -> CostSource:
     warnings.warn(
         "sizeof is called once per item, which is slow: pass an array of sizes, a vectorized callable "
         "taking an index array, or a memory model with features=.",
-        stacklevel=3,
+        stacklevel=user_stacklevel(),
     )
     return _IndexCosts(sizeof, per_item=True)
 
@@ -282,8 +282,19 @@ class _IndexCosts(_CostSource):
 
     def __call__(self, ids: np.ndarray) -> np.ndarray:
         if self.per_item:
-            return _check_costs([as_python_number(self.fn(i)) for i in ids.tolist()], ids)
+            return _check_costs([as_python_number(self._item_cost(i)) for i in ids.tolist()], ids)
         return _check_costs(self.fn(ids), ids)
+
+    def _item_cost(self, index: int) -> Any:
+        try:
+            return self.fn(index)
+        except (TypeError, AttributeError) as err:
+            # NOTE: the signs of a function of a sample (len, x.shape, x["key"]) given an int
+            raise TypeError(
+                f"sizeof is called with a dataset index (got {index!r}), not a sample, and sizeof={self.fn!r} failed "
+                f"on it ({type(err).__name__}: {err}). Pass the sizes as an array (one per item), or a function of "
+                "the index such as sizeof=lambda i: len(dataset[i])."
+            ) from err
 
 
 def _is_vectorized(sizeof: Callable[[Any], Any], probe: np.ndarray) -> bool:

@@ -14,6 +14,7 @@ This module holds the size-aware planner and its epoch; :class:`FixedSizePlanner
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 
@@ -25,7 +26,7 @@ from fastsab.plan.plans import _EMPTY_IDS, Carry, PlanChunk, PlanInputs
 from fastsab.plan.window_epoch import SortedWindowEpoch, _WindowPlan
 from fastsab.plan.windows import check_sort_window
 
-__all__ = ["SizeAwareEpoch", "SizeAwarePlanner"]
+__all__ = ["SizeAwareEpoch", "SizeAwarePlanner", "skipped_message"]
 
 #: Epochs of at most this many items keep their whole plan after ``len()`` computed it.
 PLAN_CACHE_ITEMS = 2**22
@@ -106,6 +107,15 @@ class SizeAwarePlanner:
         if len(offsets) < 2:
             return np.empty(0, dtype=np.float64)
         return self.rule.balance_costs(self.costs(ids), offsets)
+
+    def skipped_warning(self, skipped: list[int], epoch: int) -> str:
+        """The warning for the oversize items ``skipped`` in ``epoch``: their largest cost, the caps, the fixes."""
+        costs = np.asarray(self.costs(np.asarray(skipped, dtype=np.int64)))
+        if self.rule.feature_cost is not None:  # (rows of features: the costs feature_cost gives them)
+            costs = np.asarray(self.rule.feature_cost(costs))
+        largest = costs.reshape(len(costs), -1).max(axis=0).tolist()
+        k = len(largest)
+        return skipped_message(len(skipped), epoch, largest, self.rule.column_caps(k), self.rule.column_fixed(k))
 
     def plan_inputs(self) -> PlanInputs:
         """What besides the order decides the batches: the caps, options and sizes."""
@@ -229,3 +239,25 @@ class SizeAwareEpoch:
         self._prefix = None if costs is None else (pending, costs)
         self._lowered = self.planner.rule.lowered(caps)
         self._done = False  # the last chunk may have been planned: plan what was taken back
+
+
+def skipped_message(count: int, epoch: int, largest: list[Any], caps: list[Any], fixed: list[Any]) -> str:
+    """The loaders' warning for ``count`` oversize items skipped in ``epoch``, and the ways to keep them.
+
+    Per cost column: ``largest`` skipped cost, ``caps``, ``fixed`` cost per batch (one column shown as a number).
+
+    Examples:
+        >>> print(skipped_message(2, 0, [130], [100], [10]).split(". ", 1)[1])  # doctest: +NORMALIZE_WHITESPACE
+        The largest has size 130 and max_total_size is 100. To keep such items, pass
+        oversize='own_batch' (each in a batch of its own), oversize='error' (stop at the first),
+        or max_total_size >= 140 (the size plus fixed_cost).
+    """
+    # NOTE: a batch of one item must hold the item and the fixed cost; columns not exceeded keep their cap
+    needed = [max(cap, size + extra) for size, cap, extra in zip(largest, caps, fixed)]
+    size, cap, need = (values[0] if len(values) == 1 else values for values in (largest, caps, needed))
+    return (
+        f"{count} items were larger than max_total_size and were skipped in epoch {epoch}; their indices are in "
+        f"stats.skipped. The largest has size {size!r} and max_total_size is {cap!r}. To keep such items, pass "
+        "oversize='own_batch' (each in a batch of its own), oversize='error' (stop at the first), or "
+        f"max_total_size >= {need!r}{' (the size plus fixed_cost)' if any(fixed) else ''}."
+    )

@@ -22,11 +22,12 @@ from typing import Any
 
 import numpy as np
 
-from fastsab._checks import check_choice, check_nonnegative_int
+from fastsab._checks import check_choice, check_nonnegative_int, user_stacklevel
+from fastsab.plan.planners import SizeAwarePlanner
 from fastsab.plan.plans import PlanChunk
 from fastsab.position.distributed import EvenBatches
 from fastsab.position.epoch_state import STATE_FORMAT, Limit, Segment, lowered_at, parse_state
-from fastsab.position.fingerprint import _plain, plan_fingerprint
+from fastsab.position.fingerprint import _plain, plan_identity
 from fastsab.position.shares import EpochShares, Planner
 from fastsab.position.stats import EpochStats
 from fastsab.position.stream import Stream
@@ -94,7 +95,7 @@ class EpochCursor:
         self._run: _Run | None = None  # the epoch last started: its stretches and stream
         self._advance = False  # under ranks: the end of the epoch last started sets the next one
         self._left = False  # the iteration last started was left before its end (a peek, a break)
-        self._fingerprint: str | None = None
+        self._identity: tuple[str, dict[str, Any]] | None = None  # the plan's fingerprint and settings
         self._shares = EpochShares(planner, rank)
 
     def _new_segment(self) -> Segment:
@@ -264,12 +265,9 @@ class EpochCursor:
             self.epoch = self._run.epoch + 1
         if not self._resuming:
             self._history, self._segment = [], self._new_segment()
-        if stats is not None and stats.num_skipped:
-            warnings.warn(
-                f"{stats.num_skipped} items were larger than max_total_size and were skipped in epoch "
-                f"{stats.epoch}; their indices are in stats.skipped.",
-                stacklevel=3,
-            )
+        # (only a size-aware plan skips items)
+        if stats is not None and stats.num_skipped and isinstance(self.planner, SizeAwarePlanner):
+            warnings.warn(self.planner.skipped_warning(stats.skipped, stats.epoch), stacklevel=user_stacklevel())
 
     # -- state ----------------------------------------------------------------------------------
 
@@ -280,9 +278,13 @@ class EpochCursor:
 
     def fingerprint(self) -> str:
         """Digest of the plan's inputs (see :func:`plan_fingerprint`), computed once."""
-        if self._fingerprint is None:
-            self._fingerprint = plan_fingerprint(self.planner)
-        return self._fingerprint
+        return self._plan_identity()[0]
+
+    def _plan_identity(self) -> tuple[str, dict[str, Any]]:
+        """The plan's fingerprint and settings (see :func:`plan_identity`), computed once."""
+        if self._identity is None:
+            self._identity = plan_identity(self.planner)
+        return self._identity
 
     def state_dict(self) -> dict[str, Any]:
         """Where the iteration stands: a few numbers; resume with :meth:`load_state_dict`.
@@ -335,6 +337,7 @@ class EpochCursor:
             **current.as_dict(),
             "history": [s.as_dict() for s in history],
             "fingerprint": self.fingerprint(),
+            "plan": self._plan_identity()[1],
         }
         return _plain(state)  # type: ignore[no-any-return]
 
@@ -349,8 +352,13 @@ class EpochCursor:
             ValueError: If it is not a fastsab epoch state, was saved with another seed,
                 dataset or batching configuration, or names steps past the end of its epoch.
         """
+        fingerprint, plan = self._plan_identity()
         epoch, segments = parse_state(
-            state, seed=self.planner.order.seed, fingerprint=self.fingerprint(), check_limit=self.check_lowered_limit
+            state,
+            seed=self.planner.order.seed,
+            fingerprint=fingerprint,
+            check_limit=self.check_lowered_limit,
+            plan=plan,
         )
         history, current = segments[:-1], segments[-1]
         resuming = bool(history) or current.steps > 0 or bool(current.lowered)

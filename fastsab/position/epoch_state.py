@@ -1,9 +1,10 @@
 """The resume state format: an epoch's stretches (:class:`Segment`) and how a state is read back.
 
-A state is plain JSON: the format, seed, epoch and plan fingerprint, the stretch being run
-(its world size, steps, dealing options and lowered limits) at the top level, and the
-earlier stretches of the epoch under ``"history"``. :func:`parse_state` checks every value
-and names the key of the first bad one.
+A state is plain JSON: the format, seed, epoch and plan fingerprint, the plan's settings
+(``"plan"``, to name what differs when the fingerprint does), the stretch being run (its world
+size, steps, dealing options and lowered limits) at the top level, and the earlier stretches
+of the epoch under ``"history"``. :func:`parse_state` checks every value and names the key of
+the first bad one.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any, TypeAlias
 from fastsab._checks import check_choice
 from fastsab.plan.costs import Limit
 from fastsab.position.distributed import EvenBatches
+from fastsab.position.fingerprint import plan_differences
 
 __all__ = [
     "MAX_WORLD_SIZE",
@@ -39,6 +41,8 @@ MAX_WORLD_SIZE = 2**24
 SEGMENT_KEYS = ("world_size", "steps", "even_batches", "balance", "lowered")
 #: The entries of a state besides those of its current stretch.
 STATE_KEYS = ("format", "seed", "epoch", "history", "fingerprint")
+#: The entries a state may lack: the plan's settings (states saved before they were kept have none).
+OPTIONAL_KEYS = ("plan",)
 
 
 #: ``(position, limit)`` records: from the ``position``-th batch of a stream on, ``limit`` applied.
@@ -106,7 +110,12 @@ def check_steps(segment: Segment, steps: int, epoch: int) -> None:
 
 
 def parse_state(
-    state: object, *, seed: int, fingerprint: str, check_limit: Callable[[Any], Limit]
+    state: object,
+    *,
+    seed: int,
+    fingerprint: str,
+    check_limit: Callable[[Any], Limit],
+    plan: dict[str, Any] | None = None,
 ) -> tuple[int, list[Segment]]:
     """The epoch of ``state`` and its stretches (the last one is where the state was taken).
 
@@ -114,6 +123,8 @@ def parse_state(
         state: What ``state_dict()`` returned (maybe through JSON).
         seed, fingerprint: The reader's; a state of another seed or plan is refused.
         check_limit: Checks a lowered limit and returns it as the planner uses it.
+        plan: The reader's plan settings (``plan_identity``): a refusal names what differs
+            from the state's. The fingerprint alone decides whether a state is refused.
 
     Raises:
         TypeError: If ``state`` or one of its values has the wrong type.
@@ -133,14 +144,14 @@ def parse_state(
             f"state is not a fastsab epoch state of this version (format {state.get('format')!r}, "
             f"expected {STATE_FORMAT!r})."
         )
-    _check_keys("state", state, STATE_KEYS + SEGMENT_KEYS)
+    _check_keys("state", state, STATE_KEYS + SEGMENT_KEYS, OPTIONAL_KEYS)
     if _state_int("seed", state["seed"]) != seed:
         raise ValueError(f"state was saved with seed {state['seed']!r}, but this object has seed {seed!r}.")
+    saved_plan = state.get("plan")
+    if saved_plan is not None and not isinstance(saved_plan, dict):
+        raise TypeError(f"state['plan'] must be a dict from state_dict(), got {saved_plan!r}.")
     if state["fingerprint"] != fingerprint:
-        raise ValueError(
-            "state was saved for another dataset, sizes or batching configuration "
-            f"(fingerprint {state['fingerprint']!r}, this object's is {fingerprint!r})."
-        )
+        raise ValueError(_refusal(state["fingerprint"], fingerprint, saved_plan, plan))
     epoch = _state_int("epoch", state["epoch"])
     if epoch >= 2**63:
         raise ValueError(f"state['epoch'] must be below 2**63, got {epoch!r}.")
@@ -153,13 +164,28 @@ def parse_state(
     return epoch, [_parse_segment(raw, check_limit) for raw in [*state["history"], state]]
 
 
-def _check_keys(name: str, raw: dict[Any, Any], keys: tuple[str, ...]) -> None:
-    """Refuse ``raw`` (``name`` in the state) unless it has exactly the entries ``keys``."""
+def _refusal(saved: object, fingerprint: str, saved_plan: dict[str, Any] | None, plan: dict[str, Any] | None) -> str:
+    """Why a state of fingerprint ``saved`` is refused: what differs, where both name their settings."""
+    hashes = f"(fingerprint {saved!r}, this object's is {fingerprint!r})"
+    if saved_plan is None or plan is None:
+        return (
+            f"state was saved for another dataset, sizes or batching configuration {hashes} "
+            "(a state saved by an older fastsab names no setting)."
+        )
+    return (
+        f"state was saved for another dataset, sizes or batching configuration: "
+        f"{'; '.join(plan_differences(saved_plan, plan))} {hashes}. Load it into a loader made with the "
+        "settings it was saved with, or start the epoch afresh without load_state_dict()."
+    )
+
+
+def _check_keys(name: str, raw: dict[Any, Any], keys: tuple[str, ...], optional: tuple[str, ...] = ()) -> None:
+    """Refuse ``raw`` (``name`` in the state) unless it has the entries ``keys`` and no others but ``optional``."""
     for key in keys:
         if key not in raw:
             raise ValueError(f"state has no {key!r} entry; pass a dict made by state_dict().")
     # NOTE: an entry this version does not know may change where a resume starts: refused, not ignored
-    unknown = [key for key in raw if key not in keys]
+    unknown = [key for key in raw if key not in keys + optional]
     if unknown:
         raise ValueError(
             f"{name} has an unknown entry {unknown[0]!r} (entries are {', '.join(keys)}); "

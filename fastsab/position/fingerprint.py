@@ -1,9 +1,11 @@
 """The plan fingerprint: a digest of what determines a planner's batches, checked on resume.
 
-:func:`plan_fingerprint` digests the number of items, the order options, the configured
+:func:`plan_identity` digests the number of items, the order options, the configured
 limits and the sizes, so that a state saved for another dataset or batching configuration is
-refused (see :func:`~fastsab.position.epoch_state.parse_state`). :func:`_plain` writes numbers
-as plain Python numbers, one value whatever their type, for the digest and for the state.
+refused (see :func:`~fastsab.position.epoch_state.parse_state`), and gives the same inputs but
+the sizes as plain values, saved in the state so that a refusal names the setting that
+differs (:func:`plan_differences`). :func:`_plain` writes numbers as plain Python numbers,
+one value whatever their type, for the digest and for the state.
 """
 
 from __future__ import annotations
@@ -16,7 +18,13 @@ import numpy as np
 
 from fastsab.plan.plans import Planner
 
-__all__ = ["plan_fingerprint"]
+__all__ = ["plan_differences", "plan_fingerprint", "plan_identity"]
+
+#: The loader argument each plan option is given as, where the names differ.
+_ARGUMENTS = {"limit": "max_total_size"}
+
+#: What each planner batches by, as a user chooses it.
+_KINDS = {"FixedSizePlanner": "a batch_size (FastLoader)", "SizeAwarePlanner": "a max_total_size (FastSizeAwareLoader)"}
 
 
 def _plain(value: Any) -> Any:
@@ -40,10 +48,68 @@ def plan_fingerprint(planner: Planner[Any]) -> str:
     callable's sizes are not all computed just to fingerprint them). Numbers are compared by
     value: ``np.int64(100)``, ``100`` and ``100.0`` are the same cap.
     """
+    return plan_identity(planner)[0]
+
+
+def plan_identity(planner: Planner[Any]) -> tuple[str, dict[str, Any]]:
+    """The :func:`plan_fingerprint` of ``planner`` and its plan's settings as plain values.
+
+    The settings are the fingerprint's inputs but the sizes: the planner's kind, the number
+    of items, the order options and the plan options (plain JSON). A state carries them so
+    that a refused state names what differs; they never decide whether a state is refused.
+
+    Examples:
+        >>> from fastsab.plan.epochs import EpochOrder
+        >>> from fastsab.plan.fixed_size import FixedSizePlanner
+        >>> digest, settings = plan_identity(FixedSizePlanner(EpochOrder(10, shuffle=True), 3, False))
+        >>> settings["n"], settings["options"]
+        (10, {'batch_size': 3, 'drop_last': False})
+    """
     kind, options, sizes = planner.plan_inputs()
     order = planner.order
+    plain = _plain(options)
     digest = hashlib.blake2b(digest_size=12)
     digest.update(repr((kind, order.n, order.shuffle, order.group_size, order.rotate)).encode())
-    digest.update(json.dumps(_plain(options)).encode())
+    digest.update(json.dumps(plain).encode())
     digest.update(sizes)
-    return digest.hexdigest()
+    settings = {"kind": kind, "n": order.n, "shuffle": order.shuffle, "group_size": order.group_size}
+    settings |= {"rotate": order.rotate, "options": plain}
+    return digest.hexdigest(), _plain(settings)
+
+
+def plan_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """What differs between the settings a state was saved with and ``current`` (:func:`plan_identity`).
+
+    Each entry names a loader argument (or the dataset) with its saved and current value.
+    With equal settings the fingerprints differ by the sizes, which the settings leave out.
+
+    Examples:
+        >>> base = {"kind": "SizeAwarePlanner", "n": 8, "options": {"limit": [100], "cost": "sum"}}
+        >>> plan_differences(base, base | {"options": {"limit": [120], "cost": "sum"}})
+        ['max_total_size was 100 when the state was saved and is 120 here']
+        >>> plan_differences(base, base | {"n": 9})
+        ['the dataset had 8 items when the state was saved and has 9 here']
+    """
+    kind = current["kind"]
+    if saved.get("kind") != kind:
+        was = _KINDS.get(str(saved.get("kind")), repr(saved.get("kind")))
+        return [f"the state was saved by batching by {was}, and this object batches by {_KINDS.get(kind, kind)}"]
+    if saved.get("n") != current["n"]:
+        return [f"the dataset had {saved.get('n')!r} items when the state was saved and has {current['n']!r} here"]
+    saved_options = saved.get("options")
+    saved_options = saved_options if isinstance(saved_options, dict) else {}
+    pairs = [(key, saved.get(key), current.get(key)) for key in ("shuffle", "group_size", "rotate")]
+    options = current["options"]
+    # NOTE: an option absent from one side is unset there (options are left out when unset)
+    pairs += [(key, saved_options.get(key), options.get(key)) for key in dict.fromkeys([*saved_options, *options])]
+    changes = [
+        f"{_ARGUMENTS.get(key, key)} was {_shown(old)} when the state was saved and is {_shown(new)} here"
+        for key, old, new in pairs
+        if old != new
+    ]
+    return changes or ["the sizes differ: sizeof gives the same items other sizes than when the state was saved"]
+
+
+def _shown(value: Any) -> str:
+    """A setting as a user gave it: a single cap as a number."""
+    return repr(value[0] if isinstance(value, list) and len(value) == 1 else value)

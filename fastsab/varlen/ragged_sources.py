@@ -165,7 +165,9 @@ def checked_offsets(offsets: Any, total: int) -> np.ndarray:
     if len(array) == 0:
         raise ValueError(f"offsets must hold n + 1 >= 1 entries (the first is 0), got {short_repr(offsets)}.")
     if array.dtype.kind not in "iu":
-        raise TypeError(f"offsets must be integers, got dtype {array.dtype}: {short_repr(offsets)}.")
+        # NOTE: the dtype given, not the one numpy widened it to (bfloat16 is read as float32)
+        given = offsets.dtype if isinstance(offsets, torch.Tensor) else array.dtype
+        raise TypeError(f"offsets must be integers, got dtype {given}: {short_repr(offsets)}.")
     if array[0] != 0:
         raise ValueError(f"offsets must start at 0, got offsets[0] = {array[0]!r}.")
     steps = np.diff(array.astype(np.int64, copy=False))

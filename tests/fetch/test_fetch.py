@@ -198,15 +198,15 @@ def test_every_dataset_kind_fetches_what_indexing_gives(kind, rows, dtype, width
 
 def test_tensor_dataset_subclasses_that_change_indexing_are_fetched_per_item():
     x = torch.arange(6)
-    with pytest.warns(UserWarning, match="Augmented has no __getitems__"):
+    with pytest.warns(UserWarning, match="dataset Augmented is read item by item"):
         augmented = Fetcher(Augmented(x), None)
     assert augmented.kind == "per_item" and [t.tolist() for t in augmented(np.array([0, 5]))] == [[100, 105]]
-    with pytest.warns(UserWarning, match="FirstThree has no __getitems__"):
+    with pytest.warns(UserWarning, match="dataset FirstThree is read item by item"):
         first_three = Fetcher(FirstThree(x), None)
     assert first_three.length == 3
     with pytest.raises(IndexError, match="index 3 is out of range for a dataset of 3 items"):
         first_three(np.array([0, 3]))
-    with pytest.warns(UserWarning, match="Doubled has no __getitems__"):
+    with pytest.warns(UserWarning, match="dataset Doubled is read item by item"):
         doubled = Fetcher(Doubled(x), None)
     assert doubled(np.array([1, 2])).tolist() == [2, 4]
 

@@ -195,7 +195,9 @@ def test_items_skipped_as_oversize_are_reported_every_epoch(tmp_path: Path) -> N
         FastTrainer(model=_Model(), args=args, train_loader=loader).train()
     reports = [str(w.message) for w in caught if "larger than max_total_size" in str(w.message)]
     assert reports == [
-        f"1 items were larger than max_total_size and were skipped in epoch {e}; their indices are in stats.skipped."
+        f"1 items were larger than max_total_size and were skipped in epoch {e}; their indices are in stats.skipped. "
+        "The largest has size 100.0 and max_total_size is 4. To keep such items, pass oversize='own_batch' (each in "
+        "a batch of its own), oversize='error' (stop at the first), or max_total_size >= 100.0."
         for e in (0, 1)
     ]
 

@@ -130,11 +130,11 @@ def test_collators_are_the_collate_fn_of_the_loaders_and_of_dataloader():
     for collate in (PadCollator(), PackCollator()):
         dl = DataLoader(sequences, batch_size=3, collate_fn=collate)
         assert [b["index"].tolist() for b in dl] == [[0, 1, 2], [3, 4, 5], [6, 7]]
-        with pytest.warns(UserWarning, match="one __getitem__ call per item"):
+        with pytest.warns(UserWarning, match="once per sample, in Python"):
             loader = FastSizeAwareLoader(sequences, lengths, 10, seed=0, collate_fn=collate)
         seen = sorted(i for batch in loader for i in batch["index"].tolist())
         assert seen == list(range(8))
-        with pytest.warns(UserWarning, match="one __getitem__ call per item"):
+        with pytest.warns(UserWarning, match="once per sample, in Python"):
             fixed = FastLoader(sequences, 4, shuffle=False, collate_fn=collate)
         assert [b["index"].tolist() for b in fixed] == [[0, 1, 2, 3], [4, 5, 6, 7]]
     assert pickle.loads(pickle.dumps(PadCollator({"labels": -100}, 8))).pad_value == {"labels": -100}

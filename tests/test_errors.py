@@ -1,0 +1,309 @@
+"""The errors and warnings users run into first: each names the argument and the value and says the fix."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import Dataset, IterableDataset
+
+import fastsab
+from fastsab import (
+    FastLoader,
+    FastSizeAwareLoader,
+    OutOfCoreDataset,
+    SizeAwareBatchSampler,
+    size_aware_batching,
+    split_batches,
+)
+from fastsab._checks import user_stacklevel
+from fastsab.adaptive import run
+from tests.docs_pages import page_script
+
+LENGTHS = [53, 126, 7, 40, 90, 12]
+
+
+class Sequences(Dataset[torch.Tensor]):
+    """Variable-length samples read one at a time, as a user's first dataset often is."""
+
+    def __len__(self) -> int:
+        return len(LENGTHS)
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        return torch.arange(LENGTHS[index])
+
+
+def quiet(make: object) -> object:
+    """``make()`` with fastsab's advice about slow reads silenced (not what a test is about)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return make()  # type: ignore[operator]
+
+
+# -- 1. samples of different lengths without a collate_fn ---------------------------------------
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: FastLoader(Sequences(), batch_size=2, shuffle=False),
+        lambda: FastSizeAwareLoader(Sequences(), np.array(LENGTHS), 300, shuffle=False),
+        lambda: FastLoader([{"input_ids": torch.arange(n)} for n in LENGTHS], batch_size=2, shuffle=False),
+    ],
+    ids=["dataset", "size-aware", "list-of-dicts"],
+)
+def test_unequal_samples_keep_torchs_text_and_name_the_collators(make):
+    loader = quiet(make)
+    with pytest.raises(ValueError, match=r"default collate_fn") as caught:
+        next(iter(loader))
+    message = str(caught.value)
+    assert "stack expects each tensor to be equal size, but got [53] at entry 0 and [126] at entry 1" in message
+    fixes = ('a dict of per-token values (e.g. {"input_ids": tensor})', "collate_fn=fastsab.PadCollator()")
+    for fix in (*fixes, "collate_fn=fastsab.PackCollator()", "fastsab.RaggedDataset"):
+        assert fix in message
+    # code written for torch's error still catches it
+    assert isinstance(caught.value, RuntimeError)
+
+
+def test_unequal_samples_in_a_worker_process_raise_the_same_error():
+    samples = [{"input_ids": torch.arange(n)} for n in LENGTHS]
+    loader = quiet(lambda: FastLoader(samples, batch_size=2, shuffle=False, num_workers=1))
+    try:
+        with pytest.raises(ValueError, match=r"stack expects each tensor to be equal size.*PadCollator") as caught:
+            next(iter(loader))
+        assert isinstance(caught.value, RuntimeError)
+    finally:
+        loader.close()
+
+
+def test_unequal_samples_with_a_collator_make_batches():
+    samples = [{"input_ids": torch.arange(n)} for n in LENGTHS]
+    loader = quiet(lambda: FastLoader(samples, batch_size=2, shuffle=False, collate_fn=fastsab.PadCollator()))
+    batch = next(iter(loader))
+    assert batch["input_ids"].shape == (2, 126) and batch["attention_mask"].sum(1).tolist() == [53, 126]
+
+
+# -- 2. a per-item sizeof of a sample ----------------------------------------------------------
+
+
+def test_sizeof_len_says_it_gets_an_index():
+    index = r"sizeof is called with a dataset index \(got \d+\), not a sample"
+    with pytest.raises(TypeError, match=index) as caught:
+        quiet(lambda: list(FastSizeAwareLoader(Sequences(), sizeof=len, max_total_size=300)))
+    message = str(caught.value)
+    assert "object of type 'int' has no len()" in message
+    assert "sizeof=lambda i: len(dataset[i])" in message and "sizes as an array" in message
+
+
+def test_a_per_item_sizeof_of_the_index_still_works():
+    data = Sequences()
+    by_index = quiet(lambda: FastSizeAwareLoader(torch.arange(6), lambda i: len(data[i]), 300, seed=2))
+    by_array = FastSizeAwareLoader(torch.arange(6), np.array(LENGTHS), 300, seed=2)
+    assert [b.tolist() for b in by_index] == [b.tolist() for b in by_array]
+
+
+# -- 3. a state saved with other settings -------------------------------------------------------
+
+
+def sized(max_total_size: int = 100, n: int = 40, **options: object) -> FastSizeAwareLoader:
+    sizes = (np.arange(n) % 7 + 1) * 5
+    return FastSizeAwareLoader(torch.arange(n), options.pop("sizes", sizes), max_total_size, seed=3, **options)
+
+
+def saved_state(loader: FastSizeAwareLoader, steps: int = 2) -> dict[str, object]:
+    iterator = iter(loader)
+    for _ in range(steps):
+        next(iterator)
+    return loader.state_dict()
+
+
+def test_a_state_of_another_max_total_size_names_both_values():
+    state = saved_state(sized(100))
+    with pytest.raises(ValueError, match="max_total_size was 100 when the state was saved and is 120 here"):
+        sized(120).load_state_dict(state)
+
+
+def test_a_state_of_other_options_names_each():
+    state = saved_state(sized(100))
+    with pytest.raises(ValueError, match="cost was 'sum' when the state was saved and is 'padded' here") as caught:
+        sized(100, cost="padded", sort_window=8).load_state_dict(state)
+    assert "sort_window was None when the state was saved and is 8 here" in str(caught.value)
+
+
+def test_a_state_of_another_dataset_names_its_length_or_the_sizes():
+    state = saved_state(sized(100, n=40))
+    with pytest.raises(ValueError, match="the dataset had 40 items when the state was saved and has 41 here"):
+        sized(100, n=41).load_state_dict(state)
+    with pytest.raises(ValueError, match="the sizes differ"):
+        sized(100, sizes=np.full(40, 9)).load_state_dict(state)
+
+
+def test_a_state_without_settings_is_refused_as_before():
+    state = saved_state(sized(100))
+    del state["plan"]  # as an older fastsab saved it
+    with pytest.raises(ValueError, match=re.escape("(a state saved by an older fastsab names no setting)")):
+        sized(120).load_state_dict(state)
+
+
+def test_the_fingerprint_decides_not_the_settings():
+    # invariant: the settings only explain a refusal; a state is refused exactly when its fingerprint differs
+    state = saved_state(sized(100))
+    claimed = dict(state, plan=sized(120).state_dict()["plan"])
+    with pytest.raises(ValueError, match="the sizes differ"):  # settings equal: the fingerprint still differs
+        sized(120).load_state_dict(claimed)
+    old = dict(state)
+    del old["plan"]
+    resumed = sized(100)
+    resumed.load_state_dict(old)  # a state saved before the settings were kept still resumes
+    assert [b.tolist() for b in resumed] == [b.tolist() for b in list(sized(100))[2:]]
+
+
+def test_an_unchanged_configuration_resumes_exactly():
+    whole = [b.tolist() for b in sized(100)]
+    state = saved_state(sized(100), steps=3)
+    resumed = sized(100)
+    resumed.load_state_dict(state)
+    assert [b.tolist() for b in resumed] == whole[3:]
+
+
+# -- 4. oversize items skipped -------------------------------------------------------------------
+
+
+def test_skipped_items_name_the_largest_size_the_cap_and_the_fixes():
+    sizes = np.ones(20, dtype=np.int64)
+    sizes[[3, 8, 11]] = [150, 230, 101]
+    with pytest.warns(UserWarning, match="3 items were larger than max_total_size") as caught:
+        batches = list(FastSizeAwareLoader(torch.arange(20), sizes, 100, shuffle=False))
+    assert sorted(i for b in batches for i in b.tolist()) == sorted(set(range(20)) - {3, 8, 11})
+    message = str(caught[0].message)
+    assert "The largest has size 230 and max_total_size is 100." in message
+    assert "oversize='own_batch'" in message and "oversize='error'" in message
+    assert message.endswith("or max_total_size >= 230.")
+
+
+def test_skipped_items_count_the_fixed_cost_in_the_cap_they_need():
+    sizes = np.array([5, 40, 5, 5])
+    with pytest.warns(UserWarning, match=re.escape("max_total_size >= 50 (the size plus fixed_cost).")):
+        list(FastSizeAwareLoader(torch.arange(4), sizes, 30, fixed_cost=10, shuffle=False))
+
+
+# -- 5. warnings point at the user's line ----------------------------------------------------------
+
+
+def test_the_per_item_read_warning_points_here_and_names_the_fast_forms():
+    with pytest.warns(UserWarning, match="is read item by item") as caught:
+        FastLoader(Sequences(), batch_size=2)
+    (warning,) = [w for w in caught if "item by item" in str(w.message)]
+    assert warning.filename == __file__
+    message = str(warning.message)
+    assert "fastsab.RaggedDataset" in message and "Tensors, numpy arrays" in message
+    assert "helps only if it reads the whole batch at once" in message
+
+
+def test_warnings_raised_deep_in_iteration_point_here():
+    sizes = np.array([1, 500, 1])
+    with pytest.warns(UserWarning) as caught:
+        FastSizeAwareLoader(torch.arange(3), lambda i: int(sizes[i]), 10)  # a per-item sizeof
+        list(FastSizeAwareLoader(torch.arange(3), sizes, 10))  # skipped at the epoch's end
+        list(SizeAwareBatchSampler(range(3), lambda i: int(sizes[i]), 10))  # bionemo's per-item warning
+    assert len(caught) >= 3
+    assert [w.filename for w in caught] == [__file__] * len(caught)
+
+
+def test_user_stacklevel_skips_the_package_frames():
+    def warn_here() -> None:
+        warnings.warn("from a test", stacklevel=user_stacklevel())
+
+    with pytest.warns(UserWarning) as caught:
+        warn_here()
+    assert caught[0].filename == __file__ and caught[0].lineno == warn_here.__code__.co_firstlineno + 1
+
+
+# -- 6. a dataset without a length -----------------------------------------------------------------
+
+
+class Stream(IterableDataset[int]):
+    def __iter__(self):
+        return iter(range(3))
+
+
+def test_an_iterable_dataset_is_pointed_at_the_streaming_api():
+    with pytest.raises(TypeError, match="dataset must have a length") as caught:
+        FastLoader(Stream(), batch_size=2)
+    message = str(caught.value)
+    assert "got Stream without one" in message and "plan whole epochs by index" in message
+    assert "fastsab.size_aware_batching" in message and "fastsab.integrations.webdataset" in message
+
+
+# -- 7. bfloat16 sizes work as float16 sizes do ----------------------------------------------------
+
+HALF = [3.0, 5.0, 2.0, 7.0, 1.0, 4.0, 6.0, 2.0]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_sizes_give_the_float32_batches(dtype):
+    sizes = torch.tensor(HALF, dtype=dtype)
+    expected = [b.tolist() for b in FastSizeAwareLoader(torch.arange(8), torch.tensor(HALF), 8, seed=1)]
+    assert [b.tolist() for b in FastSizeAwareLoader(torch.arange(8), sizes, 8, seed=1)] == expected
+    double = FastSizeAwareLoader(torch.arange(8), lambda x: 2 * x, 16, features=sizes, seed=1)
+    assert [b.tolist() for b in double] == expected
+    assert [b.tolist() for b in split_batches(sizes, 8).batches()] == [[0, 1], [2], [3, 4], [5], [6, 7]]
+    streamed = size_aware_batching(list(range(8)), lambda i: sizes[i], 8, collate_fn=list, warn_logger=None)
+    assert list(streamed) == [[0, 1], [2], [3, 4], [5], [6, 7]]
+    assert list(SizeAwareBatchSampler(range(8), sizes, 8)) == [[0, 1], [2], [3, 4], [5], [6, 7]]
+
+
+def test_bfloat16_samples_out_of_core_say_what_to_return():
+    def read(i: int) -> torch.Tensor:
+        return torch.full((2,), float(i), dtype=torch.bfloat16)
+
+    bfloat16 = r"read_input\(0\) gave a sample with a tensor of dtype torch.bfloat16"
+    with pytest.raises(TypeError, match=bfloat16) as caught:
+        OutOfCoreDataset(range(4), read, cpu_memory_limit=2**20).__getitems__([0, 1])
+    assert "Return it as float32" in str(caught.value)
+
+
+# -- 8. adaptive.run given what is not a loader ------------------------------------------------------
+
+
+def test_adaptive_run_names_what_it_takes():
+    with pytest.raises(
+        TypeError, match=r"loader must be a fastsab.FastLoader or fastsab.FastSizeAwareLoader"
+    ) as caught:
+        run([1, 2, 3], lambda batch: None)  # raised at the call, before any batch
+    assert "got [1, 2, 3] of type list" in str(caught.value)
+    with pytest.raises(TypeError, match="step must be a callable taking a batch, got 3 of type int"):
+        run(FastLoader(torch.arange(4), batch_size=2), 3)
+
+
+# -- the page docs/errors.md ------------------------------------------------------------------------
+
+
+def test_the_errors_page_runs_and_shows_what_it_says(tmp_path):
+    script = tmp_path / "errors_page.py"
+    script.write_text(page_script("errors.md"))
+    out = subprocess.run(
+        [sys.executable, "-W", "ignore", str(script)], capture_output=True, text=True, timeout=120, check=True
+    ).stdout.splitlines()
+    assert out == [
+        "UnequalSamplesError names PadCollator: True",
+        "padded: (2, 126) [53, 126]",
+        "ragged batches: [[53, 126, 7], [40]]",
+        "sizes per batch: [186, 40]",
+        "state was saved for another dataset, sizes or batching configuration: "
+        "max_total_size was 20 when the state was saved and is 24 here",
+        "resumed with the same settings: True",
+        "skip: [[0, 2, 3]] skipped: [1]",
+        "warned: 1 items were larger than max_total_size and were skipped in epoch 0",
+        "own_batch: [[0], [1], [2, 3]]",
+        "gathered: (100, 16)",
+        "streamed: [[3, 5], [2], [7, 1]]",
+        "loader must be a fastsab.FastLoader or fastsab.FastSizeAwareLoader",
+        "run: [[0, 1, 2], [3, 4, 5]]",
+        "bfloat16 sizes: [[0, 1], [2], [3]]",
+    ]
