@@ -76,6 +76,10 @@ class EpochCursor:
 
     planner: Planner
     epoch: int
+    """The epoch the next iteration runs (with ``shuffle``, its order). ``set_epoch`` and ``load_state_dict``
+    set it; ``state_dict()`` saves the epoch being iterated. In one process an iteration moves it on as it
+    starts, so a loop left early goes on with the next epoch. Under ranks only an epoch's end moves it on: an
+    iteration left early (a peek) is started again, at the same epoch and position."""
 
     def _init_cursor(
         self, planner: Planner, rank: int, world_size: int, even_batches: Any, balance: Any, epoch: int = 0

@@ -17,7 +17,6 @@ PAGE = "trainers/torchrun.md"
 
 
 def torchrun(script: Path, run_dir: Path, *args: str) -> None:
-    run_dir.mkdir(exist_ok=True)
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     out = subprocess.run([*command, str(run_dir), *args], capture_output=True, text=True, timeout=300, env=env)
