@@ -77,9 +77,9 @@ class BatchFigures:
             return figures
         # NOTE: pad_to_multiple_of charges rounded lengths: the real tokens are the lengths given
         lengths = rows[:, 0] if rule.pad_to_multiple_of is None else np.asarray(self.lengths(ids)).reshape(-1)
-        figures[:, REAL] = np.add.reduceat(lengths, starts, dtype=np.float64)
+        figures[:, REAL] = np.add.reduceat(lengths, starts)  # (a batch's tokens are at most its padded cost)
         longest = padded_length(np.maximum.reduceat(lengths, starts), self.pad_to_multiple_of)
-        figures[:, PADDED] = longest * np.diff(offsets).astype(np.float64)
+        figures[:, PADDED] = np.diff(offsets) * longest.astype(np.float64)
         return figures
 
     def of_split(self, split: PlanChunk, carry: Carry | None, ids: np.ndarray, costs: np.ndarray) -> np.ndarray:
@@ -87,6 +87,20 @@ class BatchFigures:
         rows = np.asarray(costs)
         if len(split.skipped):  # (skipped items are not in the split)
             rows = rows[np.isin(ids, split.skipped, invert=True)]
-        if carry is not None and len(carry):
-            rows = np.concatenate([carry.costs, rows.reshape(len(rows), *carry.costs.shape[1:])])
-        return self.of(split.ids, split.offsets, rows[: split.offsets[-1]])
+        offsets = split.offsets
+        if carry is None or not len(carry):
+            return self.of(split.ids, offsets, rows[: offsets[-1]])
+        held = len(carry)
+        # NOTE: the batches holding the carry's items are priced apart from the others, which read
+        # the costs as they are: joining the carry to them would copy every cost of the chunk
+        rows = rows.reshape(len(rows), *carry.costs.shape[1:])
+        cut = int(offsets[min(int(np.searchsorted(offsets, held)), len(offsets) - 1)])
+        first = np.searchsorted(offsets, cut)
+        head = np.concatenate([carry.costs[:cut], rows[: max(cut - held, 0)]])
+        tail = rows[max(cut - held, 0) : max(int(offsets[-1]) - held, 0)]
+        return np.concatenate(
+            [
+                self.of(split.ids[:cut], offsets[: first + 1], head),
+                self.of(split.ids[cut:], offsets[first:] - cut, tail),
+            ]
+        )

@@ -176,7 +176,8 @@ class PlanChunk:
         offsets = self.offsets[: num_batches + 1]
         spans = None if self.spans is None else self.spans[:num_batches]
         figures = None if self.figures is None else self.figures[:num_batches]
-        return PlanChunk(self.ids[: offsets[-1]], offsets, self.skipped, self.dropped, self.padded, spans, figures=figures)
+        ids = self.ids[: offsets[-1]]
+        return PlanChunk(ids, offsets, self.skipped, self.dropped, self.padded, spans, figures=figures)
 
     def tail(self, start: int) -> PlanChunk:
         """The batches from batch ``start`` on; other fields kept."""

@@ -106,8 +106,10 @@ class EpochStats:
 
     def planned(self, position: int, chunk: PlanChunk) -> None:
         """``chunk``'s batches are the ones this epoch yields from its ``position``-th batch on (if it gets there)."""
+        if not chunk.num_batches:
+            return
         figures = chunk.figures
-        if figures is None and self.measure is not None and chunk.num_batches:
+        if figures is None and self.measure is not None:
             figures = self.measure(chunk.ids, chunk.offsets)
         self._figures.planned(position, figures, self.num_batches)
 
