@@ -268,11 +268,13 @@ class BatchCost:
         # int64 or with a fixed cost (added to an item's), where a sum or len * max could wrap around
         if self.feature_cost is None and not (rows.dtype.kind == "i" and not self.has_fixed and max(self.caps) < 2**62):
             rows = rows.astype(np.float64)
-        per_batch = self.per_batch(rows, offsets).astype(np.float64)
-        caps = np.asarray(self.caps, dtype=np.float64)
+        per_batch = self.per_batch(rows, offsets)
         # NOTE: a column capped at 0 holds only items of cost 0 (and own-batch oversize items):
         # its costs count as they are, not divided by 0.
-        return (per_batch / np.where(caps > 0, caps, 1.0)).max(axis=1)  # type: ignore[no-any-return]
+        caps = [float(cap) if cap > 0 else 1.0 for cap in self.caps]
+        if per_batch.shape[1] == 1:  # (a reduction over one column costs more than the division)
+            return per_batch[:, 0] / caps[0]
+        return (per_batch / np.asarray(caps)).max(axis=1)  # type: ignore[no-any-return]
 
     def smaller_caps(self, costs: np.ndarray, current: Caps, factor: float) -> Caps:
         """Caps ``factor`` times below the cost of the batch of ``costs`` (never above ``current``).
