@@ -16,16 +16,16 @@ from fastsab.plan.plans import Carry, PlanChunk
 
 __all__ = ["FILL", "PADDED", "REAL", "BatchFigures"]
 
-#: The columns of a figures array: the batch's cost over the budget, its real and its padded tokens.
+#: The rows of a figures array: the batch's cost over the budget, its real and its padded tokens.
 FILL, REAL, PADDED = 0, 1, 2
 
 
 class BatchFigures:
     """Each batch's fill of the budget and, where batches are padded, its real and padded tokens.
 
-    The figures of ``b`` batches are a ``(b, 3)`` float64 array: column :data:`FILL` is the
+    The figures of ``b`` batches are a ``(3, b)`` float64 array: row :data:`FILL` is the
     batch's cost as ``rule`` charges it (fixed cost included) over the configured caps, the
-    largest column counting (:meth:`~fastsab.plan.costs.BatchCost.balance_costs`); :data:`REAL`
+    largest column counting (:meth:`~fastsab.plan.costs.BatchCost.balance_costs`); rows :data:`REAL`
     and :data:`PADDED` are the batch's tokens and ``B`` times its padded length, ``NaN`` where
     tokens are not counted.
 
@@ -44,7 +44,7 @@ class BatchFigures:
         >>> rule = BatchCost(8, cost="padded")
         >>> source = lambda ids: lengths[ids]
         >>> BatchFigures(rule, source, source).of(np.arange(4), np.array([0, 2, 4])).tolist()
-        [[0.75, 4.0, 6.0], [1.0, 6.0, 8.0]]
+        [[0.75, 1.0], [4.0, 6.0], [6.0, 8.0]]
     """
 
     def __init__(self, rule: BatchCost, charged: CostSource, lengths: CostSource) -> None:
@@ -58,12 +58,12 @@ class BatchFigures:
 
     def of(self, ids: np.ndarray, offsets: np.ndarray, costs: np.ndarray | None = None) -> np.ndarray:
         """The figures of the batches ``ids[offsets[b]:offsets[b + 1]]``; ``costs``: their charged costs, if read."""
-        figures = np.full((len(offsets) - 1, 3), np.nan)
-        if not len(figures):
+        figures = np.full((3, len(offsets) - 1), np.nan)  # (rows: each a figure, read alone)
+        if not figures.shape[1]:
             return figures
         rule = self.rule
         rows = np.asarray(self.charged(ids) if costs is None else costs)
-        figures[:, FILL] = rule.balance_costs(rows, offsets)
+        figures[FILL] = rule.balance_costs(rows, offsets)
         rows = rows.reshape(len(rows), -1)
         if not self.tokens or (rule.feature_cost is None and rows.shape[1] != 1):
             return figures
@@ -72,14 +72,14 @@ class BatchFigures:
             own = np.asarray(rule.feature_cost(rows), dtype=np.float64).reshape(len(rows), -1)
             if own.shape[1] != 1:
                 return figures
-            figures[:, REAL] = np.add.reduceat(own[:, 0], starts)
-            figures[:, PADDED] = rule.variable_per_batch(rows, offsets)[:, 0]
+            figures[REAL] = np.add.reduceat(own[:, 0], starts)
+            figures[PADDED] = rule.variable_per_batch(rows, offsets)[:, 0]
             return figures
         # NOTE: pad_to_multiple_of charges rounded lengths: the real tokens are the lengths given
         lengths = rows[:, 0] if rule.pad_to_multiple_of is None else np.asarray(self.lengths(ids)).reshape(-1)
-        figures[:, REAL] = np.add.reduceat(lengths, starts)  # (a batch's tokens are at most its padded cost)
+        figures[REAL] = np.add.reduceat(lengths, starts)  # (a batch's tokens are at most its padded cost)
         longest = padded_length(np.maximum.reduceat(lengths, starts), self.pad_to_multiple_of)
-        figures[:, PADDED] = np.diff(offsets) * longest.astype(np.float64)
+        figures[PADDED] = np.diff(offsets) * longest.astype(np.float64)
         return figures
 
     def of_split(self, split: PlanChunk, carry: Carry | None, ids: np.ndarray, costs: np.ndarray) -> np.ndarray:
@@ -87,20 +87,6 @@ class BatchFigures:
         rows = np.asarray(costs)
         if len(split.skipped):  # (skipped items are not in the split)
             rows = rows[np.isin(ids, split.skipped, invert=True)]
-        offsets = split.offsets
-        if carry is None or not len(carry):
-            return self.of(split.ids, offsets, rows[: offsets[-1]])
-        held = len(carry)
-        # NOTE: the batches holding the carry's items are priced apart from the others, which read
-        # the costs as they are: joining the carry to them would copy every cost of the chunk
-        rows = rows.reshape(len(rows), *carry.costs.shape[1:])
-        cut = int(offsets[min(int(np.searchsorted(offsets, held)), len(offsets) - 1)])
-        first = np.searchsorted(offsets, cut)
-        head = np.concatenate([carry.costs[:cut], rows[: max(cut - held, 0)]])
-        tail = rows[max(cut - held, 0) : max(int(offsets[-1]) - held, 0)]
-        return np.concatenate(
-            [
-                self.of(split.ids[:cut], offsets[: first + 1], head),
-                self.of(split.ids[cut:], offsets[first:] - cut, tail),
-            ]
-        )
+        if carry is not None and len(carry):
+            rows = np.concatenate([carry.costs, rows.reshape(len(rows), *carry.costs.shape[1:])])
+        return self.of(split.ids, split.offsets, rows[: split.offsets[-1]])

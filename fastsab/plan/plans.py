@@ -93,7 +93,7 @@ class PlanChunk:
             by group.
         carry: The open batch to pass to the next split, or ``None`` after a final split
             (and in a planner's chunks).
-        figures: Optional ``(num_batches, 3)`` figures of the batches, as a size-aware planner
+        figures: Optional ``(3, num_batches)`` figures of the batches, as a size-aware planner
             reports them (:class:`~fastsab.plan.figures.BatchFigures`); kept by :meth:`select`,
             :meth:`head` and :meth:`tail`.
 
@@ -168,14 +168,14 @@ class PlanChunk:
         # starts[batch of j] + (j - offsets[batch of j]).
         positions = np.repeat(starts - offsets[:-1], sizes) + np.arange(offsets[-1], dtype=np.int64)
         spans = None if self.spans is None else self.spans[which]
-        figures = None if self.figures is None else self.figures[which]
+        figures = None if self.figures is None else self.figures[:, which]
         return PlanChunk(self.ids[positions], offsets, self.skipped, self.dropped, self.padded, spans, figures=figures)
 
     def head(self, num_batches: int) -> PlanChunk:
         """The first ``num_batches`` batches; other fields kept."""
         offsets = self.offsets[: num_batches + 1]
         spans = None if self.spans is None else self.spans[:num_batches]
-        figures = None if self.figures is None else self.figures[:num_batches]
+        figures = None if self.figures is None else self.figures[:, :num_batches]
         ids = self.ids[: offsets[-1]]
         return PlanChunk(ids, offsets, self.skipped, self.dropped, self.padded, spans, figures=figures)
 
@@ -183,7 +183,7 @@ class PlanChunk:
         """The batches from batch ``start`` on; other fields kept."""
         first = self.offsets[start]
         spans = None if self.spans is None else self.spans[start:]
-        figures = None if self.figures is None else self.figures[start:]
+        figures = None if self.figures is None else self.figures[:, start:]
         offsets = self.offsets[start:] - first
         return PlanChunk(self.ids[first:], offsets, self.skipped, self.dropped, self.padded, spans, figures=figures)
 

@@ -175,7 +175,7 @@ class _Figures:
             pending.pop()
         if pending:
             start, figures = pending[-1]
-            pending[-1] = (start, figures[: position - start])
+            pending[-1] = (start, figures[:, : position - start])
 
     def _add_up(self, end: int) -> None:
         """Add the pending figures of the batches before the ``end``-th to the sums."""
@@ -184,8 +184,8 @@ class _Figures:
             start, figures = pending.popleft()
             taken = _accumulate(self.sums, start, figures, end)
             self.done = start + taken
-            if taken < len(figures):
-                pending.appendleft((self.done, figures[taken:]))
+            if taken < figures.shape[1]:
+                pending.appendleft((self.done, figures[:, taken:]))
 
     def totals(self, yielded: int) -> list[float] | None:
         """Fill sum, fill minimum, real and padded tokens of the first ``yielded`` batches; ``None`` if unknown."""
@@ -200,10 +200,12 @@ class _Figures:
 
 def _accumulate(sums: list[float], start: int, figures: np.ndarray, end: int) -> int:
     """Add the figures of the batches before the ``end``-th (the first at ``start``) to ``sums``; how many."""
-    taken = figures[: max(end - start, 0)]
-    if len(taken):
-        sums[0] += float(taken[:, FILL].sum())
-        sums[1] = min(sums[1], float(taken[:, FILL].min()))
-        sums[2] += float(taken[:, REAL].sum())
-        sums[3] += float(taken[:, PADDED].sum())
-    return len(taken)
+    taken = figures[:, : max(end - start, 0)]
+    count: int = taken.shape[1]
+    if count:
+        total = taken.sum(axis=1).tolist()
+        sums[0] += total[FILL]
+        sums[1] = min(sums[1], float(taken[FILL].min()))
+        sums[2] += total[REAL]
+        sums[3] += total[PADDED]
+    return count
