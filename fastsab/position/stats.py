@@ -58,7 +58,7 @@ class EpochStats:
             length summed over them: counted where batches are padded, with ``cost="padded"``
             (lengths padded to ``pad_to_multiple_of``, or padded features: each item's own cost,
             and ``B`` times the cost of the per-feature maxima) or with a
-            :class:`~fastsab.varlen.PadCollator` (as ``collate_fn`` or a dataset's ``collator``;
+            :class:`~fastsab.PadCollator` (as ``collate_fn`` or a dataset's ``collator``;
             ``sizeof`` then gives the lengths, padded to the collator's ``pad_to_multiple_of``).
             ``None`` elsewhere, and for costs of several columns.
         padding_efficiency: ``real_tokens / padded_tokens`` (``None`` where they are not counted
