@@ -170,6 +170,13 @@ def test_batches_planned_again_under_a_lowered_limit_count_once(retry: bool, pre
         check(loader.stats, hand_counts(batches, "padded", BUDGET), tokens=True)
 
 
+def test_a_planned_data_loader_reports_the_figures_of_its_batches() -> None:
+    loader = FastSizeAwareLoader(torch.arange(N), LENGTHS, BUDGET, cost="padded", group_size=64, seed=4)
+    data_loader = loader.data_loader()
+    batches = [batch.tolist() for batch in data_loader]
+    check(data_loader.stats, hand_counts(batches, "padded", BUDGET), tokens=True)
+
+
 @pytest.mark.parametrize("rank", [0, 1])
 def test_under_ranks_each_rank_counts_its_share(rank: int) -> None:
     # the dealt shares come without the planner's figures: they are measured from their ids
