@@ -77,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="also draw a bar chart (PNG) to PATH; the varlen suite draws padded efficiency against window size "
         "(to PATH, or next to it as NAME-varlen.png when the loaders are drawn too)",
     )
-    run.add_argument("--quiet", action="store_true", help="no progress bar")
+    run.add_argument("--quiet", action="store_true", help="no progress bar (shown only where stderr is a terminal)")
     add_fit_memory_parser(commands)
     return parser
 
@@ -94,7 +94,9 @@ def run_bench(args: argparse.Namespace) -> list[bench.Row]:
     from tqdm import tqdm
 
     rows: list[bench.Row] = []
-    with tqdm(total=len(suites), desc="fastsab bench", disable=args.quiet, file=sys.stderr) as bar:
+    # NOTE: a bar only on a terminal: redirected to a log, its redraws would fill it with lines
+    shown = not args.quiet and sys.stderr.isatty()
+    with tqdm(total=len(suites), desc="fastsab bench", disable=not shown, file=sys.stderr) as bar:
         for suite in suites:
             bar.set_postfix_str(suite)
             if suite == "loaders":

@@ -34,6 +34,7 @@ from fastsab.plan.cost_sources import feature_rows
 from fastsab.plan.costs import BatchCost, CostSource, make_cost_source
 from fastsab.plan.fixed_size import FixedSizePlanner
 from fastsab.plan.planners import SizeAwarePlanner
+from fastsab.varlen.collate import PadCollator
 
 __all__ = ["DEFAULT_CHUNK_BYTES", "FastLoader", "FastSizeAwareLoader", "LoaderBase", "LoaderOptions"]
 
@@ -206,6 +207,9 @@ class FastSizeAwareLoader(LoaderBase[T]):
             "the dataset's collator": getattr(dataset, "collator", None),
         }
         planner.rule.check_collators(collators)
+        pad_collators = [c for c in collators.values() if isinstance(c, PadCollator)]
+        if pad_collators and features is None:  # (sizeof gives the lengths the collator pads)
+            planner.figures.pad_with(pad_collators[0].pad_to_multiple_of)
         self._use_planner(planner)
 
     @property

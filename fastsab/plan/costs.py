@@ -255,16 +255,26 @@ class BatchCost:
         return padded.reshape(len(starts), -1) * lengths
 
     def balance_costs(self, costs: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-        """Each batch's cost relative to the caps (a cap of 0 divides by 1), the largest column counting."""
+        """Each batch's cost relative to the caps (a cap of 0 divides by 1), the largest column counting.
+
+        The batches are batches this rule planned: each costs at most its caps, or holds one item.
+        """
         if len(offsets) < 2:
             return np.empty(0, dtype=np.float64)
-        # NOTE: padded features reach feature_cost in their own dtype (a callable may need integers)
-        rows = np.asarray(costs) if self.feature_cost is not None else np.asarray(costs, dtype=np.float64)
-        per_batch = self.per_batch(rows, offsets).astype(np.float64)
-        caps = np.asarray(self.caps, dtype=np.float64)
+        rows = np.asarray(costs)
+        # NOTE: padded features reach feature_cost in their own dtype (a callable may need integers).
+        # Integer costs are priced in int64 (several times faster than float64) where no planned
+        # batch can pass it: it costs at most a cap, or one item's cost; in float64 under caps near
+        # int64 or with a fixed cost (added to an item's), where a sum or len * max could wrap around
+        if self.feature_cost is None and not (rows.dtype.kind == "i" and not self.has_fixed and max(self.caps) < 2**62):
+            rows = rows.astype(np.float64)
+        per_batch = self.per_batch(rows, offsets)
         # NOTE: a column capped at 0 holds only items of cost 0 (and own-batch oversize items):
         # its costs count as they are, not divided by 0.
-        return (per_batch / np.where(caps > 0, caps, 1.0)).max(axis=1)  # type: ignore[no-any-return]
+        caps = [float(cap) if cap > 0 else 1.0 for cap in self.caps]
+        if per_batch.shape[1] == 1:  # (a reduction over one column costs more than the division)
+            return per_batch[:, 0] / caps[0]
+        return (per_batch / np.asarray(caps)).max(axis=1)  # type: ignore[no-any-return]
 
     def smaller_caps(self, costs: np.ndarray, current: Caps, factor: float) -> Caps:
         """Caps ``factor`` times below the cost of the batch of ``costs`` (never above ``current``).

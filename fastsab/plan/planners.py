@@ -22,6 +22,7 @@ from fastsab._checks import check_choice
 from fastsab.plan.batching import OversizePolicy, split_with
 from fastsab.plan.costs import BatchCost, Caps, CostSource
 from fastsab.plan.epochs import EpochOrder
+from fastsab.plan.figures import BatchFigures
 from fastsab.plan.plans import _EMPTY_IDS, Carry, PlanChunk, PlanInputs
 from fastsab.plan.window_epoch import SortedWindowEpoch, _WindowPlan
 from fastsab.plan.windows import check_sort_window
@@ -58,6 +59,7 @@ class SizeAwarePlanner:
         # NOTE: every reader of the costs (split, oversize, sorted windows, balancing, lowering)
         # sees what the rule charges: with pad_to_multiple_of, the padded lengths
         self.costs = self.rule.charged(costs)
+        self.figures = BatchFigures(self.rule, self.costs, costs)  # each planned batch's fill and tokens
         self.oversize: OversizePolicy = check_choice("oversize", oversize, ("skip", "own_batch", "error"))  # type: ignore[assignment]
         if order.n:
             # NOTE: the caps are checked against the first item's cost columns now, not at the first len() or iter()
@@ -211,12 +213,14 @@ class SizeAwareEpoch:
                 ids = np.concatenate([prefix_ids, ids])
                 costs = np.concatenate([prefix_costs, np.asarray(costs).reshape(len(costs), prefix_costs.shape[1])])
             rule, oversize = self._lowered, "own_batch"
-        split = split_with(rule, costs, ids=ids, carry=self._carry, final=final, oversize=oversize)
+        carry = self._carry
+        split = split_with(rule, costs, ids=ids, carry=carry, final=final, oversize=oversize)
         self._carry = split.carry
         batched = split.ids
         if batched.base is not None and batched.base.nbytes > 2 * batched.nbytes + 4096:
             batched = batched.copy()  # a small view would keep the whole joined chunk alive
-        return PlanChunk(batched, split.offsets, np.concatenate([skipped, split.skipped]))
+        figures = planner.figures.of_split(split, carry, ids, costs)
+        return PlanChunk(batched, split.offsets, np.concatenate([skipped, split.skipped]), figures=figures)
 
     def _empty_costs(self) -> np.ndarray:
         if self._carry is not None:

@@ -93,6 +93,9 @@ class PlanChunk:
             by group.
         carry: The open batch to pass to the next split, or ``None`` after a final split
             (and in a planner's chunks).
+        figures: Optional ``(3, num_batches)`` figures of the batches, as a size-aware planner
+            reports them (:class:`~fastsab.plan.figures.BatchFigures`); kept by :meth:`select`,
+            :meth:`head` and :meth:`tail`.
 
     Examples:
         >>> chunk = PlanChunk.from_batches([np.array([4, 2]), np.array([7]), np.array([1, 0, 3])])
@@ -110,6 +113,7 @@ class PlanChunk:
     padded: np.ndarray = field(default_factory=lambda: _EMPTY_IDS)
     spans: np.ndarray | None = None
     carry: Carry | None = None
+    figures: np.ndarray | None = None
 
     @property
     def num_batches(self) -> int:
@@ -164,19 +168,24 @@ class PlanChunk:
         # starts[batch of j] + (j - offsets[batch of j]).
         positions = np.repeat(starts - offsets[:-1], sizes) + np.arange(offsets[-1], dtype=np.int64)
         spans = None if self.spans is None else self.spans[which]
-        return PlanChunk(self.ids[positions], offsets, self.skipped, self.dropped, self.padded, spans)
+        figures = None if self.figures is None else self.figures[:, which]
+        return PlanChunk(self.ids[positions], offsets, self.skipped, self.dropped, self.padded, spans, figures=figures)
 
     def head(self, num_batches: int) -> PlanChunk:
         """The first ``num_batches`` batches; other fields kept."""
         offsets = self.offsets[: num_batches + 1]
         spans = None if self.spans is None else self.spans[:num_batches]
-        return PlanChunk(self.ids[: offsets[-1]], offsets, self.skipped, self.dropped, self.padded, spans)
+        figures = None if self.figures is None else self.figures[:, :num_batches]
+        ids = self.ids[: offsets[-1]]
+        return PlanChunk(ids, offsets, self.skipped, self.dropped, self.padded, spans, figures=figures)
 
     def tail(self, start: int) -> PlanChunk:
         """The batches from batch ``start`` on; other fields kept."""
         first = self.offsets[start]
         spans = None if self.spans is None else self.spans[start:]
-        return PlanChunk(self.ids[first:], self.offsets[start:] - first, self.skipped, self.dropped, self.padded, spans)
+        figures = None if self.figures is None else self.figures[:, start:]
+        offsets = self.offsets[start:] - first
+        return PlanChunk(self.ids[first:], offsets, self.skipped, self.dropped, self.padded, spans, figures=figures)
 
 
 class PlanStream(Protocol[LimitT_contra]):

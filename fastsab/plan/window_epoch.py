@@ -15,6 +15,7 @@ import numpy as np
 from fastsab.plan.batching import OversizePolicy, split_with
 from fastsab.plan.costs import BatchCost, Caps, CostSource
 from fastsab.plan.epochs import EpochOrder
+from fastsab.plan.figures import BatchFigures
 from fastsab.plan.plans import _EMPTY_IDS, Carry, PlanChunk
 from fastsab.plan.windows import batch_order, window_order
 
@@ -38,6 +39,9 @@ class WindowedPlanner(Protocol):
 
     @property
     def sort_window(self) -> int | None: ...
+
+    @property
+    def figures(self) -> BatchFigures: ...
 
 
 @dataclass(frozen=True)
@@ -197,15 +201,17 @@ class SortedWindowEpoch:
                 bounds = bounds + len(prefix_ids)
                 carried += len(prefix_ids)
             rule, oversize = self._lowered, "own_batch"
-        split = split_with(rule, costs, ids=ids, carry=self._carry, final=final, oversize=oversize)
+        open_batch = self._carry
+        split = split_with(rule, costs, ids=ids, carry=open_batch, final=final, oversize=oversize)
         self._carry = split.carry
         skipped = np.concatenate([skipped, split.skipped])
         if self._silent:
             skipped = skipped[np.isin(skipped, np.concatenate(self._silent), invert=True)]
             self._silent = []
         order = batch_order(self._labels(split, ids, bounds, carry, carried), self._rng(first))
-        chunk = PlanChunk(split.ids, split.offsets).select(order)
-        return PlanChunk(chunk.ids, chunk.offsets, skipped)
+        figures = self.planner.figures.of_split(split, open_batch, ids, costs)
+        chunk = PlanChunk(split.ids, split.offsets, figures=figures).select(order)
+        return PlanChunk(chunk.ids, chunk.offsets, skipped, figures=chunk.figures)
 
     @staticmethod
     def _labels(split: PlanChunk, ids: np.ndarray, bounds: np.ndarray, carry: int, carried: int) -> np.ndarray:

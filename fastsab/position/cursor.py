@@ -181,6 +181,11 @@ class EpochCursor:
         self._left = False
         stream, dealt = self._shares.stream(epoch, self._history, self._segment)
         stream.stats = stats
+        if stats is not None:
+            # NOTE: the chunks a rank is dealt, and those planned again from a list of batches, come
+            # without the planner's figures: measured from their ids (costs read once more)
+            figures = getattr(self.planner, "figures", None)
+            stats.measure = None if figures is None else figures.of
         if dealt is not None:  # reports its padding and spreads as it deals
             dealt.stats = stats
         self._run = _Run(epoch, list(self._history), self._segment, stream)

@@ -2,17 +2,31 @@
 
 from __future__ import annotations
 
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
+from fastsab.plan.figures import FILL, PADDED, REAL
 from fastsab.plan.plans import PlanChunk
 
 __all__ = ["EpochStats"]
+
+#: Gives the figures of a chunk's batches that came without them (or ``None``: the plan has none).
+Measure = Callable[[np.ndarray, np.ndarray], np.ndarray | None]
 
 
 @dataclass
 class EpochStats:
     """What the last epoch yielded.
+
+    The counts and figures are of the batches this loader yielded in the epoch iterated last:
+    under ``torch.distributed``, this rank's share; in an epoch resumed from a state, the
+    batches yielded since the resume (the reports of skipped, dropped and repeated items
+    excepted, which are the whole epoch's). A batch taken back to be retried with a lowered
+    limit (:func:`fastsab.adaptive.run`) is not counted; the batches planned in its place are.
 
     Attributes:
         epoch: The epoch number.
@@ -34,6 +48,31 @@ class EpochStats:
             whole epoch's: all repeats of the ranks it runs on, also those run before the save.
         spread_before, spread_after: Mean per-step cost spread ``(max - min) / max`` across
             ranks with batches dealt in plan order, and with the balanced assignment.
+        mean_fill, min_fill: The mean and the smallest use of the budget by the batches yielded
+            (size-aware loaders; ``None`` for :class:`~fastsab.FastLoader` and before a batch): a
+            batch's cost as the budget charges it (``fixed_cost`` included) over
+            ``max_total_size``, the column it fills most counting. Read from the plan, against the
+            configured caps (also after a limit was lowered). The last batch of an epoch is
+            often small, and so is ``min_fill``.
+        real_tokens, padded_tokens: The tokens of the batches yielded, and ``B`` times the padded
+            length summed over them: counted where batches are padded, with ``cost="padded"``
+            (lengths padded to ``pad_to_multiple_of``, or padded features: each item's own cost,
+            and ``B`` times the cost of the per-feature maxima) or with a
+            :class:`~fastsab.PadCollator` (as ``collate_fn`` or a dataset's ``collator``;
+            ``sizeof`` then gives the lengths, padded to the collator's ``pad_to_multiple_of``).
+            ``None`` elsewhere, and for costs of several columns.
+        padding_efficiency: ``real_tokens / padded_tokens`` (``None`` where they are not counted
+            or no token was padded).
+
+    Examples:
+        >>> import torch
+        >>> from fastsab import FastSizeAwareLoader
+        >>> loader = FastSizeAwareLoader(torch.arange(4), [3, 1, 4, 2], 8, cost="padded", shuffle=False)
+        >>> [batch.tolist() for batch in loader]  # padded costs 2 * 3 and 2 * 4
+        [[0, 1], [2, 3]]
+        >>> stats = loader.stats
+        >>> stats.mean_fill, stats.min_fill, stats.real_tokens, stats.padded_tokens, stats.padding_efficiency
+        (0.875, 0.75, 10, 14, 0.7142857142857143)
     """
 
     epoch: int
@@ -49,6 +88,9 @@ class EpochStats:
     padded: list[int] = field(default_factory=list)
     spread_before: float = 0.0
     spread_after: float = 0.0
+    # gives the figures of chunks planned without them (set by the loader's cursor)
+    measure: Measure | None = field(default=None, repr=False, compare=False)
+    _figures: _Figures = field(default_factory=lambda: _Figures(), repr=False, compare=False)
 
     def clear_reports(self) -> None:
         """Forget the skipped, dropped and padded items (a new plan of the epoch reports them again)."""
@@ -61,3 +103,109 @@ class EpochStats:
         self.num_dropped += len(chunk.dropped)
         self.dropped += chunk.dropped.tolist()
         self.padded += chunk.padded.tolist()
+
+    def planned(self, position: int, chunk: PlanChunk) -> None:
+        """``chunk``'s batches are the ones this epoch yields from its ``position``-th batch on (if it gets there)."""
+        if not chunk.num_batches:
+            return
+        figures = chunk.figures
+        if figures is None and self.measure is not None:
+            figures = self.measure(chunk.ids, chunk.offsets)
+        self._figures.planned(position, figures, self.num_batches)
+
+    def replanned(self, position: int) -> None:
+        """The batches from the ``position``-th one on are planned again (a lowered limit)."""
+        self._figures.replanned(position)
+
+    @property
+    def mean_fill(self) -> float | None:
+        totals = self._figures.totals(self.num_batches)
+        return None if totals is None else totals[0] / self.num_batches
+
+    @property
+    def min_fill(self) -> float | None:
+        totals = self._figures.totals(self.num_batches)
+        return None if totals is None else totals[1]
+
+    @property
+    def real_tokens(self) -> int | float | None:
+        totals = self._figures.totals(self.num_batches)
+        return None if totals is None else _number(totals[2])
+
+    @property
+    def padded_tokens(self) -> int | float | None:
+        totals = self._figures.totals(self.num_batches)
+        return None if totals is None else _number(totals[3])
+
+    @property
+    def padding_efficiency(self) -> float | None:
+        real, padded = self.real_tokens, self.padded_tokens
+        return None if real is None or not padded else real / padded
+
+
+def _number(value: float) -> int | float | None:
+    """A sum of tokens: ``None`` if not counted (NaN), an ``int`` if whole."""
+    if np.isnan(value):
+        return None
+    return int(value) if value.is_integer() else value
+
+
+class _Figures:
+    """The figures of the batches an epoch yields, held per planned chunk until no retry can take them back."""
+
+    def __init__(self) -> None:
+        # (position of the first batch, figures) of the chunks planned and not added up, in order
+        self.pending: deque[tuple[int, np.ndarray]] = deque()
+        self.measured = True  # every chunk planned came with figures
+        self.done = 0  # batches added up into sums: fill sum, fill minimum, real and padded tokens
+        self.sums = [0.0, float("inf"), 0.0, 0.0]
+
+    def planned(self, position: int, figures: np.ndarray | None, yielded: int) -> None:
+        if figures is None:
+            self.measured = False
+            return
+        self.pending.append((position, figures))
+        # NOTE: chunks are planned ahead (prefetch, workers) and planned again after a lowered
+        # limit: only the batches yielded count, and the last one yielded may yet be retried
+        self._add_up(yielded - 1)
+
+    def replanned(self, position: int) -> None:
+        pending = self.pending
+        while pending and pending[-1][0] >= position:
+            pending.pop()
+        if pending:
+            start, figures = pending[-1]
+            pending[-1] = (start, figures[:, : position - start])
+
+    def _add_up(self, end: int) -> None:
+        """Add the pending figures of the batches before the ``end``-th to the sums."""
+        pending = self.pending
+        while pending and pending[0][0] < end:
+            start, figures = pending.popleft()
+            taken = _accumulate(self.sums, start, figures, end)
+            self.done = start + taken
+            if taken < figures.shape[1]:
+                pending.appendleft((self.done, figures[:, taken:]))
+
+    def totals(self, yielded: int) -> list[float] | None:
+        """Fill sum, fill minimum, real and padded tokens of the first ``yielded`` batches; ``None`` if unknown."""
+        if not self.measured or not yielded:
+            return None
+        self._add_up(yielded - 1)
+        sums, counted = list(self.sums), self.done
+        for start, figures in self.pending:
+            counted = start + _accumulate(sums, start, figures, yielded)
+        return sums if counted >= yielded else None
+
+
+def _accumulate(sums: list[float], start: int, figures: np.ndarray, end: int) -> int:
+    """Add the figures of the batches before the ``end``-th (the first at ``start``) to ``sums``; how many."""
+    taken = figures[:, : max(end - start, 0)]
+    count: int = taken.shape[1]
+    if count:
+        total = taken.sum(axis=1).tolist()
+        sums[0] += total[FILL]
+        sums[1] = min(sums[1], float(taken[FILL].min()))
+        sums[2] += total[REAL]
+        sums[3] += total[PADDED]
+    return count

@@ -117,6 +117,8 @@ class Stream:
             self._returned.append((start, end, chunk, mark))
             if replayed:
                 self._cut = (end, len(self._returned))
+            if self.stats is not None:
+                self.stats.planned(start - self.skip, chunk)
             return chunk
 
     def release(self, position: int) -> None:
@@ -142,8 +144,7 @@ class Stream:
         self._returned.clear()
         self._cut = (0, 0)
         self.plan.lower(np.concatenate(pending) if pending else np.empty(0, dtype=np.int64), limit)
-        self.position = position
-        self.lowered = lowered_at(self.lowered, position, limit)
+        self._lowered_at(position, limit)
 
     def _give_back(self, plan: GivesBack, position: int, limit: Limit) -> None:
         """Lower ``plan`` at ``position``: the chunk holding it is current, those after it are given back."""
@@ -169,8 +170,14 @@ class Stream:
         self._returned.clear()
         self._cut = (0, 0)
         plan.lower_giving_back(pending, limit, returned[current + 1][3] if current + 1 < len(returned) else None)
+        self._lowered_at(position, limit)
+
+    def _lowered_at(self, position: int, limit: Limit) -> None:
+        """Record ``limit`` lowered at ``position``, from where the plan goes on."""
         self.position = position
         self.lowered = lowered_at(self.lowered, position, limit)
+        if self.stats is not None:
+            self.stats.replanned(position - self.skip)
 
     @property
     def lowered_past_end(self) -> bool:
