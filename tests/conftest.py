@@ -14,6 +14,7 @@ import sys
 import uuid
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, Phase, settings
 
 from tests.reaper import TOKEN_VARIABLE
@@ -51,3 +52,13 @@ _COMMON = {
 settings.register_profile("default", max_examples=100, **_COMMON)
 settings.register_profile("long", max_examples=1000, **_COMMON)
 settings.load_profile("default")
+
+
+_BENCH = (Path(_ROOT) / "fastsab" / "bench", Path(_ROOT) / "tests" / "bench")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The bench's suites and their doctests are benchmarks: they run with ``-m slow``."""
+    for item in items:
+        if any(item.path.is_relative_to(folder) for folder in _BENCH):
+            item.add_marker(pytest.mark.slow)
