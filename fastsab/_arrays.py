@@ -1,9 +1,9 @@
 """Tensors, arrays and nested sequences read as numpy arrays, whatever their dtype, byte order or shape.
 
-:func:`as_numpy` is where per-item sizes, costs, offsets and sequences become numpy arrays:
+``as_numpy`` is where per-item sizes, costs, offsets and sequences become numpy arrays:
 tensors of dtypes numpy lacks (bfloat16, the float8 types) are widened exactly, and nested
 sequences of unequal shapes are refused naming the first position that breaks the shape.
-:func:`native_order` gives values read from a big-endian array (a token file written on
+``native_order`` gives values read from a big-endian array (a token file written on
 another machine) in the machine's byte order, which torch requires.
 """
 

@@ -83,7 +83,7 @@ def user_stacklevel() -> int:
 
 
 def check_optional_positive_int(name: str, value: Any) -> int | None:
-    """``None``, or ``value`` checked by :func:`check_positive_int`."""
+    """``None``, or ``value`` checked by ``check_positive_int``."""
     return None if value is None else check_positive_int(name, value)
 
 
@@ -91,7 +91,7 @@ def check_positive_int(name: str, value: Any, *, error: type[TypeError] = TypeEr
     """Return ``value`` as an ``int`` if it is an integer >= 1, else raise.
 
     ``error`` is the ``TypeError`` subclass raised for a value that is not an integer
-    (e.g. :class:`NotAnIntegerError`).
+    (e.g. ``NotAnIntegerError``).
 
     Examples:
         >>> check_positive_int("batch_size", 3)
@@ -133,7 +133,7 @@ def as_size(name: str, value: Any, element: Any) -> int | float:
     """Check one size given by the function ``name`` for ``element``; return it as a Python number.
 
     A size is a finite real number >= 0: a Python ``int`` or ``float``, a numpy number, or a
-    tensor or array holding one number. Booleans are refused, as in :func:`as_numeric_array`.
+    tensor or array holding one number. Booleans are refused, as in ``as_numeric_array``.
 
     Raises:
         TypeError: If ``value`` is not a real number or holds more than one number.
@@ -211,7 +211,7 @@ def check_nonnegative_real(name: str, value: Any) -> int | float:
 
 
 def as_real_number(name: str, value: Any) -> int | float:
-    """``value`` as a Python ``int`` or ``float``; raise :class:`NotANumberError` if it is no real number."""
+    """``value`` as a Python ``int`` or ``float``; raise ``NotANumberError`` if it is no real number."""
     if isinstance(value, (np.ndarray, torch.Tensor)) and value.ndim == 0:
         value = value.item()
     if isinstance(value, bool) or not isinstance(value, Real):
@@ -259,7 +259,7 @@ def as_numeric_array(name: str, values: Any, *, ndim: tuple[int, ...] = (1,)) ->
 
 
 def as_cost_array(name: str, values: Any, *, ndim: tuple[int, ...] = (1,)) -> tuple[np.ndarray, int | None]:
-    """:func:`as_numeric_array`, and for integers a bound at or above every value (``None`` for floats).
+    """``as_numeric_array``, and for integers a bound at or above every value (``None`` for floats).
 
     Examples:
         >>> as_cost_array("costs", [3, 1, 2])

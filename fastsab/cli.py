@@ -2,7 +2,7 @@
 
 ``fastsab bench`` compares the loaders against DataLoader and the numpy floor;
 ``fastsab fit-memory`` measures a module's peak memory over input sizes and fits a model
-(:mod:`fastsab.memory.cli`).
+(``fastsab.memory.cli``).
 """
 
 from __future__ import annotations

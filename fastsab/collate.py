@@ -1,6 +1,6 @@
 """The former home of the collators, kept so that ``fastsab.collate`` imports keep working.
 
-The collators now live in :mod:`fastsab.varlen.collate`.
+The collators now live in ``fastsab.varlen.collate``.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""The former home of :class:`OutOfCoreDataset`, kept so that ``fastsab.feeder`` imports keep working.
+"""The former home of ``OutOfCoreDataset``, kept so that ``fastsab.feeder`` imports keep working.
 
-The dataset now lives in :mod:`fastsab.out_of_core`.
+The dataset now lives in ``fastsab.out_of_core``.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""The former home of :func:`is_out_of_memory`, kept so that ``fastsab.oom`` imports keep working.
+"""The former home of ``is_out_of_memory``, kept so that ``fastsab.oom`` imports keep working.
 
-The check now lives in :mod:`fastsab.adaptive.oom`.
+The check now lives in ``fastsab.adaptive.oom``.
 """
 
 from __future__ import annotations

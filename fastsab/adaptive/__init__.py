@@ -1,7 +1,7 @@
 """Out-of-memory adaptive execution: retry with smaller batches, remember what worked.
 
-The decorators :func:`batch`, :func:`range` and :func:`chunked` run a function with a batch
-size (or a step) and, when it runs out of memory (any device, see :mod:`fastsab.adaptive.oom`),
+The decorators ``batch``, ``range`` and ``chunked`` run a function with a batch
+size (or a step) and, when it runs out of memory (any device, see ``fastsab.adaptive.oom``),
 free what can be freed, shrink the size by ``factor`` and try again, down to a minimum.
 The size that worked is remembered by a cache, keyed by default by the call site and the
 available memory, so the next call starts there.

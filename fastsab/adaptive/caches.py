@@ -54,7 +54,7 @@ class BatchSizeCache:
     def success(self, key: Any, size: int, initial: int, factor: float) -> None:
         """Record that ``size`` worked: a success at the remembered size (grown back after ``grow_after``).
 
-        Only out-of-memory errors lower the remembered size (:meth:`shrunk`): a call that asked
+        Only out-of-memory errors lower the remembered size (``shrunk``): a call that asked
         for less than it (a smaller initial size) changes nothing, and a size that worked with
         nothing remembered (no call ran out of memory) is the initial size, which needs no entry.
         """
@@ -130,7 +130,7 @@ _sites: dict[tuple[int, ...], tuple[str, tuple[types.CodeType, ...]]] = {}
 
 
 def _site(frame: Any, depth: int) -> str:
-    """The call site of ``frame`` and up to ``depth - 1`` of its callers (:func:`call_site`), as a string.
+    """The call site of ``frame`` and up to ``depth - 1`` of its callers (``call_site``), as a string.
 
     Equal strings for equal call sites; a string keeps its hash, so a cache's key is cheap to hash. The
     stack is read as ``id(f_code), f_lasti`` of each frame, in one flat tuple.
@@ -245,8 +245,8 @@ def set_default_cache(cache: type[BatchSizeCache] | Callable[[], BatchSizeCache]
     makes its default cache on first use after a change).
 
     Args:
-        cache: A :class:`BatchSizeCache` subclass, or a function without arguments that
-            returns a :class:`BatchSizeCache` (checked when it is used).
+        cache: A ``BatchSizeCache`` subclass, or a function without arguments that
+            returns a ``BatchSizeCache`` (checked when it is used).
 
     Examples:
         >>> set_default_cache(GlobalCache)

@@ -1,5 +1,5 @@
-"""The adaptive forms: the decorators :func:`batch`, :func:`range` and :func:`chunked`, :class:`explicit` and
-:class:`execute`."""
+"""The adaptive forms: the decorators ``batch``, ``range`` and ``chunked``, ``explicit`` and
+``execute``."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def batch(
 
     Runs with the cached (else the initial) batch size; on out-of-memory frees memory and
     retries with ``batch_size / factor``, down to ``min_batch_size``, then raises
-    :class:`AdaptiveOOMError` naming every size tried. Other errors propagate unchanged.
+    ``AdaptiveOOMError`` naming every size tried. Other errors propagate unchanged.
 
     A retry reruns ``func`` from the start: what a failed attempt changed before it ran out
     of memory (appended results, updated state) stays changed, so ``func`` should make its
@@ -40,7 +40,7 @@ def batch(
     a call that returns a generator or a coroutine): their work runs only when the result
     is iterated or awaited, after the call has returned and outside the retry, and a rerun
     at a smaller size would repeat the items already yielded. Return a list instead, or
-    stream the work chunk by chunk with :func:`range` or :func:`chunked`, which retry only
+    stream the work chunk by chunk with ``range`` or ``chunked``, which retry only
     the chunk that ran out of memory.
 
     Args:
@@ -48,8 +48,8 @@ def batch(
         initial_batch_size: The size to try first.
         min_batch_size: The smallest size to try.
         factor: Shrink factor (a finite number > 1) after each out-of-memory error.
-        cache: ``"default"`` (follows :func:`set_default_cache`, initially
-            :class:`StackMemoryCache`), ``None`` (no cache), a :class:`BatchSizeCache` or
+        cache: ``"default"`` (follows ``set_default_cache``, initially
+            ``StackMemoryCache``), ``None`` (no cache), a ``BatchSizeCache`` or
             its class. Change it later with ``func.adaptive.cache = ...`` (``"default"``
             included). A cache instance may be shared: each function keeps its own sizes.
         context: A hashable key for the sizes instead of this function: every function
@@ -81,7 +81,7 @@ def range_(
     is rerun from its start: ``func`` should write a chunk's results only once its work has
     succeeded. When a chunk shorter than the step (the last one) fails, the step shrinks until
     the chunk gets shorter. Generator and ``async`` functions are refused, and ``cache`` and
-    ``context`` mean, as for :func:`batch`.
+    ``context`` mean, as for ``batch``.
     """
     return _decorate(
         lambda f: _Range(f, initial_step, min_step, factor, cache, form="adaptive.range", context=context), func
@@ -101,9 +101,9 @@ def chunked(
     """Decorate ``func(chunk, start, end, *args)``; call it as ``func(tensor, *args)``.
 
     Passes views ``tensor.narrow(dim, start, end - start)`` of consecutive chunks, with
-    their bounds, shrinking the step on out-of-memory as :func:`range` does. ``dim`` may be
+    their bounds, shrinking the step on out-of-memory as ``range`` does. ``dim`` may be
     negative, counted from the last dimension. Generator and ``async`` functions are
-    refused, and ``cache`` and ``context`` mean, as for :func:`batch`.
+    refused, and ``cache`` and ``context`` mean, as for ``batch``.
     """
 
     def make(f: Callable[..., Any]) -> _Chunked:
@@ -117,7 +117,7 @@ _Form = TypeVar("_Form", bound=_Adaptive)
 
 def _explicit(kind: type[_Form], name: str, func: Callable[..., Any], initial: int, cache: Any, context: Any) -> _Form:
     """The retrying run of ``func`` for the call form ``explicit.<name>``: the size halves down to 1, and is
-    remembered per ``context``, by default per code of ``func`` (:func:`code_context`).
+    remembered per ``context``, by default per code of ``func`` (``code_context``).
     """
     # NOTE: only made here: the form itself calls it, so that a call-site cache sees the form's caller
     context = code_context(func) if context is None else context
@@ -128,8 +128,8 @@ class explicit:
     """Call forms that take the function and the initial size as arguments (``factor`` 2, minimum 1).
 
     The sizes are remembered per ``adaptive_context``, by default the code of ``func`` (see
-    :func:`code_context`): a lambda made anew on every iteration of a loop starts where the
-    last one ended. ``adaptive_cache`` chooses the cache as ``cache`` does for :func:`batch`
+    ``code_context``): a lambda made anew on every iteration of a loop starts where the
+    last one ended. ``adaptive_cache`` chooses the cache as ``cache`` does for ``batch``
     (``None``: start from the initial size every time). The ``adaptive_`` options are
     keyword-only and are not passed on to ``func``; every other argument is.
 
@@ -196,7 +196,7 @@ class execute:
     The sizes are remembered per call site of ``execute.*`` (the line and its callers), or
     per ``context`` if given: a block that runs again, e.g. on every iteration of a loop,
     starts at the size that worked the last time. The other options are those of
-    :func:`batch`, :func:`range` and :func:`chunked`.
+    ``batch``, ``range`` and ``chunked``.
 
     Examples:
         >>> tried = []

@@ -1,4 +1,4 @@
-"""Loaders that survive out-of-memory errors: :func:`run` over a :class:`LowersLimit`."""
+"""Loaders that survive out-of-memory errors: ``run`` over a ``LowersLimit``."""
 
 from __future__ import annotations
 
@@ -22,10 +22,10 @@ R = TypeVar("R")
 
 
 class LowersLimit(Protocol[B_co]):
-    """What :func:`run` needs of a loader: batches with their indices, and a limit it can lower.
+    """What ``run`` needs of a loader: batches with their indices, and a limit it can lower.
 
-    :class:`~fastsab.FastLoader` and :class:`~fastsab.FastSizeAwareLoader` implement it; the
-    limit is a batch size or the caps of the cost columns (:data:`fastsab.loaders.options.Limit`).
+    ``FastLoader`` and ``FastSizeAwareLoader`` implement it; the
+    limit is a batch size or the caps of the cost columns (``fastsab.loaders.options.Limit``).
     """
 
     @property
@@ -67,11 +67,11 @@ def run(loader: LowersLimit[B], step: Callable[[B], R], *, factor: float = 2) ->
 
     When ``step`` runs out of memory on a batch, memory is freed and the loader plans that
     batch again, with the rest of the epoch, under a limit ``factor`` times below the
-    batch's cost (its size for :class:`~fastsab.FastLoader`): the batch's parts come next
+    batch's cost (its size for ``FastLoader``): the batch's parts come next
     (split again if they fail too) and the lower limit holds for the rest of the epoch
-    (``loader.stats.limit_changes``, :meth:`~fastsab.FastLoader.retry_last_batch`). Every
+    (``loader.stats.limit_changes``, ``retry_last_batch``). Every
     sample is processed exactly once, and a state saved between results resumes exactly; a
-    single sample that does not fit raises :class:`AdaptiveOOMError`.
+    single sample that does not fit raises ``AdaptiveOOMError``.
 
     Under data parallelism (``world_size > 1``) the limit is kept, so that every rank still
     runs the same number of loader steps: a failing batch is split and its parts run within
@@ -84,8 +84,8 @@ def run(loader: LowersLimit[B], step: Callable[[B], R], *, factor: float = 2) ->
     model saved with it has not been updated by the step's first parts (a warning says so).
 
     Args:
-        loader: A :class:`~fastsab.FastLoader` or :class:`~fastsab.FastSizeAwareLoader`
-            (any :class:`LowersLimit`).
+        loader: A ``FastLoader`` or ``FastSizeAwareLoader``
+            (any ``LowersLimit``).
         step: The work on one batch, e.g. a training step; its results are yielded.
         factor: How much smaller the limit gets after each out-of-memory error (> 1).
 
@@ -126,7 +126,7 @@ def run(loader: LowersLimit[B], step: Callable[[B], R], *, factor: float = 2) ->
 
 
 def _run(loader: LowersLimit[B], step: Callable[[B], R], factor: float) -> Iterator[R]:
-    """The generator :func:`run` returns (its arguments checked)."""
+    """The generator ``run`` returns (its arguments checked)."""
     for indices, first in loader.iter_with_indices():
         # NOTE: the parts of a split batch are fetched when their turn comes (None until then)
         pending: list[tuple[np.ndarray, B | None]] = [(indices, first)]

@@ -3,10 +3,10 @@
 Backends report running out of memory in different ways: ``torch.OutOfMemoryError`` (CUDA,
 and others in recent torch), ``RuntimeError`` messages from CUDA, cuBLAS, cuDNN, ROCm/HIP,
 MIOpen, XPU, MPS and the CPU allocator, and Python's own ``MemoryError``.
-:func:`is_out_of_memory` knows them all; anything else is not an out-of-memory error.
+``is_out_of_memory`` knows them all; anything else is not an out-of-memory error.
 
 A ``RuntimeError`` counts only if its message *begins* with the allocator's own words
-(:data:`OOM_MESSAGES`): a message that merely mentions memory somewhere ("not enough memory
+(``OOM_MESSAGES``): a message that merely mentions memory somewhere ("not enough memory
 in my cache"), and cuDNN's ``CUDNN_STATUS_NOT_SUPPORTED`` (an unsupported configuration,
 which a smaller batch does not cure), are not out-of-memory errors.
 """
@@ -57,7 +57,7 @@ def is_out_of_memory(error: BaseException) -> bool:
     """Whether ``error`` says that memory ran out (on any device or the host).
 
     True for ``torch.OutOfMemoryError`` and ``MemoryError`` (and their subclasses), and for
-    a ``RuntimeError`` whose message begins with one of :data:`OOM_MESSAGES` (after the
+    a ``RuntimeError`` whose message begins with one of ``OOM_MESSAGES`` (after the
     ``[enforce fail at ...]`` prefix the CPU allocator's messages carry).
 
     Examples:

@@ -160,7 +160,7 @@ class _Adaptive(ABC):
         initial: The size to try first.
         minimum: The smallest size to try.
         factor: Shrink factor (> 1) after each out-of-memory error.
-        cache: See :func:`batch`.
+        cache: See ``batch``.
         form: The public name of the form, for messages (``"adaptive.batch"``).
         context: What the sizes are remembered for (hashable): every call made with an equal
             context shares them. ``None``: this object's calls only.
@@ -312,7 +312,7 @@ class _Range(_Adaptive):
 
 
 class _Chunked(_Range):
-    #: The dimension chunked along (see :meth:`along`).
+    #: The dimension chunked along (see ``along``).
     dim = 0
 
     def along(self, dim: int) -> _Chunked:

@@ -5,13 +5,13 @@ run (``np.cumsum`` for the split kernel, ``numpy.random.Generator.permutation`` 
 shuffles, the numpy permutation+reshape loop for loaders), so results stay comparable on
 noisy shared machines.
 
-- :mod:`~fastsab.bench.report`: :class:`Row`, timing, the machine line and the markdown tables.
-- :mod:`~fastsab.bench.workloads`: the split kernel, permutations and the adaptive overhead.
-- :mod:`~fastsab.bench.epochs`: epoch timings of cases, as rows against a floor.
-- :mod:`~fastsab.bench.loaders`: the loaders per epoch, the time to the first batch, and a rank's
+- ``report``: ``Row``, timing, the machine line and the markdown tables.
+- ``workloads``: the split kernel, permutations and the adaptive overhead.
+- ``epochs``: epoch timings of cases, as rows against a floor.
+- ``loaders``: the loaders per epoch, the time to the first batch, and a rank's
   first batch of a huge epoch (time and memory, ``scale_rows``).
-- :mod:`~fastsab.bench.varlen`: variable-length batches: padded and packing efficiency, steps and time.
-- :mod:`~fastsab.bench.end_to_end`: the loaders feeding a small model's training step.
+- ``varlen``: variable-length batches: padded and packing efficiency, steps and time.
+- ``end_to_end``: the loaders feeding a small model's training step.
 """
 
 from __future__ import annotations

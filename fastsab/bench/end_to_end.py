@@ -92,7 +92,7 @@ def end_to_end_rows(
 
     The data are those of the loaders suite (``torch.arange(samples)``, shuffled, batches of
     ``batch_size``; log-normal lengths with a budget of ``batch_size`` x mean length for the
-    size-aware rows), each batch a step of :class:`TokenModel` (forward, backward, SGD) on one
+    size-aware rows), each batch a step of ``TokenModel`` (forward, backward, SGD) on one
     thread, timed in CPU time of the process. Each case runs one epoch of the loader alone and
     one with the steps, in turn with the other cases, ``epochs`` rounds after a warm-up round;
     a row is the best epoch with the steps. Its note gives the loader's share of that epoch (the

@@ -62,7 +62,7 @@ def epoch_times(cases: list[Case], epochs: int, progress: Progress | None = None
 def floor_rows(
     suite: str, workload: Callable[[str], str], cases: list[Case], epochs: int, progress: Progress | None = None
 ) -> list[Row]:
-    """A row per case of :func:`epoch_times`, its ratio to the first case's time, its batches as the note.
+    """A row per case of ``epoch_times``, its ratio to the first case's time, its batches as the note.
 
     Args:
         suite: The rows' table.

@@ -2,10 +2,10 @@
 
 For each kind of model (a CNN on images padded in 2-D, a GNN on graphs joined into one, a
 transformer encoder on padded sequences and on packed ones), the whole workflow runs on the CPU: measure the
-peak of a few batches of several shapes (:func:`~fastsab.memory.measure_batches`), fit a
-:class:`~fastsab.memory.BatchMemoryModel`, batch a dataset under a budget of
+peak of a few batches of several shapes (``measure_batches``), fit a
+``BatchMemoryModel``, batch a dataset under a budget of
 ``budget_factor`` times the largest item's measured peak, and measure every planned batch's
-real peak. :func:`fidelity_results` reports, per kind, the batches run, how many went over
+real peak. ``fidelity_results`` reports, per kind, the batches run, how many went over
 the budget, and the mean and smallest share of the budget they used; the kinds that batch
 better in size-sorted windows (``sort_window``) are run with and without one.
 """
@@ -297,7 +297,7 @@ def run_kind(
 
 
 def fidelity_results(seed: int = 0, **options: Any) -> list[FidelityResult]:
-    """Every kind's :func:`run_kind` result, then the same kind's in its ``sort_window`` if it has one."""
+    """Every kind's ``run_kind`` result, then the same kind's in its ``sort_window`` if it has one."""
     results = []
     for kind in kinds(seed):
         for window in (None, kind.sort_window) if kind.sort_window else (None,):

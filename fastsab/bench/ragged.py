@@ -1,10 +1,10 @@
-"""Variable-length batches per epoch: :class:`~fastsab.RaggedDataset` against fixed-shape rows and a list of tensors.
+"""Variable-length batches per epoch: ``RaggedDataset`` against fixed-shape rows and a list of tensors.
 
-:func:`ragged_rows` measures an epoch of token sequences (log-normal lengths) batched under a
+``ragged_rows`` measures an epoch of token sequences (log-normal lengths) batched under a
 token budget (``cost="sum"``), padded (unsorted, and sorted by size within windows of
-:data:`SORT_WINDOW` sequences) and packed, three ways: a ``RaggedDataset`` gathered in one pass
+``SORT_WINDOW`` sequences) and packed, three ways: a ``RaggedDataset`` gathered in one pass
 per batch, a list of per-sequence tensors fetched as a list and collated by
-:class:`~fastsab.varlen.collate.PadCollator` or :class:`~fastsab.varlen.collate.PackCollator`, and the
+``PadCollator`` or ``PackCollator``, and the
 floor: ``FastLoader`` over fixed-shape rows of the same total tokens.
 """
 
@@ -27,7 +27,7 @@ from fastsab.varlen.ragged import RaggedDataset
 
 __all__ = ["BatchedSequenceList", "SequenceList", "ragged_rows"]
 
-#: The table of :func:`ragged_rows`.
+#: The table of ``ragged_rows``.
 SUITE = "ragged"
 FLOOR = "FastLoader, fixed-shape rows (floor)"
 LIST = "list of tensors, DataLoader + "
@@ -66,7 +66,7 @@ def ragged_rows(
 ) -> list[Row]:
     """Epoch times of padded and packed token batches from a ``RaggedDataset`` and from a list of tensors.
 
-    Lengths are :func:`~fastsab.bench.workloads.lognormal_lengths` (mean ~150, 8 to 4000), the
+    Lengths are ``lognormal_lengths`` (mean ~150, 8 to 4000), the
     batches those of ``FastSizeAwareLoader(..., budget, cost="sum")`` with the same seed for
     every case; padded batches also with ``sort_window=window``, the way padded batches are
     made in practice (without it most of a padded batch is padding). The floor is ``FastLoader``

@@ -1,5 +1,5 @@
-"""The rows of ``fastsab bench`` and how they are timed and rendered: :class:`Row`, :func:`time_best`,
-:func:`machine_info`, :func:`to_markdown`."""
+"""The rows of ``fastsab bench`` and how they are timed and rendered: ``Row``, ``time_best``,
+``machine_info``, ``to_markdown``."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The variable-length workload of ``fastsab bench --suite varlen``: how much of a batch is real data.
 
 Sequences with log-normal lengths (10 to 2000 tokens) are batched under a token budget by
-:class:`~fastsab.FastSizeAwareLoader` without and with ``sort_window``, by a "megabatch"
+``FastSizeAwareLoader`` without and with ``sort_window``, by a "megabatch"
 baseline (random order, windows sorted by length and split on their own, as fairseq and the
 "group by length" samplers do) and by ``DataLoader(batch_size=32)``. Efficiencies are
 computed from the batches' lengths alone, whatever would collate them:
@@ -12,7 +12,7 @@ computed from the batches' lengths alone, whatever would collate them:
 
 Epochs over a ragged dataset (padded and packed batches gathered from flat token storage,
 against a list of tensors and fixed-shape rows) are the rows of
-:func:`fastsab.bench.ragged.ragged_rows`, printed with this suite.
+``fastsab.bench.ragged.ragged_rows``, printed with this suite.
 """
 
 from __future__ import annotations

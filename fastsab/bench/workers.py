@@ -98,9 +98,9 @@ def workers_rows(
 ) -> list[Row]:
     """One process with a prefetch thread against ``num_workers`` worker processes, first and later epochs.
 
-    For :class:`~fastsab.FastLoader` (``batch_size`` texts) and
-    :class:`~fastsab.FastSizeAwareLoader` (a budget of ``batch_size`` x the mean length in
-    tokens), over :class:`TokenizedTexts`: one process (``prefetch=2``), workers started for
+    For ``FastLoader`` (``batch_size`` texts) and
+    ``FastSizeAwareLoader`` (a budget of ``batch_size`` x the mean length in
+    tokens), over ``TokenizedTexts``: one process (``prefetch=2``), workers started for
     each epoch, persistent workers, and a ``DataLoader`` with persistent workers over the
     loader's own plan (``batch_sampler=loader.batch_sampler()``) and ``collate_fn``. A
     training loop runs many epochs, so each case is timed on a new loader's first epoch

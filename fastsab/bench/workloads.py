@@ -53,7 +53,7 @@ def kernel_rows(sizes: Iterable[int], repeat: int = 5) -> list[Row]:
 
 
 def kernel_cases(n: int) -> list[tuple[str, np.ndarray, Any]]:
-    """The costs and caps :func:`kernel_rows` splits: ``(kind, costs, cap)``, every array C-contiguous.
+    """The costs and caps ``kernel_rows`` splits: ``(kind, costs, cap)``, every array C-contiguous.
 
     Examples:
         >>> [(kind, costs.shape) for kind, costs, _ in kernel_cases(10)]
@@ -189,5 +189,5 @@ def _loop_seconds(fn: Callable[[], Any], calls: int) -> float:
 
 
 def _deep(frames: int, fn: Callable[[], Any], calls: int) -> float:
-    """:func:`_loop_seconds` run ``frames`` frames below this one."""
+    """``_loop_seconds`` run ``frames`` frames below this one."""
     return _loop_seconds(fn, calls) if frames == 0 else _deep(frames - 1, fn, calls)

@@ -1,7 +1,7 @@
 """Size buckets with the bionemo API: the bucketed batch sampler and bucket boundaries.
 
-:class:`BucketBatchSampler` groups indices into size buckets and draws batches from
-per-bucket batch samplers; :func:`create_buckets` derives bucket boundaries from the sizes.
+``BucketBatchSampler`` groups indices into size buckets and draws batches from
+per-bucket batch samplers; ``create_buckets`` derives bucket boundaries from the sizes.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ class BucketBatchSampler(Sampler[list[int]]):
     Raises:
         TypeError: If an argument has the wrong type.
         ValueError: For bad sizes or boundaries, kwargs of the wrong length, or when every
-            element lies outside the buckets (:class:`NoElementInBucketsError`, also a
+            element lies outside the buckets (``NoElementInBucketsError``, also a
             ``RuntimeError``).
 
     Examples:
@@ -99,7 +99,7 @@ class BucketBatchSampler(Sampler[list[int]]):
         >>> sampler.num_buckets, sampler.bucket_sizes.tolist(), sampler.base_batch_sampler_individual_kwargs[1]
         (3, [0, 25, 0], {'batch_size': 10})
 
-        With :class:`~fastsab.SizeAwareBatchSampler` as base sampler, to cap each batch's total size:
+        With ``SizeAwareBatchSampler`` as base sampler, to cap each batch's total size:
 
         >>> from fastsab import SizeAwareBatchSampler
         >>> costs = torch.arange(25).tolist()
@@ -274,7 +274,7 @@ def _check_kwargs(name: str, kwargs: Any) -> dict[str, Any]:
 
 
 class Buckets(NamedTuple):
-    """What :func:`create_buckets` returns: a named tuple, so both
+    """What ``create_buckets`` returns: a named tuple, so both
     ``boundaries, counts = create_buckets(...)`` and ``result.bucket_boundaries`` work.
 
     Attributes:
@@ -301,7 +301,7 @@ def create_buckets(sizes: torch.Tensor | np.ndarray, max_width: int, min_bucket_
             reached first), a positive integer.
 
     Returns:
-        A :class:`Buckets` named tuple ``(bucket_boundaries, bucket_sizes)``: ascending
+        A ``Buckets`` named tuple ``(bucket_boundaries, bucket_sizes)``: ascending
         boundaries and the element count of each bucket.
 
     Raises:

@@ -1,10 +1,10 @@
 """The bionemo-compatible size-aware batch sampler.
 
-:class:`SizeAwareBatchSampler` wraps any index sampler and yields batches of indices whose
+``SizeAwareBatchSampler`` wraps any index sampler and yields batches of indices whose
 total size stays within ``max_total_size``; sizes given as an array go through the
-vectorized kernel of :mod:`fastsab.plan.batching`. The bucketed sampler and
-:func:`~fastsab.create_buckets` live in :mod:`fastsab.bionemo.buckets`, the loader's plan as a
-``DataLoader`` batch sampler in :mod:`fastsab.loaders.planned`; both are importable from here too.
+vectorized kernel of ``fastsab.plan.batching``. The bucketed sampler and
+``create_buckets`` live in ``fastsab.bionemo.buckets``, the loader's plan as a
+``DataLoader`` batch sampler in ``fastsab.loaders.planned``; both are importable from here too.
 """
 
 from __future__ import annotations
@@ -54,8 +54,8 @@ class SizeAwareBatchSampler(Sampler[list[int]]):
     """Batches of indices whose total size does not exceed ``max_total_size``.
 
     Indices come from ``sampler`` in its order and are batched greedily (see
-    :mod:`fastsab.plan.batching`); an index whose size alone exceeds the cap is skipped, reported
-    to ``warn_logger``, and counted in :attr:`num_skipped`. Sizes are looked up 2**16 indices
+    ``fastsab.plan.batching``); an index whose size alone exceeds the cap is skipped, reported
+    to ``warn_logger``, and counted in ``num_skipped``. Sizes are looked up 2**16 indices
     ahead, yet each skip is reported where bionemo's item-by-item sampler reports it: after
     the batches that such a loop yields before it reaches the skipped index.
 
@@ -68,7 +68,7 @@ class SizeAwareBatchSampler(Sampler[list[int]]):
             (with 0, the indices of size 0 are batched and the others skipped).
         info_logger: Called with a summary after each pass. Defaults to ``None``.
         warn_logger: Called for each skipped index and with a count of skips after each
-            pass. Defaults to :func:`warnings.warn`, so no skip goes unnoticed.
+            pass. Defaults to ``warnings.warn``, so no skip goes unnoticed.
 
     Raises:
         TypeError: If ``sampler`` is not iterable or ``sizeof`` is of an unsupported type.

@@ -1,8 +1,8 @@
 """The streaming form of the greedy rule: the bionemo ``size_aware_batching`` generator.
 
-:func:`size_aware_batching` batches a plain iterable item by item, with the rule of
-:mod:`fastsab.plan.batching` (the vectorized :func:`~fastsab.plan.batching.split_batches` gives the same
-batches); :func:`report_batching` sends the end-of-epoch summary that the bionemo paths log.
+``size_aware_batching`` batches a plain iterable item by item, with the rule of
+``fastsab.plan.batching`` (the vectorized ``split_batches`` gives the same
+batches); ``report_batching`` sends the end-of-epoch summary that the bionemo paths log.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def size_aware_batching(
     The streaming, per-item form of the greedy rule (bionemo compatible): it consumes
     ``dataset`` once and yields each batch as soon as the next item would not fit. Use it
     for plain iterables; for indexable data with known sizes prefer the vectorized
-    :class:`~fastsab.SizeAwareBatchSampler` or the fast loaders.
+    ``SizeAwareBatchSampler`` or the fast loaders.
 
     Args:
         dataset: The input iterable.

@@ -1,6 +1,6 @@
-"""toma 1.1's call forms :class:`explicit` and :class:`simple`, its cache types, and the checks its forms share.
+"""toma 1.1's call forms ``explicit`` and ``simple``, its cache types, and the checks its forms share.
 
-Part of :mod:`fastsab.compat.toma`, which re-exports every public name of this module.
+Part of ``fastsab.compat.toma``, which re-exports every public name of this module.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ DEFAULT_CACHE_TYPE = StackMemoryCache
 
 
 def should_reduce_batch_size(exception: BaseException) -> bool:
-    """Whether ``exception`` is an out-of-memory error (:func:`fastsab.adaptive.oom.is_out_of_memory`)."""
+    """Whether ``exception`` is an out-of-memory error (``fastsab.adaptive.oom.is_out_of_memory``)."""
     return is_out_of_memory(exception)
 
 
@@ -66,7 +66,7 @@ def _first(given: _T | None, default: _T) -> _T:
     return default if given is None else given
 
 
-#: The name toma gives the size of each form of :class:`fastsab.adaptive.explicit`.
+#: The name toma gives the size of each form of ``fastsab.adaptive.explicit``.
 _SIZE_NAMES = {"batch": "initial_batchsize", "range": "initial_step", "chunked": "initial_step"}
 
 
@@ -80,7 +80,7 @@ def _forward(
     context: Any,
     dim: int | None = None,
 ) -> Any:
-    """The form ``name`` of :class:`fastsab.adaptive.explicit` with toma's checks and toma's error.
+    """The form ``name`` of ``fastsab.adaptive.explicit`` with toma's checks and toma's error.
 
     Calls ``form(*leading, size, *args, adaptive_cache=..., adaptive_context=context, **kwargs)``
     (and ``adaptive_dim=dim`` if given) once ``size`` and ``cache_type`` are checked; when

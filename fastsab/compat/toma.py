@@ -1,22 +1,22 @@
-"""toma 1.1's API on :mod:`fastsab.adaptive`: change the import, keep the code.
+"""toma 1.1's API on ``fastsab.adaptive``: change the import, keep the code.
 
 ``from toma import toma, explicit, simple`` becomes ``from fastsab.compat.toma import toma,
 explicit, simple``; the parameter names (``initial_batchsize``, ``cache_type``,
 ``toma_initial_batchsize``, ``toma_context``, ...) and the cache types
-(:data:`StacktraceMemoryBatchsizeCache` (the default), :data:`GlobalBatchsizeCache`,
-:data:`NoBatchsizeCache`) are toma's. The sizes tried are toma's, and so is the error when
+(``StacktraceMemoryBatchsizeCache`` (the default), ``GlobalBatchsizeCache``,
+``NoBatchsizeCache``) are toma's. The sizes tried are toma's, and so is the error when
 even a size of 1 runs out of memory: the last out-of-memory error itself (caused by an
-:class:`~fastsab.adaptive.AdaptiveOOMError` that lists every size tried).
+``AdaptiveOOMError`` that lists every size tried).
 
 Where this module differs from toma 1.1 (docs/coming-from/toma.md):
 
-- Out-of-memory errors are those of :func:`fastsab.adaptive.oom.is_out_of_memory` (every backend,
+- Out-of-memory errors are those of ``fastsab.adaptive.oom.is_out_of_memory`` (every backend,
   ``torch.OutOfMemoryError``, ``MemoryError``); cuDNN's ``CUDNN_STATUS_NOT_SUPPORTED``,
   which a smaller batch does not cure, is not one.
 - When the last, shorter chunk of a range fails, the step shrinks until the chunk gets
   shorter, instead of rerunning the same chunk at every step above its length.
 - Without a context, sizes are remembered per code of the function
-  (:func:`fastsab.adaptive.code_context`), so a lambda made anew in a loop reuses them (a
+  (``fastsab.adaptive.code_context``), so a lambda made anew in a loop reuses them (a
   callable object, such as a model, and a bound method: per object, without keeping it alive).
 - ``toma.chunked(dimension=...)`` chunks along ``dimension`` and ``explicit.chunked`` passes
   extra arguments on; ``toma.batch(context=...)`` without a function keeps the context.

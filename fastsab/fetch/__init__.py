@@ -1,10 +1,10 @@
 """Ids -> a batch on the device: the third stage of a batch's walk.
 
-Reading a batch from the dataset in as few calls as possible (:mod:`~fastsab.fetch.fetcher`), batch and
-dataset pytrees (:mod:`~fastsab.fetch.pytree`), moving them to the device
-(:mod:`~fastsab.fetch.transfer`), making a loader's batches in order
-(:mod:`~fastsab.fetch.batch_maker`), a thread ahead (:mod:`~fastsab.fetch.prefetch`) and worker
-processes (:mod:`~fastsab.fetch.workers`, :mod:`~fastsab.fetch.sending`).
+Reading a batch from the dataset in as few calls as possible (``fetcher``), batch and
+dataset pytrees (``pytree``), moving them to the device
+(``transfer``), making a loader's batches in order
+(``batch_maker``), a thread ahead (``prefetch``) and worker
+processes (``workers``, ``sending``).
 
-Imports :mod:`fastsab.position` and :mod:`fastsab.plan` only.
+Imports ``fastsab.position`` and ``fastsab.plan`` only.
 """

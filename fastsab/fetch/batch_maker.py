@@ -1,8 +1,8 @@
 """Making a loader's batches, always in the same order: fetch, collate, move.
 
-:class:`BatchMaker` is the one place where a loader's batches are made, from the indices of
-a plan: the :class:`~fastsab.fetch.fetcher.Fetcher` reads (and collates) a batch, the
-:class:`~fastsab.fetch.transfer.Transfer` moves it. For an in-memory tensor dataset, the rows of a
+``BatchMaker`` is the one place where a loader's batches are made, from the indices of
+a plan: the ``Fetcher`` reads (and collates) a batch, the
+``Transfer`` moves it. For an in-memory tensor dataset, the rows of a
 whole plan chunk are gathered at once and each batch is a slice of them (when the chunk's
 rows fit in ``chunk_bytes``): the same batches as gathering batch by batch, at numpy speed.
 """
@@ -32,7 +32,7 @@ IndexArray = np.ndarray
 
 
 class Run(NamedTuple):
-    """Consecutive batches of a plan chunk, as :meth:`BatchMaker.runs` makes them.
+    """Consecutive batches of a plan chunk, as ``BatchMaker.runs`` makes them.
 
     Attributes:
         sizes: The number of items of each batch.
@@ -75,7 +75,7 @@ class BatchMaker(Generic[B]):
 
         Raises:
             TypeError, ValueError, IndexError: If ``indices`` are not valid (see
-                :meth:`~fastsab.fetch.fetcher.Fetcher.__call__`).
+                ``__call__``).
         """
         batch: B = self.transfer(self.fetcher(indices))
         return batch

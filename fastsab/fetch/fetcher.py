@@ -1,18 +1,18 @@
 """Fetching a batch of indices from a dataset in as few calls as possible.
 
-:class:`Fetcher` picks the fastest way a dataset offers, in this order:
+``Fetcher`` picks the fastest way a dataset offers, in this order:
 
 1. ``dataset.__getitems__(indices)`` (one call per batch, the ``torch.utils.data`` hook).
    If it returns a ``list`` it is a list of samples and must have one per index; it is
    collated with ``collate_fn`` (default ``torch.utils.data.default_collate``). Any other
    return value is an already batched pytree, whose array leaves must have one row per
    index, or a packed batch of sequences (a dict with a 1-D ``cu_seqlens``, as
-   :class:`~fastsab.varlen.collate.PackCollator` makes), whose ``cu_seqlens`` must have one entry
+   ``PackCollator`` makes), whose ``cu_seqlens`` must have one entry
    per index and one more; ``collate_fn``, if given, is applied to it.
    A dataset whose ``__getitems__`` only gathers from memory (index arithmetic and copies,
    no I/O, no waiting) says so with a true ``getitems_in_memory`` attribute (a class
    attribute, or a property): its batches are then made in the loop's thread, since a
-   hand-off to a prefetch thread costs more than such a gather (see :attr:`Fetcher.in_memory`).
+   hand-off to a prefetch thread costs more than such a gather (see ``Fetcher.in_memory``).
 2. Data whose rows are what indexing it gives, gathered by fancy indexing: a tensor, a
    numpy array, a ``TensorDataset`` whose class changes neither ``__getitem__`` nor
    ``__len__``, or a pytree of tensors/arrays with a common first dimension. The pytree
@@ -128,7 +128,7 @@ class Fetcher:
         return self._gather(check_indices(indices, self.length))
 
     def collate(self, rows: Any) -> Any:
-        """Apply ``collate_fn`` (if any) to rows from :meth:`take`."""
+        """Apply ``collate_fn`` (if any) to rows from ``take``."""
         return rows if self.collate_fn is None else self.collate_fn(rows)
 
     def __call__(self, indices: Any) -> Any:
@@ -137,7 +137,7 @@ class Fetcher:
         Raises:
             TypeError: If ``indices`` are not integers.
             ValueError: If ``indices`` is not one-dimensional.
-            IndexError: If an index is negative or not less than :attr:`length`.
+            IndexError: If an index is negative or not less than ``length``.
         """
         index = check_indices(indices, self.length)
         if self.kind == "gather":
@@ -209,13 +209,13 @@ def _result_arrays(result: Any) -> list[Any]:
 
 
 def _is_packed(result: Any) -> bool:
-    """Whether ``result`` is a packed batch: a dict with a 1-D ``cu_seqlens`` (see :mod:`fastsab.varlen.collate`)."""
+    """Whether ``result`` is a packed batch: a dict with a 1-D ``cu_seqlens`` (see ``fastsab.varlen.collate``)."""
     cu_seqlens = result.get("cu_seqlens") if isinstance(result, dict) else None
     return isinstance(cu_seqlens, (torch.Tensor, np.ndarray)) and cu_seqlens.ndim == 1 and len(cu_seqlens) >= 1
 
 
 class GatheredRows:
-    """A pytree dataset as a map-style dataset whose ``__getitems__`` gathers rows with a :class:`Fetcher`.
+    """A pytree dataset as a map-style dataset whose ``__getitems__`` gathers rows with a ``Fetcher``.
 
     A ``DataLoader`` indexes its dataset with ``__getitems__`` (or ``dataset[i]``); a dict or a
     tuple of tensors would answer with its keys or fields. Through this view it reads the
@@ -230,7 +230,7 @@ class GatheredRows:
         (5, {'x': tensor([40,  0])})
     """
 
-    #: Its ``__getitems__`` gathers rows of in-memory arrays (see :func:`getitems_in_memory`).
+    #: Its ``__getitems__`` gathers rows of in-memory arrays (see ``getitems_in_memory``).
     getitems_in_memory = True
 
     def __init__(self, dataset: Any) -> None:
@@ -241,12 +241,12 @@ class GatheredRows:
         return self._fetcher.length
 
     def __getitems__(self, indices: Any) -> Any:
-        """The rows ``indices`` of every array leaf, as :meth:`Fetcher.take` gathers them."""
+        """The rows ``indices`` of every array leaf, as ``Fetcher.take`` gathers them."""
         return self._fetcher.take(indices)
 
 
 def indexable(dataset: Any) -> Any:
-    """``dataset`` as a ``DataLoader`` reads it: data the loaders gather as :class:`GatheredRows`.
+    """``dataset`` as a ``DataLoader`` reads it: data the loaders gather as ``GatheredRows``.
 
     Tensors, numpy arrays, a plain ``TensorDataset`` and pytrees of them are gathered, so that
     batches and what ``collate_fn`` receives are the loader's (a numpy batch stays numpy, a
@@ -262,7 +262,7 @@ def collate_batch(fetched: Any) -> Any:
 
     A list (``__getitem__`` per index, or ``__getitems__`` following the
     ``torch.utils.data`` contract) is collated with ``default_collate``; anything else,
-    such as the batch :class:`~fastsab.OutOfCoreDataset` returns, is passed through. The
+    such as the batch ``OutOfCoreDataset`` returns, is passed through. The
     default ``collate_fn`` of the fast loaders and of ``loader.data_loader()``; pass it to a
     ``DataLoader`` of your own over such a dataset.
 

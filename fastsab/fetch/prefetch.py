@@ -1,4 +1,4 @@
-"""Preparing items ahead in a background thread: :func:`prefetched`.
+"""Preparing items ahead in a background thread: ``prefetched``.
 
 A loader with ``prefetch=k`` makes its batches (planning, fetching, collating, moving) in one
 thread, ``k`` batches ahead of the training loop, so that reading the next batch overlaps

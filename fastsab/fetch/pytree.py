@@ -3,12 +3,12 @@
 Two kinds of trees are walked here:
 
 * **Batches** (what a ``collate_fn`` or a dataset returns): any nesting of the containers of
-  optree (dict, list, tuple, namedtuple, ...) and of dataclasses. :func:`tree_map_arrays`
+  optree (dict, list, tuple, namedtuple, ...) and of dataclasses. ``tree_map_arrays``
   maps a function over their tensor and numpy leaves and keeps every other leaf.
-* **Datasets gathered by fancy indexing** (:mod:`fastsab.fetch.fetcher`): containers matched by
+* **Datasets gathered by fancy indexing** (``fastsab.fetch.fetcher``): containers matched by
   exact type only (dicts, tuples, namedtuples, dataclasses without ``__getitem__``), because
-  a subclass or a list may give indexing another meaning. :func:`walk` checks such a tree and
-  collects its arrays; :func:`children` takes one container apart.
+  a subclass or a list may give indexing another meaning. ``walk`` checks such a tree and
+  collects its arrays; ``children`` takes one container apart.
 
 A dataclass is rebuilt field by field on a copy, never through its ``__init__``: that would
 run ``__post_init__`` again (which may transform the data a second time) and lose the values
@@ -31,7 +31,7 @@ __all__ = ["children", "is_array", "tree_arrays", "tree_leaves", "tree_map_array
 
 D = TypeVar("D")
 
-#: What :func:`tree_map_arrays` and :func:`tree_arrays` count as arrays.
+#: What ``tree_map_arrays`` and ``tree_arrays`` count as arrays.
 ARRAY_TYPES = (torch.Tensor, np.ndarray)
 
 # NOTE: dataset containers are matched by exact type: a subclass may change what indexing
@@ -153,8 +153,8 @@ def walk(node: Any, path: str, arrays: list[Any]) -> str | None:
     """Collect the array leaves of a dataset tree into ``arrays``.
 
     Returns:
-        ``None`` if ``node`` holds only containers (:func:`children`), arrays
-        (:func:`is_array`) and plain leaves, else the path and type of the first node that
+        ``None`` if ``node`` holds only containers (``children``), arrays
+        (``is_array``) and plain leaves, else the path and type of the first node that
         is none of these.
 
     Examples:

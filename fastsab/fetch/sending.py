@@ -1,9 +1,9 @@
-"""Sending a batch from a worker process to the loop's process: :func:`in_band`, :func:`pickled`.
+"""Sending a batch from a worker process to the loop's process: ``in_band``, ``pickled``.
 
 A worker's batch is pickled into its pipe to the loop's process. torch moves a tensor's memory
 through shared memory, which costs the loop's process a connection to the worker per tensor;
-:func:`in_band` marks the batch's small plain CPU tensors (at most :data:`IN_BAND_BYTES`) to be
-sent as their bytes with the batch instead. :func:`pickled` pickles the rest of the batch in the
+``in_band`` marks the batch's small plain CPU tensors (at most ``IN_BAND_BYTES``) to be
+sent as their bytes with the batch instead. ``pickled`` pickles the rest of the batch in the
 worker's own thread, so that what does not pickle raises there, as an error of the worker.
 """
 
@@ -49,7 +49,7 @@ class _InBand:
 
 
 def _as_bytes(tensor: torch.Tensor) -> tuple[Any, ...]:
-    """The arguments of :func:`_from_bytes` that make ``tensor`` again."""
+    """The arguments of ``_from_bytes`` that make ``tensor`` again."""
     if tensor.is_contiguous():
         data = tensor.reshape(-1).view(torch.uint8).numpy()  # every dtype as bytes
         return data, tensor.dtype, tuple(tensor.shape)
@@ -61,14 +61,14 @@ def _as_bytes(tensor: torch.Tensor) -> tuple[Any, ...]:
 
 
 def _same(value: Any) -> Any:
-    """``value`` itself: what an :class:`_InBand` whose tensor goes through torch's own pickling unpickles to."""
+    """``value`` itself: what an ``_InBand`` whose tensor goes through torch's own pickling unpickles to."""
     return value
 
 
 def _from_bytes(
     data: np.ndarray, dtype: torch.dtype, shape: tuple[int, ...], strides: tuple[int, ...] | None = None
 ) -> torch.Tensor:
-    """The tensor an :class:`_InBand` pickled (``data``: its bytes in memory order, writable and owned, as
+    """The tensor an ``_InBand`` pickled (``data``: its bytes in memory order, writable and owned, as
     unpickled; ``strides``: the tensor's, ``None`` when contiguous)."""
     flat = torch.from_numpy(data).view(dtype)
     return flat.reshape(shape) if strides is None else flat.as_strided(shape, strides)
@@ -87,7 +87,7 @@ def _sent_in_band(leaf: Any) -> Any:
 
 
 def in_band(batch: Any) -> Any:
-    """``batch`` with its small plain CPU tensors (at most :data:`IN_BAND_BYTES`) sent as bytes when pickled.
+    """``batch`` with its small plain CPU tensors (at most ``IN_BAND_BYTES``) sent as bytes when pickled.
 
     What a worker returns: unpickled in the loop's process, those tensors are tensors again
     (the same dtype, shape, values and strides, or dense strides in the same order for a tensor
@@ -135,7 +135,7 @@ def _views_of_one_storage(batch: Any) -> list[torch.Tensor]:
 
 
 class _BatchPickler(ForkingPickler):
-    """Pickles as a worker's queue does (tensors in shared memory), leaving the :class:`_InBand` tensors out."""
+    """Pickles as a worker's queue does (tensors in shared memory), leaving the ``_InBand`` tensors out."""
 
     def __init__(self, file: io.BytesIO) -> None:
         super().__init__(file)
@@ -153,7 +153,7 @@ class _BatchPickler(ForkingPickler):
 
 
 class _Pickled:
-    """A batch pickled by :func:`pickled`: its pickle, and its in-band tensors pickled with it."""
+    """A batch pickled by ``pickled``: its pickle, and its in-band tensors pickled with it."""
 
     __slots__ = ("data", "in_band")
 
@@ -166,7 +166,7 @@ class _Pickled:
 
 
 def _unpickled(data: bytes, tensors: list[torch.Tensor]) -> Any:
-    """The batch a :class:`_Pickled` holds (``tensors``: its in-band tensors, unpickled)."""
+    """The batch a ``_Pickled`` holds (``tensors``: its in-band tensors, unpickled)."""
     unpickler = pickle.Unpickler(io.BytesIO(data))
     # NOTE: set on the instance (C code calls it), which costs less per batch than a subclass
     unpickler.persistent_load = tensors.__getitem__  # type: ignore[method-assign]
@@ -174,7 +174,7 @@ def _unpickled(data: bytes, tensors: list[torch.Tensor]) -> Any:
 
 
 def pickled(batch: Any) -> Any:
-    """``batch`` (made by :func:`in_band`) pickled now, sent as its pickle; unpickled, the batch again.
+    """``batch`` (made by ``in_band``) pickled now, sent as its pickle; unpickled, the batch again.
 
     A worker's queue pickles what it sends in a thread of its own, which prints an error and
     drops the batch; pickled here, in the worker's thread, an error is the worker's. The

@@ -1,8 +1,8 @@
 """Moving batch pytrees to a device.
 
 A batch may be a tensor or any nesting of dicts, lists, tuples, namedtuples and
-dataclasses holding tensors (:mod:`fastsab.fetch.pytree`); :func:`to_device` moves its tensors,
-and :class:`Transfer` is a loader's way of doing so: the device, pinning and asynchrony it
+dataclasses holding tensors (``fastsab.fetch.pytree``); ``to_device`` moves its tensors,
+and ``Transfer`` is a loader's way of doing so: the device, pinning and asynchrony it
 was given, checked once. The pytree helpers ``tree_map_arrays``, ``tree_leaves`` and
 ``tree_arrays`` are also importable from here.
 """
@@ -90,7 +90,7 @@ def to_device(batch: B, device: torch.device | None, *, non_blocking: bool = Tru
         device: Target device; ``None`` keeps tensors where they are (numpy stays numpy).
         non_blocking: Let host-to-device copies from pinned memory run asynchronously.
         pin_memory: Pin CPU tensors first, so ``non_blocking`` copies overlap compute. The
-            caller checks :func:`pin_available` (pinning needs an accelerator).
+            caller checks ``pin_available`` (pinning needs an accelerator).
 
     Examples:
         >>> out = to_device({"x": torch.ones(2), "n": 3}, torch.device("cpu"))
@@ -116,8 +116,8 @@ def to_device(batch: B, device: torch.device | None, *, non_blocking: bool = Tru
 class Transfer:
     """How a loader moves its batches: to ``device``, pinned first or not, asynchronously or not.
 
-    Make one with :meth:`create`, which checks the values; calling it moves a batch
-    (:func:`to_device`; without a device and pinning, the batch is returned as it is).
+    Make one with ``create``, which checks the values; calling it moves a batch
+    (``to_device``; without a device and pinning, the batch is returned as it is).
 
     Attributes:
         device: Where batches go; ``None`` leaves them where they are.
@@ -153,5 +153,5 @@ class Transfer:
         return cls(resolved, pin_memory, non_blocking)
 
     def __call__(self, batch: B) -> B:
-        """``batch`` moved (see :func:`to_device`)."""
+        """``batch`` moved (see ``to_device``)."""
         return to_device(batch, self.device, non_blocking=self.non_blocking, pin_memory=self.pin_memory)

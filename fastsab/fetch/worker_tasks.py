@@ -1,13 +1,13 @@
 """What a loader's worker processes are given and run: the plan's index batches as tasks.
 
-A ``DataLoader`` over worker processes (:mod:`fastsab.fetch.workers`) is made of three parts,
-all here: its batch sampler, :class:`PlanBatches`, reads the index batches from the loader's
+A ``DataLoader`` over worker processes (``fastsab.fetch.workers``) is made of three parts,
+all here: its batch sampler, ``PlanBatches``, reads the index batches from the loader's
 plan stream on demand, each a task ``(ids, generation, seed)``; its dataset,
-:class:`BatchFetch` (:class:`ReseedingBatchFetch` for persistent workers), makes one whole
-batch per task with the loader's :class:`~fastsab.fetch.fetcher.Fetcher`, re-seeding ``random``,
+``BatchFetch`` (``ReseedingBatchFetch`` for persistent workers), makes one whole
+batch per task with the loader's ``Fetcher``, re-seeding ``random``,
 ``numpy`` and ``torch`` on a worker's first batch of a new generation as torch seeds a new worker
-(:func:`base_seed`); its ``collate_fn``, :func:`collate_whole`, pickles the batch in the worker
-(small tensors sent :func:`~fastsab.fetch.sending.in_band`), so that one that does not pickle is
+(``base_seed``); its ``collate_fn``, ``collate_whole``, pickles the batch in the worker
+(small tensors sent ``in_band``), so that one that does not pickle is
 the worker's error.
 """
 
@@ -33,7 +33,7 @@ class BatchFetch:
     """A map-style dataset whose ``__getitems__(ids)`` is ``(ids, batch)``: one batch fetched and collated.
 
     What a ``DataLoader``'s worker process runs for each index batch of the plan. It holds only
-    the :class:`~fastsab.fetch.fetcher.Fetcher` (the dataset and ``collate_fn``), which is what a spawned
+    the ``Fetcher`` (the dataset and ``collate_fn``), which is what a spawned
     worker receives pickled.
 
     Examples:
@@ -57,7 +57,7 @@ class BatchFetch:
 
 
 class ReseedingBatchFetch(BatchFetch):
-    """A :class:`BatchFetch` of persistent workers: ``__getitems__((ids, generation, base_seed))``.
+    """A ``BatchFetch`` of persistent workers: ``__getitems__((ids, generation, base_seed))``.
 
     On its first batch of a new ``generation`` a worker re-seeds ``random``, ``torch`` and
     ``numpy`` from ``base_seed`` as torch seeds a worker it starts (and sets its
@@ -132,7 +132,7 @@ def _index_batches(stream: Stream | None, task: tuple[int, int]) -> Iterator[Any
 
 
 def collate_whole(fetched: Any) -> tuple[np.ndarray, Any]:
-    """The workers' ``collate_fn``: the batch made by :class:`BatchFetch`, sent :func:`in_band`, pickled here.
+    """The workers' ``collate_fn``: the batch made by ``BatchFetch``, sent ``in_band``, pickled here.
 
     Raises:
         TypeError: If the batch does not pickle (naming what in it does not), raised in the

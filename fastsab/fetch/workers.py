@@ -1,17 +1,17 @@
-"""Fetching a loader's batches in worker processes: :func:`worker_batches`, :class:`PersistentWorkers`.
+"""Fetching a loader's batches in worker processes: ``worker_batches``, ``PersistentWorkers``.
 
 With ``num_workers=n`` a loader's batches are fetched and collated in ``n`` worker processes
-by torch's own ``DataLoader`` machinery, made of the parts in :mod:`fastsab.fetch.worker_tasks`:
-a ``DataLoader`` over :class:`~fastsab.fetch.worker_tasks.BatchFetch` (whose ``__getitems__``
+by torch's own ``DataLoader`` machinery, made of the parts in ``fastsab.fetch.worker_tasks``:
+a ``DataLoader`` over ``BatchFetch`` (whose ``__getitems__``
 makes one whole batch) whose batch sampler pulls the index batches from the loader's plan stream
 on demand, at most ``prefetch * n`` ahead. A batch's small tensors come with it through the
 worker's pipe, torch moves larger ones through shared memory. This module runs them: it yields
 the batches in order, re-raises a worker's exception with its traceback, reports a worker that
-died, and shuts the workers down when the iteration ends or is closed (:func:`worker_batches`:
-the workers of one iteration are :class:`PersistentWorkers` used once). Closing them from
+died, and shuts the workers down when the iteration ends or is closed (``worker_batches``:
+the workers of one iteration are ``PersistentWorkers`` used once). Closing them from
 another thread, or from a signal handler, ends a wait for a batch with a ``RuntimeError``.
 
-:class:`PersistentWorkers` keeps the worker processes across epochs (``persistent_workers=True``):
+``PersistentWorkers`` keeps the worker processes across epochs (``persistent_workers=True``):
 one ``DataLoader(persistent_workers=True)`` whose batch sampler reads each epoch's plan stream in
 turn. Each iteration is a generation: the index batches carry it with the seed its workers would
 have been started with, and a worker re-seeds ``random``, ``numpy`` and ``torch`` (as torch seeds a
@@ -122,10 +122,10 @@ def worker_batches(
 
 
 class PersistentWorkers:
-    """Worker processes kept across epochs: :meth:`batches` fetches each stream's batches in the same workers.
+    """Worker processes kept across epochs: ``batches`` fetches each stream's batches in the same workers.
 
-    The workers start with the first :meth:`batches` (holding a copy of the dataset as it is
-    then, as ``DataLoader(persistent_workers=True)`` does) and live until :meth:`close`, garbage
+    The workers start with the first ``batches`` (holding a copy of the dataset as it is
+    then, as ``DataLoader(persistent_workers=True)`` does) and live until ``close``, garbage
     collection or the interpreter's exit. Leaving an iteration early (a ``break``, a lowered
     limit) leaves them running: the batches they fetched ahead are dropped when the next
     iteration begins, and the stream left behind is read no further. A worker's error, or a
@@ -134,7 +134,7 @@ class PersistentWorkers:
 
     Args:
         fetcher, num_workers, prefetch, worker_init_fn, multiprocessing_context: As for
-            :func:`worker_batches`.
+            ``worker_batches``.
     """
 
     def __init__(
@@ -157,7 +157,7 @@ class PersistentWorkers:
 
     @property
     def pids(self) -> list[int]:
-        """The worker processes' ids (empty before they start and after :meth:`close`)."""
+        """The worker processes' ids (empty before they start and after ``close``)."""
         return [worker.pid for worker in self._processes()]
 
     def _processes(self) -> list[Any]:
@@ -165,7 +165,7 @@ class PersistentWorkers:
         return list(getattr(iterator, "_workers", []))
 
     def batches(self, stream: Stream, seed: int) -> Generator[tuple[np.ndarray, Any], None, None]:
-        """``(ids, batch)`` for every batch of ``stream``, in plan order, as :func:`worker_batches` with ``seed``."""
+        """``(ids, batch)`` for every batch of ``stream``, in plan order, as ``worker_batches`` with ``seed``."""
         if not all(worker.is_alive() for worker in self._processes()):
             self.close()  # NOTE: a worker died between iterations: new workers, not an iteration failing on it
         self._generation += 1
@@ -236,7 +236,7 @@ class PersistentWorkers:
             _shut_down(loader)
 
     def _waiting_for(self, step: Callable[[], Any]) -> Any:
-        """``step()`` (a wait for the workers), during which :meth:`close` in this thread only asks to close."""
+        """``step()`` (a wait for the workers), during which ``close`` in this thread only asks to close."""
         self._waiting = threading.get_ident()
         try:
             return step()
@@ -244,7 +244,7 @@ class PersistentWorkers:
             self._waiting = None
 
     def close(self) -> None:
-        """Shut the worker processes down (the next :meth:`batches` starts new ones).
+        """Shut the worker processes down (the next ``batches`` starts new ones).
 
         May be called from any thread, or a signal handler. An iteration under way raises a
         ``RuntimeError`` saying the loader was closed: at once if it waits for a batch (within

@@ -1,12 +1,12 @@
 """Integrations with other engines; each imports its engine only when imported itself.
 
-- :mod:`fastsab.integrations.accelerate`: ``prepare_loader``, the fast loaders prepared for a
+- ``fastsab.integrations.accelerate``: ``prepare_loader``, the fast loaders prepared for a
   Hugging Face ``Accelerator`` (``pip install fastsab[accelerate]``).
-- :mod:`fastsab.integrations.lightning`: a ``LightningDataModule`` over the fast loaders
+- ``fastsab.integrations.lightning``: a ``LightningDataModule`` over the fast loaders
   (``pip install fastsab[lightning]``).
-- :mod:`fastsab.integrations.transformers`: a ``transformers.Trainer`` that trains on a fast
+- ``fastsab.integrations.transformers``: a ``transformers.Trainer`` that trains on a fast
   loader (``pip install fastsab[transformers]``).
-- :mod:`fastsab.integrations.webdataset`: size-aware batching for WebDataset pipelines
+- ``fastsab.integrations.webdataset``: size-aware batching for WebDataset pipelines
   (``pip install fastsab[webdataset]``) and data modules over tar shards (which need
   ``fastsab[lightning]`` too).
 

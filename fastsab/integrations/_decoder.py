@@ -1,7 +1,7 @@
 """Decoding of WebDataset samples by field extension, without unpickling by default.
 
-:func:`safe_decoder` is a public name of :mod:`fastsab.integrations.webdataset`; it lives here so
-that the Lightning data modules (:mod:`fastsab.integrations._webdataset_modules`) use it without
+``safe_decoder`` is a public name of ``fastsab.integrations.webdataset``; it lives here so
+that the Lightning data modules (``fastsab.integrations._webdataset_modules``) use it without
 importing the module that loads them.
 """
 

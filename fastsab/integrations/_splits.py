@@ -16,5 +16,5 @@ class Split(str, Enum):
 
 
 #: Every split with a data loader hook of its own in Lightning: the ``Split`` names and ``predict``.
-#: (:class:`~fastsab.integrations.webdataset.WebDataModule` serves ``predict`` from ``test``, as bionemo does.)
+#: (``WebDataModule`` serves ``predict`` from ``test``, as bionemo does.)
 SPLITS: tuple[str, ...] = (*(split.value for split in Split), "predict")

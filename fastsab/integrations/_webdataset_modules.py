@@ -1,7 +1,7 @@
-"""The Lightning data modules over WebDataset tar shards, imported by :mod:`fastsab.integrations.webdataset`.
+"""The Lightning data modules over WebDataset tar shards, imported by ``fastsab.integrations.webdataset``.
 
-:class:`WebDataModule` and :class:`PickledDataWDS` need ``lightning`` (``fastsab[lightning]``),
-which the pipeline stages of :mod:`fastsab.integrations.webdataset` do not: that module imports
+``WebDataModule`` and ``PickledDataWDS`` need ``lightning`` (``fastsab[lightning]``),
+which the pipeline stages of ``fastsab.integrations.webdataset`` do not: that module imports
 this one when one of them is first used.
 """
 
@@ -47,7 +47,7 @@ class WebDataModule(pl.LightningDataModule):
         suffix_keys_wds: The sample field(s) to extract (e.g. ``"tensor.pth"``), as a tuple
             (a single key gives the field itself).
         global_batch_size: Batch size summed over ranks, used for the epoch length only:
-            batching is a stage of ``pipeline_prebatch_wld`` (e.g. :func:`size_aware_batched`).
+            batching is a stage of ``pipeline_prebatch_wld`` (e.g. ``size_aware_batched``).
             It applies to the ``train`` split: its epochs are ``n_samples // global_batch_size``
             batches, as in bionemo (a pass that ends early is followed by a new one, a pass
             that runs longer is cut there, and the next epoch starts a new reshuffled pass).
@@ -59,7 +59,7 @@ class WebDataModule(pl.LightningDataModule):
         kwargs_wds: Split -> keyword arguments of ``webdataset.WebDataset`` (default: shards
             split by node and worker, shuffled for ``train``).
         kwargs_wld: Split -> keyword arguments of ``webdataset.WebLoader`` (``num_workers``).
-        allow_pickle: Unpickle pickled fields (off by default; see :func:`safe_decoder`).
+        allow_pickle: Unpickle pickled fields (off by default; see ``safe_decoder``).
 
     Raises:
         ValueError: For a split without shards, or with fewer shards for a rank than
@@ -182,9 +182,9 @@ class PickledDataWDS(WebDataModule):
         names_subset: Split -> the sample names of that split.
         prefix_dir_tars_wds: Prefix of the shard directories (``"train"`` etc. is appended).
         *args: ``n_samples`` is derived from ``names_subset``; the remaining
-            :class:`WebDataModule` arguments follow (``global_batch_size`` first).
+            ``WebDataModule`` arguments follow (``global_batch_size`` first).
         n_tars_wds: At least this many shards per split (default: one per 1000 samples).
-        **kwargs: Passed on to :class:`WebDataModule`.
+        **kwargs: Passed on to ``WebDataModule``.
     """
 
     def __init__(

@@ -1,11 +1,11 @@
-"""Hugging Face Accelerate over the fast loaders: :func:`prepare_loader`.
+"""Hugging Face Accelerate over the fast loaders: ``prepare_loader``.
 
 ``accelerator.prepare`` knows only ``DataLoader`` objects: it returns a
-:class:`~fastsab.FastLoader` untouched (no position in ``save_state``, no end of epoch for
-gradient accumulation), and it shards a :class:`~fastsab.PlannedDataLoader` across its
+``FastLoader`` untouched (no position in ``save_state``, no end of epoch for
+gradient accumulation), and it shards a ``PlannedDataLoader`` across its
 processes a second time, although the loaders already plan this rank's share from
 ``torch.distributed`` (``PlannedBatchSampler`` refuses that with an error naming this
-module). :func:`prepare_loader` is the loaders' ``prepare``: it keeps the per-rank plan,
+module). ``prepare_loader`` is the loaders' ``prepare``: it keeps the per-rank plan,
 registers the loader for ``save_state`` / ``load_state``, tells accelerate's gradient
 accumulation where each epoch ends, and moves batches to ``accelerator.device``.
 """
@@ -28,14 +28,14 @@ from fastsab.position.cursor import EpochCursor
 
 __all__ = ["AcceleratedLoader", "prepare_loader"]
 
-#: What :func:`prepare_loader` takes: a fast loader, or its plan in a ``DataLoader`` (worker processes).
+#: What ``prepare_loader`` takes: a fast loader, or its plan in a ``DataLoader`` (worker processes).
 Loader = LoaderBase[Any] | PlannedDataLoader
 
 _NONE = object()  # what an epoch without batches gives first
 
 
 class AcceleratedLoader(DataLoaderStateMixin):  # type: ignore[misc]  # accelerate is untyped
-    """A fast loader as accelerate's prepared ``DataLoader`` objects behave; made by :func:`prepare_loader`.
+    """A fast loader as accelerate's prepared ``DataLoader`` objects behave; made by ``prepare_loader``.
 
     Iterating it runs the loader's next epoch (this rank's share of the plan), one batch
     ahead, as accelerate's ``DataLoaderShard`` does: ``accelerator.gradient_state`` sees
@@ -135,14 +135,14 @@ def prepare_loader(
 
     Args:
         accelerator: The ``Accelerator`` of the run.
-        loader: A :class:`~fastsab.FastLoader` or :class:`~fastsab.FastSizeAwareLoader`, or
+        loader: A ``FastLoader`` or ``FastSizeAwareLoader``, or
             its ``loader.data_loader(num_workers=...)`` for worker processes.
         device_placement: Whether batches go to ``accelerator.device`` (default: the
             accelerator's ``device_placement``). A loader made with ``device=`` moves its
             batches itself and is left as it is.
 
     Returns:
-        An :class:`AcceleratedLoader` to iterate in the training loop.
+        An ``AcceleratedLoader`` to iterate in the training loop.
 
     Raises:
         TypeError: If ``accelerator`` is not an ``Accelerator`` or ``loader`` not a fast loader.

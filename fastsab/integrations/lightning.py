@@ -1,7 +1,7 @@
 """A Lightning data module that serves the fast loaders.
 
-:class:`FastDataModule` builds a :class:`~fastsab.FastLoader` (``batch_size``) or a
-:class:`~fastsab.FastSizeAwareLoader` (``sizeof`` and ``max_total_size``) per split, with
+``FastDataModule`` builds a ``FastLoader`` (``batch_size``) or a
+``FastSizeAwareLoader`` (``sizeof`` and ``max_total_size``) per split, with
 ranks taken from the trainer. It handles ranks itself, so pass
 ``Trainer(use_distributed_sampler=False)`` (the loaders are not ``DataLoader`` objects, so
 Lightning would not add a sampler anyway; the flag makes that explicit). The trainer sets
@@ -90,7 +90,7 @@ class FastDataModule(pl.LightningDataModule):
         predict: The prediction dataset, or ``None``.
         batch_size: Items per batch, for fixed-size batches.
         sizeof: Per-split sizes for size-aware batches: a mapping from split name to what
-            :class:`~fastsab.FastSizeAwareLoader` accepts as ``sizeof``.
+            ``FastSizeAwareLoader`` accepts as ``sizeof``.
         max_total_size: The budget of a size-aware batch.
         seed: Seed of the training order (evaluation splits are not shuffled).
         **loader_options: Further options for the loaders (``cost``, ``group_size``,
@@ -227,7 +227,7 @@ class FastDataModule(pl.LightningDataModule):
         return {"train": train.consumed.state_dict()}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Resume the training loader from :meth:`state_dict` (applied when it is built)."""
+        """Resume the training loader from ``state_dict`` (applied when it is built)."""
         state = state_dict.get("train")
         if state is None:
             return

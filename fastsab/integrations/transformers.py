@@ -1,14 +1,14 @@
 """Training with a fast loader in Hugging Face ``transformers.Trainer``.
 
-:class:`FastTrainer` is a ``Trainer`` that takes its training batches from a
-:class:`~fastsab.FastLoader` or :class:`~fastsab.FastSizeAwareLoader` (``train_loader=``)
+``FastTrainer`` is a ``Trainer`` that takes its training batches from a
+``FastLoader`` or ``FastSizeAwareLoader`` (``train_loader=``)
 instead of building a ``DataLoader`` from ``train_dataset``. The loader plans each rank's share
 itself, so it is not handed to ``accelerate`` (which would shard it a second time), and its
 batches reach the model as its ``collate_fn`` makes them (``data_collator`` and the
 ``dataloader_*`` arguments are not used for training).
 
 Trainer counts its epochs, its ``max_steps`` and the position of a resumed run from one
-``len()`` of the loader, as if every epoch had as many batches. :class:`FastTrainer` counts
+``len()`` of the loader, as if every epoch had as many batches. ``FastTrainer`` counts
 each epoch's own batches from the loader's plan (size-aware epochs differ), saves the loader's
 position in every checkpoint and resumes it there without fetching the batches already trained
 on; gradient accumulation ends with each epoch, as Trainer's does.

@@ -1,12 +1,12 @@
 """WebDataset: size-aware batching in a pipeline, safe decoding, and Lightning data modules.
 
-* :func:`size_aware_batched` is a pipeline stage with the exact greedy semantics of
-  :func:`fastsab.size_aware_batching`, streaming, holding at most one batch.
-* :func:`safe_decoder` decodes sample fields by their extension without unpickling:
+* ``size_aware_batched`` is a pipeline stage with the exact greedy semantics of
+  ``fastsab.size_aware_batching``, streaming, holding at most one batch.
+* ``safe_decoder`` decodes sample fields by their extension without unpickling:
   tensors with ``torch.load(..., weights_only=True)``, numpy arrays without pickle, JSON,
   text and integer labels. Pickled fields (``.pyd``, ``.pickle``, ``.pkl``) are refused
   unless ``allow_pickle=True`` is given explicitly (with a warning): unpickling runs code.
-* :class:`WebDataModule` and :class:`PickledDataWDS` are Lightning data modules over tar
+* ``WebDataModule`` and ``PickledDataWDS`` are Lightning data modules over tar
   shards with the constructor arguments of their bionemo namesakes: shards globbed per
   split, an epoch length of ``n_samples // global_batch_size`` batches, shards split by
   rank and by worker, and a clear error for fewer shards than workers. They need
@@ -39,7 +39,7 @@ def size_aware_batched(
 ) -> Callable[[Iterable[Any]], Iterator[Any]]:
     """A WebDataset pipeline stage that batches samples under a size budget.
 
-    The same greedy batches as :func:`fastsab.size_aware_batching` (oversize samples are
+    The same greedy batches as ``fastsab.size_aware_batching`` (oversize samples are
     skipped and reported to ``warn_logger``), yielded as soon as they close; the only
     buffer is the batch being filled, also bounded by ``max_batch_size`` items if given.
     Each sample's size is checked as it arrives: ``sizeof`` must give one finite real

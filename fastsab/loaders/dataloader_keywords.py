@@ -3,10 +3,10 @@
 A user moving from ``DataLoader`` passes its keywords out of habit. The loaders take the
 ones that mean the same thing in fastsab (``batch_size``, ``shuffle``, ``drop_last``,
 ``collate_fn``, ``pin_memory``, ``num_workers``, ``worker_init_fn``,
-``multiprocessing_context``, ``persistent_workers``); for every other keyword, :func:`check_dataloader_keywords`
+``multiprocessing_context``, ``persistent_workers``); for every other keyword, ``check_dataloader_keywords``
 raises a ``TypeError`` that names it and says what to use instead. The advice lives in one
 table, which also renders the list of docs/coming-from/dataloader.md
-(:func:`keyword_list`).
+(``keyword_list``).
 """
 
 from __future__ import annotations
@@ -140,7 +140,7 @@ def without_dataloader_defaults(loader: type, keywords: dict[str, Any]) -> dict[
 
     ``num_workers=0``, ``sampler=None``, ``timeout=0``, ... ask for what the loaders do
     anyway, so a call written for ``DataLoader`` keeps working; any other value of such a
-    keyword raises the ``TypeError`` of :func:`check_dataloader_keywords`.
+    keyword raises the ``TypeError`` of ``check_dataloader_keywords``.
     """
     extra = keywords.keys() - _accepted(loader)
     if not extra:
@@ -177,7 +177,7 @@ def check_dataloader_keywords(loader: type, keywords: Mapping[str, object]) -> N
 
     Keywords that are not DataLoader's are left alone (the constructor call raises
     Python's own error for them). Calling the loader also accepts DataLoader's keywords at
-    their default values (:func:`without_dataloader_defaults`); this check does not.
+    their default values (``without_dataloader_defaults``); this check does not.
 
     Examples:
         >>> from fastsab import FastLoader

@@ -1,11 +1,11 @@
-"""Iterating a loader's epoch: :class:`LoaderIteration`.
+"""Iterating a loader's epoch: ``LoaderIteration``.
 
-The epoch's plan stream (:class:`~fastsab.position.cursor.EpochCursor`) becomes runs of batches,
-made in this process by the :class:`~fastsab.fetch.batch_maker.BatchMaker` (optionally ahead in a
-thread: :mod:`fastsab.fetch.prefetch`) or fetched in worker processes (:mod:`fastsab.fetch.workers`,
-kept across epochs with ``persistent_workers`` until :meth:`~LoaderIteration.close`); they are
+The epoch's plan stream (``EpochCursor``) becomes runs of batches,
+made in this process by the ``BatchMaker`` (optionally ahead in a
+thread: ``fastsab.fetch.prefetch``) or fetched in worker processes (``fastsab.fetch.workers``,
+kept across epochs with ``persistent_workers`` until ``close``); they are
 handed out one batch at a time, counted in the epoch's stats and position, and a lowered limit
-(:mod:`fastsab.loaders.limit_lowering`) is applied between two batches.
+(``fastsab.loaders.limit_lowering``) is applied between two batches.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ __all__ = ["LoaderIteration"]
 
 
 class _ChunkedDataset(Protocol):
-    """A dataset read in chunks that wants the epoch's chunk order (:class:`~fastsab.OutOfCoreDataset`)."""
+    """A dataset read in chunks that wants the epoch's chunk order (``OutOfCoreDataset``)."""
 
     chunk_size: int
 
@@ -39,7 +39,7 @@ class _ChunkedDataset(Protocol):
 class LoaderIteration(LimitLowering[T]):
     """Iterating the next epoch: batches made here, ahead in a thread, or in worker processes.
 
-    The loader (:class:`~fastsab.loaders.loader_base.LoaderBase`) sets the attributes declared here.
+    The loader (``LoaderBase``) sets the attributes declared here.
     """
 
     options: LoaderOptions
@@ -61,7 +61,7 @@ class LoaderIteration(LimitLowering[T]):
 
         In-memory tensor data is gathered here whatever ``num_workers`` says: a gather is a copy
         of rows, which a worker would only copy once more (into shared memory). So is a dataset
-        read in chunks (:class:`~fastsab.OutOfCoreDataset`): its batches are copies of rows of
+        read in chunks (``OutOfCoreDataset``): its batches are copies of rows of
         the chunk in memory, and each worker would read every chunk into a copy of its own. A
         ``__getitems__`` declared ``getitems_in_memory`` is not: it may still be worth workers
         (a large batch, a memory-mapped file), and asking for them is the caller's choice.

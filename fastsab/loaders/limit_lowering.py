@@ -1,12 +1,12 @@
-"""Lowering the limit mid-epoch: :class:`LimitLowering`, the loader side of :func:`fastsab.adaptive.run`.
+"""Lowering the limit mid-epoch: ``LimitLowering``, the loader side of ``fastsab.adaptive.run``.
 
-A lowering (:meth:`~LimitLowering.lower_limit`, or :meth:`~LimitLowering.retry_last_batch` for a
+A lowering (``lower_limit``, or ``retry_last_batch`` for a
 batch that ran out of memory) is asked for, maybe from another thread, and kept pending; the
-loader's iteration (:mod:`fastsab.loaders.iteration`) applies it after the batch last handed out,
-and a state saved meanwhile records it (the cursor's hooks :meth:`~LimitLowering._pending_lowering`
-and :meth:`~LimitLowering._step_open`). Here too are what :func:`fastsab.adaptive.run` splits a
-failed batch with: :meth:`~LimitLowering.fetch`, :meth:`~LimitLowering.split_indices` and
-:meth:`~LimitLowering.smaller_limit`.
+loader's iteration (``fastsab.loaders.iteration``) applies it after the batch last handed out,
+and a state saved meanwhile records it (the cursor's hooks ``_pending_lowering``
+and ``_step_open``). Here too are what ``fastsab.adaptive.run`` splits a
+failed batch with: ``fetch``, ``split_indices`` and
+``smaller_limit``.
 """
 
 from __future__ import annotations
@@ -30,13 +30,13 @@ __all__ = ["LimitLowering"]
 class LimitLowering(EpochCursor, Generic[T]):
     """The limit in force in an epoch, and lowering it for the rest of the epoch.
 
-    Subclasses call :meth:`_init_lowering` once. Their iteration sets ``limit`` at the start of
+    Subclasses call ``_init_lowering`` once. Their iteration sets ``limit`` at the start of
     each epoch, records the batch it hands out (``_handed_out``, ``_rewound``) and, after it,
-    applies the lowering :meth:`_take_pending` returns.
+    applies the lowering ``_take_pending`` returns.
 
     Attributes:
         limit: The batch size or caps in force in the current epoch.
-        parts_left: While :func:`fastsab.adaptive.run` runs the parts of a split step, how
+        parts_left: While ``fastsab.adaptive.run`` runs the parts of a split step, how
             many come after the one running (0 otherwise).
     """
 
@@ -118,10 +118,10 @@ class LimitLowering(EpochCursor, Generic[T]):
 
         For a batch that failed (ran out of memory): it is no longer counted as done, and
         the next batches are its parts under the smaller limit, then the rest of the epoch.
-        A state taken in between resumes exactly. :func:`fastsab.adaptive.run` uses it.
+        A state taken in between resumes exactly. ``fastsab.adaptive.run`` uses it.
 
         Raises:
-            ValueError: As :meth:`lower_limit`.
+            ValueError: As ``lower_limit``.
             RuntimeError: If no batch of an epoch is being iterated.
         """
         self._ask_lowering(self._checked_lowering(limit), retry=True)

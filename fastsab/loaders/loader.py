@@ -1,10 +1,10 @@
 """FastLoader and FastSizeAwareLoader: the DataLoader replacement.
 
-A loader wires the data path together: epoch order (:mod:`fastsab.plan.epochs`) -> batch plan
-(:mod:`fastsab.plan.planners`, split by :mod:`fastsab.plan.batching`) -> this rank's share
-(:mod:`fastsab.position.cursor`) -> batches made by :class:`~fastsab.fetch.batch_maker.BatchMaker` (fetch,
+A loader wires the data path together: epoch order (``fastsab.plan.epochs``) -> batch plan
+(``fastsab.plan.planners``, split by ``fastsab.plan.batching``) -> this rank's share
+(``fastsab.position.cursor``) -> batches made by ``BatchMaker`` (fetch,
 collate, move), one plan chunk at a time, optionally ahead in a thread
-(:mod:`fastsab.fetch.prefetch`).
+(``fastsab.fetch.prefetch``).
 
 A loader is generic in its batch type: ``FastLoader[torch.Tensor]``, or the return type of
 the given ``collate_fn``, which a type checker infers.
@@ -38,7 +38,7 @@ from fastsab.varlen.collate import PadCollator
 
 __all__ = ["DEFAULT_CHUNK_BYTES", "FastLoader", "FastSizeAwareLoader", "LoaderBase", "LoaderOptions"]
 
-#: Per-item sizes as :class:`FastSizeAwareLoader` accepts them (see its ``sizeof``).
+#: Per-item sizes as ``FastSizeAwareLoader`` accepts them (see its ``sizeof``).
 SizeOf = torch.Tensor | np.ndarray | Sequence[float] | Sequence[Sequence[float]] | Callable[[Any], Any]
 #: Per-item features for a callable ``sizeof``.
 Features = torch.Tensor | np.ndarray | Sequence[Any]
@@ -65,7 +65,7 @@ class FastLoader(LoaderBase[T]):
 
     Batches of ``batch_size`` items over a seeded grouped permutation; an in-memory tensor
     dataset is gathered a whole shuffle group at a time, other datasets are fetched with one
-    ``__getitems__`` call per batch (see :mod:`fastsab.fetch.fetcher`).
+    ``__getitems__`` call per batch (see ``fastsab.fetch.fetcher``).
 
     Args:
         dataset: A tensor, numpy array, ``TensorDataset``, pytree of tensors with a common
@@ -76,7 +76,7 @@ class FastLoader(LoaderBase[T]):
             ``collate_fn``, ``device``, ``pin_memory``, ``non_blocking``, ``prefetch``,
             ``chunk_bytes``, ``rank``, ``world_size``, ``even_batches``, ``balance``,
             ``num_workers``, ``worker_init_fn``, ``multiprocessing_context``), described in
-            :class:`~fastsab.loaders.options.LoaderOptions` (kept in ``loader.options``). ``shuffle``
+            ``LoaderOptions`` (kept in ``loader.options``). ``shuffle``
             shuffles every epoch (a seeded grouped permutation, by default); ``device`` moves
             every batch there; ``num_workers`` fetches batches in worker processes.
 
@@ -114,12 +114,12 @@ class FastLoader(LoaderBase[T]):
 class FastSizeAwareLoader(LoaderBase[T]):
     """Batches whose total cost stays within ``max_total_size``, planned per epoch.
 
-    The greedy size-aware rule of :mod:`fastsab.plan.batching` over a seeded grouped
+    The greedy size-aware rule of ``fastsab.plan.batching`` over a seeded grouped
     permutation, with sizes evaluated one shuffle group at a time. ``len()`` is exact: it
     plans the epoch (cheap, vectorized) and keeps the plan for the iteration.
 
     Args:
-        dataset: As for :class:`FastLoader`.
+        dataset: As for ``FastLoader``.
         sizeof: Per-item sizes: a 1-D (or ``(n, k)`` for ``k`` limits) tensor, array or
             sequence; a callable applied to ``features[indices]`` (e.g. a fitted memory
             model) when ``features`` is given; a vectorized callable taking an index array;
@@ -138,7 +138,7 @@ class FastSizeAwareLoader(LoaderBase[T]):
         fixed_cost: The cost a batch pays once whatever its items (e.g. a training step's
             gradient buffers and workspace), one number or one per cap: a batch costs
             ``fixed_cost`` plus its sum or padded cost, and that total stays within
-            ``max_total_size``. A fitted :class:`~fastsab.memory.BatchMemoryModel` gives it.
+            ``max_total_size``. A fitted ``BatchMemoryModel`` gives it.
         max_batch_size: Optional cap on items per batch.
         batch_size_multiple: Cut full batches down to a multiple of this.
         oversize: ``"skip"`` (counted in ``stats`` and warned once per epoch),
@@ -153,8 +153,8 @@ class FastSizeAwareLoader(LoaderBase[T]):
             splitting it, so that batches hold items of similar size (little padding), and
             yield each shuffle group's batches in a seeded random order. ``None`` (default)
             splits the order as it is. Windows do not cross shuffle groups; sizes with ``k``
-            columns sort by the first column, then the next ones. See :mod:`fastsab.plan.windows`.
-        **options: As for :class:`FastLoader` (see :class:`~fastsab.loaders.options.LoaderOptions`).
+            columns sort by the first column, then the next ones. See ``fastsab.plan.windows``.
+        **options: As for ``FastLoader`` (see ``LoaderOptions``).
 
     Examples:
         >>> lengths = torch.tensor([3, 1, 2, 4, 1, 2, 2])

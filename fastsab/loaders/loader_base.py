@@ -1,11 +1,11 @@
-"""What both loaders share: :class:`LoaderBase`.
+"""What both loaders share: ``LoaderBase``.
 
-The base of :class:`~fastsab.FastLoader` and :class:`~fastsab.FastSizeAwareLoader`: what a loader
+The base of ``FastLoader`` and ``FastSizeAwareLoader``: what a loader
 is made of (dataset, epoch order, batch maker, options), the epoch, rank and state of an
-:class:`~fastsab.position.cursor.EpochCursor`, and what trainers read of it (``len()``,
+``EpochCursor``, and what trainers read of it (``len()``,
 ``sampler``, a ``DataLoader`` with its plan). Iterating an epoch is
-:class:`~fastsab.loaders.iteration.LoaderIteration`'s, lowering the limit mid-epoch (the loader
-side of :func:`fastsab.adaptive.run`) :class:`~fastsab.loaders.limit_lowering.LimitLowering`'s.
+``LoaderIteration``'s, lowering the limit mid-epoch (the loader
+side of ``fastsab.adaptive.run``) ``LimitLowering``'s.
 """
 
 from __future__ import annotations
@@ -41,13 +41,13 @@ class LoaderBase(LoaderIteration[T], metaclass=TakesDataLoaderKeywords):
     refuses the others with what to use instead, so that the constructors keep explicit signatures.
 
     Attributes:
-        options: The :class:`~fastsab.loaders.options.LoaderOptions` as given.
+        options: The ``LoaderOptions`` as given.
         dataset: The dataset.
-        order: The epoch order (:class:`~fastsab.plan.epochs.EpochOrder`).
-        maker: Makes the batches (:class:`~fastsab.fetch.batch_maker.BatchMaker`).
-        stats: What the last epoch yielded (:class:`~fastsab.position.stats.EpochStats`), ``None`` before.
+        order: The epoch order (``EpochOrder``).
+        maker: Makes the batches (``BatchMaker``).
+        stats: What the last epoch yielded (``EpochStats``), ``None`` before.
         limit: The batch size or caps in force in the current epoch.
-        parts_left: While :func:`fastsab.adaptive.run` runs the parts of a split step, how
+        parts_left: While ``fastsab.adaptive.run`` runs the parts of a split step, how
             many come after the one running (0 otherwise).
     """
 
@@ -76,7 +76,7 @@ class LoaderBase(LoaderIteration[T], metaclass=TakesDataLoaderKeywords):
 
     @property
     def fetcher(self) -> Fetcher:
-        """How batches are read from the dataset (:class:`~fastsab.fetch.fetcher.Fetcher`)."""
+        """How batches are read from the dataset (``Fetcher``)."""
         return self.maker.fetcher
 
     @property
@@ -121,28 +121,28 @@ class LoaderBase(LoaderIteration[T], metaclass=TakesDataLoaderKeywords):
         ``options`` go to ``DataLoader`` (``num_workers``, ``collate_fn``, ...). Its
         ``state_dict`` counts the batches the training loop received, not those the
         workers fetched ahead. This loader's device transfer and ``collate_fn`` are not
-        used (the default ``collate_fn`` is :func:`~fastsab.collate_batch`): pass what
+        used (the default ``collate_fn`` is ``collate_batch``): pass what
         ``DataLoader`` needs.
 
         Raises:
             ValueError: If ``collate_fn`` pads lengths further than a padded budget charges them
-                (its ``pad_to_multiple_of``: see :meth:`~fastsab.plan.costs.BatchCost.check_collators`).
+                (its ``pad_to_multiple_of``: see ``check_collators``).
         """
         if isinstance(self.planner, SizeAwarePlanner):
             self.planner.rule.check_collators({"data_loader's collate_fn": options.get("collate_fn")})
         return PlannedDataLoader(self.dataset, self.batch_sampler(), **options)
 
     def __len__(self) -> int:
-        """Exact number of steps of the next epoch (see :meth:`~fastsab.position.cursor.EpochCursor.__len__`)."""
+        """Exact number of steps of the next epoch (see ``__len__``)."""
         return self._counted.read(super().__len__())
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from ``state`` (see :meth:`~fastsab.position.cursor.EpochCursor.load_state_dict`)."""
+        """Continue from ``state`` (see ``load_state_dict``)."""
         super().load_state_dict(state)
         if self.finished_steps:  # saved after its epoch's last step: a trainer may count them on
             loaded_at_epoch_end(self.fingerprint(), self.epoch, self.finished_steps, self)
 
     @property
     def sampler(self) -> TrainerSampler:
-        """Where a trainer written for ``DataLoader`` sets the epoch (see :class:`TrainerSampler`)."""
+        """Where a trainer written for ``DataLoader`` sets the epoch (see ``TrainerSampler``)."""
         return TrainerSampler(self.set_epoch, self._counted)

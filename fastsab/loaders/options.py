@@ -1,10 +1,10 @@
-"""What a loader is given besides its dataset and batching rule: :class:`LoaderOptions`.
+"""What a loader is given besides its dataset and batching rule: ``LoaderOptions``.
 
 Both loaders take the same seventeen options, as keywords of their constructors; a loader
-keeps them, as given, in ``loader.options``. :class:`LoaderOptions` defines them (names, types,
-defaults); :class:`LoaderKeywords` restates names and types for type checkers, and
-:func:`takes_loader_options` gives the constructors their full signature at run time. The
-limit types name what a batch size or caps (:meth:`~fastsab.FastLoader.lower_limit`) may be.
+keeps them, as given, in ``loader.options``. ``LoaderOptions`` defines them (names, types,
+defaults); ``LoaderKeywords`` restates names and types for type checkers, and
+``takes_loader_options`` gives the constructors their full signature at run time. The
+limit types name what a batch size or caps (``lower_limit``) may be.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ _Init = TypeVar("_Init", bound=Callable[..., None])
 
 @dataclass(frozen=True, kw_only=True)
 class LoaderOptions:
-    """The options :class:`~fastsab.FastLoader` and :class:`~fastsab.FastSizeAwareLoader` share.
+    """The options ``FastLoader`` and ``FastSizeAwareLoader`` share.
 
     The loaders take them as keywords; ``loader.options`` holds them as given, so that a
     loader like another one is ``FastLoader(other_data, 8, **loader.options.keywords())``.
@@ -52,15 +52,15 @@ class LoaderOptions:
         seed: Seed of the epoch orders: the order depends only on ``(seed, epoch)``.
         group_size: Items per shuffle group, the unit of planning and of in-memory gathers;
             by default 2**16, or the chunks of a chunked dataset such as
-            :class:`~fastsab.OutOfCoreDataset` (then read once per epoch each).
-        collate_fn: Applied to what is fetched for a batch (see :mod:`fastsab.fetch.fetcher`).
+            ``OutOfCoreDataset`` (then read once per epoch each).
+        collate_fn: Applied to what is fetched for a batch (see ``fastsab.fetch.fetcher``).
         device: Move each batch (pytree) there; ``None`` leaves batches where they are.
         pin_memory: Pin host memory before copying to an accelerator (ignored, with a
             warning, where none is available).
         non_blocking: Asynchronous host-to-device copies.
         prefetch: Batches a background thread prepares ahead; ``None`` chooses 0 for
             in-memory tensor data and datasets declaring ``getitems_in_memory`` (see
-            :mod:`fastsab.fetch.fetcher`), 2 for datasets that fetch. With ``num_workers``, the
+            ``fastsab.fetch.fetcher``), 2 for datasets that fetch. With ``num_workers``, the
             batches each worker process prepares ahead (``None``: 2; at least 1).
         chunk_bytes: Largest in-memory gather of one shuffle group; bigger groups are
             gathered batch by batch.
@@ -73,9 +73,9 @@ class LoaderOptions:
         even_batches: ``"pad"`` (fill the last step with repeats of the first batches) or
             ``"drop"`` (leave the surplus batches out); counted in ``stats``.
         balance: Deal batches of similar cost to the ranks at each step (see
-            :mod:`fastsab.position.distributed`); ``stats.spread_before``/``spread_after`` report it.
+            ``fastsab.position.distributed``); ``stats.spread_before``/``spread_after`` report it.
         num_workers: Worker processes that fetch and collate whole batches (one
-            ``__getitems__`` and ``collate_fn`` per batch; see :mod:`fastsab.fetch.workers`); 0 fetches
+            ``__getitems__`` and ``collate_fn`` per batch; see ``fastsab.fetch.workers``); 0 fetches
             in this process. Batches are yielded in plan order and moved to ``device`` here.
             In-memory tensor data (gathered, not fetched) is always gathered in this process, and a
             dataset read in chunks (``OutOfCoreDataset``) always read in it.
@@ -152,7 +152,7 @@ class LoaderOptions:
 class LoaderKeywords(TypedDict, Generic[T], total=False):
     """The options as a loader constructor's ``**options`` (PEP 692), for type checkers.
 
-    The same names and types as :class:`LoaderOptions`, whose defaults apply; ``collate_fn``
+    The same names and types as ``LoaderOptions``, whose defaults apply; ``collate_fn``
     returns the loader's batch type. ``tests/loaders/test_options.py`` keeps the two equal.
     """
 
@@ -208,8 +208,8 @@ def _check_persistent(persistent: object, num_workers: int) -> None:
 
 
 def _option_parameters() -> list[inspect.Parameter]:
-    """Every option as a keyword-only parameter: its default from :class:`LoaderOptions`, its type from
-    :class:`LoaderKeywords` (as written)."""
+    """Every option as a keyword-only parameter: its default from ``LoaderOptions``, its type from
+    ``LoaderKeywords`` (as written)."""
     annotations = LoaderKeywords.__annotations__
     return [
         inspect.Parameter(

@@ -1,7 +1,7 @@
 """A loader's batch plan handed to a ``torch.utils.data.DataLoader``.
 
-:class:`PlannedBatchSampler` is a loader's :class:`~fastsab.position.cursor.EpochCursor` as a batch
-sampler (``loader.batch_sampler()``); :class:`PlannedDataLoader` is the ``DataLoader`` over it
+``PlannedBatchSampler`` is a loader's ``EpochCursor`` as a batch
+sampler (``loader.batch_sampler()``); ``PlannedDataLoader`` is the ``DataLoader`` over it
 (``loader.data_loader()``) whose state counts the batches the training loop received.
 """
 
@@ -27,19 +27,19 @@ __all__ = ["PlannedBatchSampler", "PlannedDataLoader"]
 class PlannedBatchSampler(EpochCursor, Sampler[list[int]]):
     """A loader's batch plan as a ``torch.utils.data.Sampler[list[int]]``.
 
-    Made by :meth:`FastLoader.batch_sampler() <fastsab.FastLoader.batch_sampler>`. Like the
-    loaders, each ``iter()`` starts the next epoch unless :meth:`set_epoch` was called
-    (under ranks, once the last one ran to its end: see :meth:`~fastsab.position.cursor.EpochCursor._start_epoch`),
+    Made by ``FastLoader.batch_sampler() <fastsab.FastLoader.batch_sampler>``. Like the
+    loaders, each ``iter()`` starts the next epoch unless ``set_epoch`` was called
+    (under ranks, once the last one ran to its end: see ``_start_epoch``),
     ``len()`` is exact, it yields this rank's share under ``torch.distributed``, and it
-    resumes from :meth:`state_dict`. ``stats`` reports the epoch as the loaders' does
+    resumes from ``state_dict``. ``stats`` reports the epoch as the loaders' does
     (skipped, dropped and padded items, with the same warning about skipped items), its
     batches counted as handed out.
 
     Its position counts the batches it handed out. A ``DataLoader`` with worker processes
     takes batches ahead of the training loop (``prefetch_factor * num_workers``), so the
     sampler's position is ahead of what was trained on: use
-    :class:`~fastsab.PlannedDataLoader` (``loader.data_loader(num_workers=...)``), whose
-    ``state_dict`` counts the batches the loop received. :meth:`state_dict` refuses to
+    ``PlannedDataLoader`` (``loader.data_loader(num_workers=...)``), whose
+    ``state_dict`` counts the batches the loop received. ``state_dict`` refuses to
     answer when it sees this sampler iterated by a ``DataLoader`` with workers.
     """
 
@@ -101,22 +101,22 @@ class PlannedBatchSampler(EpochCursor, Sampler[list[int]]):
 
 
 class PlannedDataLoader(DataLoader):  # type: ignore[type-arg]
-    """A ``DataLoader`` over a :class:`PlannedBatchSampler` whose state counts received batches.
+    """A ``DataLoader`` over a ``PlannedBatchSampler`` whose state counts received batches.
 
     Worker processes fetch whole batches (``dataset.__getitems__`` when it exists) ahead of
-    the loop; :meth:`state_dict` counts only the batches this loader's iterator returned, so
-    a resume yields exactly the batches not trained on. ``len()``, :meth:`set_epoch` and
-    :meth:`load_state_dict` act on the sampler. Made by ``loader.data_loader(...)``.
+    the loop; ``state_dict`` counts only the batches this loader's iterator returned, so
+    a resume yields exactly the batches not trained on. ``len()``, ``set_epoch`` and
+    ``load_state_dict`` act on the sampler. Made by ``loader.data_loader(...)``.
 
     Args:
         dataset: The dataset to fetch from. A tensor, a numpy array, a ``TensorDataset`` or a
             pytree of tensors (a dict, tuple, namedtuple or dataclass of them) is gathered row
-            by row as the loaders gather it (:class:`~fastsab.fetch.fetcher.GatheredRows`).
+            by row as the loaders gather it (``GatheredRows``).
         batch_sampler: The plan, from ``loader.batch_sampler()``.
         **options: Further ``DataLoader`` options (``num_workers``, ``collate_fn``,
             ``pin_memory``, ``prefetch_factor``, ``persistent_workers``, ...). The default
-            ``collate_fn`` is :func:`~fastsab.collate_batch`, which also takes the whole
-            batches :class:`~fastsab.OutOfCoreDataset` returns.
+            ``collate_fn`` is ``collate_batch``, which also takes the whole
+            batches ``OutOfCoreDataset`` returns.
     """
 
     def __init__(self, dataset: Any, batch_sampler: PlannedBatchSampler, **options: Any) -> None:
@@ -158,7 +158,7 @@ class PlannedDataLoader(DataLoader):  # type: ignore[type-arg]
 
     @property
     def stats(self) -> EpochStats | None:
-        """The plan's report of the epoch (see :class:`~fastsab.PlannedBatchSampler`)."""
+        """The plan's report of the epoch (see ``PlannedBatchSampler``)."""
         return self.plan.stats
 
     def state_dict(self) -> dict[str, Any]:
@@ -166,7 +166,7 @@ class PlannedDataLoader(DataLoader):  # type: ignore[type-arg]
         return self._received.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from ``state`` (see :meth:`PlannedBatchSampler.load_state_dict`)."""
+        """Continue from ``state`` (see ``PlannedBatchSampler.load_state_dict``)."""
         self._received.ended()
         self.plan.load_state_dict(state)
 

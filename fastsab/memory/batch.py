@@ -1,7 +1,7 @@
 """Batch memory models: a cost paid once per batch plus a cost per item, fitted on whole batches.
 
 A training step's peak has a part paid once per batch (gradient buffers, workspace, the step's
-fixed temporaries) and a part that grows with the items. :func:`fit_batch_memory` fits
+fixed temporaries) and a part that grows with the items. ``fit_batch_memory`` fits
 
 * ``peak(batch) = fixed + sum_i per_item(x_i)`` (``cost="sum"``: items joined or packed), or
 * ``peak(batch) = fixed + len(batch) * per_item(max_i x_i)`` (``cost="padded"``: every feature
@@ -11,11 +11,11 @@ from the measured peaks of batches of several shapes (single items are batches o
 non-negative coefficients over features scaled to ``[0, 1]``: ``per_item`` never decreases
 when a feature grows and is never negative. The safety margin is relative to the prediction,
 the smallest that covers every measured batch; batches held back from a first fit say how the
-model does on batches it never saw, and each :class:`BatchFitReport` says in one sentence whether to
-act (:attr:`BatchFitReport.advice`). :meth:`BatchMemoryModel.loader_options` turns the model into
-a :class:`~fastsab.FastSizeAwareLoader`'s budget. Any collector measures the peaks
-(:func:`measure_batches`: the CPU's or CUDA's, by ``device``). The fit's linear algebra is
-:mod:`fastsab.memory.batch_design`'s.
+model does on batches it never saw, and each ``BatchFitReport`` says in one sentence whether to
+act (``BatchFitReport.advice``). ``BatchMemoryModel.loader_options`` turns the model into
+a ``FastSizeAwareLoader``'s budget. Any collector measures the peaks
+(``measure_batches``: the CPU's or CUDA's, by ``device``). The fit's linear algebra is
+``fastsab.memory.batch_design``'s.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ class BatchFitReport:
             batch used more than predicted.
         worst_under_prediction_bytes: The largest ``peak - prediction``.
         worst_batch: The position of the batch with the largest ``(peak - prediction) / prediction``
-            among those compared (for :attr:`BatchMemoryModel.report`, among all the batches
+            among those compared (for ``BatchMemoryModel.report``, among all the batches
             measured).
         worst_batch_items: Its number of items.
     """
@@ -73,7 +73,7 @@ class BatchFitReport:
 
     @property
     def calls_for_action(self) -> bool:
-        """Whether :attr:`advice` suggests a change: a batch used more than predicted, or the
+        """Whether ``advice`` suggests a change: a batch used more than predicted, or the
         batches used little of their predictions."""
         return self.worst_under_prediction > 0 or self.mean_utilization < LOW_UTILIZATION
 
@@ -114,7 +114,7 @@ class BatchMemoryModel:
     Attributes:
         fixed: The cost paid once per batch.
         per_item: The per-item cost as a function of an item's features (1-D for one feature,
-            ``(n, d)`` for several): a fitted :class:`PolynomialRegression`.
+            ``(n, d)`` for several): a fitted ``PolynomialRegression``.
         cost: ``"sum"`` or ``"padded"``.
         margin: The relative safety margin both parts include.
         fit: How the model does on the batches it was fitted on: every batch measured.
@@ -131,8 +131,8 @@ class BatchMemoryModel:
 
     @property
     def advice(self) -> str:
-        """One sentence: whether to act on the fit, and what to do: :attr:`report`'s where the
-        batches held back call for it, else :attr:`fit`'s."""
+        """One sentence: whether to act on the fit, and what to do: ``report``'s where the
+        batches held back call for it, else ``fit``'s."""
         report = self.report
         return report.advice if report is not None and report.calls_for_action else self.fit.advice
 
@@ -161,7 +161,7 @@ class BatchMemoryModel:
 
     @classmethod
     def from_json(cls, text: str) -> BatchMemoryModel:
-        """A model from :meth:`to_json`.
+        """A model from ``to_json``.
 
         Examples:
             >>> model = fit_batch_memory([[1], [2], [1, 1], [2, 2]], [12, 14, 14, 18], degree=1, held_out=0)
@@ -180,7 +180,7 @@ class BatchMemoryModel:
         )
 
     def loader_options(self, budget: float) -> dict[str, Any]:
-        """Keywords of :class:`~fastsab.FastSizeAwareLoader` for batches within ``budget``.
+        """Keywords of ``FastSizeAwareLoader`` for batches within ``budget``.
 
         Pass the items' features too: ``FastSizeAwareLoader(data, features=x, **options)``.
 
@@ -216,8 +216,8 @@ def measure_batches(
     """The peak of ``work(batch)`` for each batch, by the collector of ``device``.
 
     The peaks are increments over the memory held before each batch
-    (:func:`~fastsab.memory.collect_peak_alloc` with ``baseline="subtract"``; on a CUDA device,
-    :func:`~fastsab.memory.collect_cuda_peak_alloc`). A batch that runs out of memory fails.
+    (``collect_peak_alloc`` with ``baseline="subtract"``; on a CUDA device,
+    ``collect_cuda_peak_alloc``). A batch that runs out of memory fails.
 
     Raises:
         RuntimeError: If a batch ran out of memory.
@@ -249,12 +249,12 @@ def fit_batch_memory(
             feature padded to the batch's maximum: ``fixed + len * per_item(max x)``).
         degree: Total degree of ``per_item`` in the features.
         held_out: The share of batches held back from a first fit and compared with its
-            predictions (:attr:`BatchMemoryModel.report`: the error to expect on batches never
+            predictions (``BatchMemoryModel.report``: the error to expect on batches never
             measured); the model returned is then fitted on every batch.
         seed: Seeds which batches are held back.
 
     Returns:
-        A :class:`BatchMemoryModel` fitted on every batch: its margin is the smallest relative
+        A ``BatchMemoryModel`` fitted on every batch: its margin is the smallest relative
         one under which no measured batch is under-predicted.
 
     Raises:

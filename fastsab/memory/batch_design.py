@@ -2,7 +2,7 @@
 
 A batch's row is ``[1, sum_i monomials(x_i)]`` (``cost="sum"``) or ``[1, len * monomials(max x)]``
 (``cost="padded"``) over features scaled to ``[0, 1]``; the coefficients are solved for with
-non-negative least squares, and the per-item part becomes a :class:`PolynomialRegression`.
+non-negative least squares, and the per-item part becomes a ``PolynomialRegression``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ __all__ = ["design_row", "exponents", "nonnegative_least_squares", "per_item_mod
 
 
 def exponents(degree: int, d: int) -> np.ndarray:
-    """The monomials' exponents in :class:`PolynomialRegression`'s order."""
+    """The monomials' exponents in ``PolynomialRegression``'s order."""
     return np.array(PolynomialRegression(degree, d).exponents.tolist(), dtype=np.int64).reshape(-1, d)
 
 
@@ -31,7 +31,7 @@ def design_row(scaled: np.ndarray, powers: np.ndarray, cost: str) -> np.ndarray:
 
 
 def per_item_model(degree: int, d: int, coefficients: np.ndarray, scale: np.ndarray) -> PolynomialRegression:
-    """A :class:`PolynomialRegression` of ``coefficients`` over features divided by ``scale``."""
+    """A ``PolynomialRegression`` of ``coefficients`` over features divided by ``scale``."""
     model = PolynomialRegression(degree, d)
     model.coefficients.copy_(torch.from_numpy(coefficients))
     model.x_center.zero_()

@@ -1,13 +1,13 @@
 """Calibration batches: batches to measure that are like the ones a budget will plan.
 
 A batch memory model is only as good as the batches it was fitted on: fitted on batches of one
-or two items, it guesses the fixed part of a batch of forty. :func:`calibration_batches` plans
-an epoch of the items as :class:`~fastsab.FastSizeAwareLoader` would under the budget, with a
+or two items, it guesses the fixed part of a batch of forty. ``calibration_batches`` plans
+an epoch of the items as ``FastSizeAwareLoader`` would under the budget, with a
 rough first model (a per-item model, a first batch model) or, without one, a first guess of the
 budget in the features' own units (tokens, say), and picks batches of that plan spread over its
 numbers of items and its item sizes: the fewest and most items, the smallest and largest items.
-Measure them (:func:`~fastsab.memory.measure_batches`) and fit
-(:func:`~fastsab.memory.fit_batch_memory`).
+Measure them (``measure_batches``) and fit
+(``fit_batch_memory``).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ class CalibrationBatches:
     Attributes:
         indices: Each batch's item indices (int64 arrays), in the order of the plan.
         features: Each batch's items' features, shaped as the features were given (1-D, or
-            ``(items, d)``, as float64): what :func:`~fastsab.memory.fit_batch_memory` takes.
+            ``(items, d)``, as float64): what ``fit_batch_memory`` takes.
     """
 
     indices: list[np.ndarray]
@@ -56,7 +56,7 @@ def calibration_batches(
 ) -> CalibrationBatches:
     """Up to ``count`` batches of the items that ``budget`` plans, spread over their shapes.
 
-    The items are planned for one epoch as :class:`~fastsab.FastSizeAwareLoader` plans them
+    The items are planned for one epoch as ``FastSizeAwareLoader`` plans them
     (the same ``sort_window``, ``max_batch_size`` and ``seed``), each item costing what
     ``model`` predicts; half the batches picked are spread over the numbers of items (the
     fewest and the most included), half over the largest item's cost (the batch holding the
@@ -67,9 +67,9 @@ def calibration_batches(
         features: The items' features: 1-D (one per item, e.g. lengths) or ``(n, d)``.
         budget: The budget of a batch: in bytes with a ``model`` that predicts bytes, in the
             features' units without one (e.g. tokens per batch).
-        model: A rough first model: a :class:`BatchMemoryModel` (its
-            :meth:`~BatchMemoryModel.loader_options` plan the batches), a per-item
-            :class:`PolynomialRegression` (e.g. :func:`~fastsab.memory.fit_memory_model`'s: a
+        model: A rough first model: a ``BatchMemoryModel`` (its
+            ``loader_options`` plan the batches), a per-item
+            ``PolynomialRegression`` (e.g. ``fit_memory_model``'s: a
             batch costs the sum or the padded cost of its items' predictions), or ``None``: an
             item costs its one feature.
         count: The most batches to pick; fewer where the plan has fewer.
@@ -80,7 +80,7 @@ def calibration_batches(
         seed: The loader's ``seed``.
 
     Returns:
-        A :class:`CalibrationBatches`.
+        A ``CalibrationBatches``.
 
     Raises:
         TypeError: If ``model`` is of another type, or ``count`` is not an integer.

@@ -1,8 +1,8 @@
 """The ``fastsab fit-memory`` command: its arguments, and the measuring and fitting it runs.
 
 ``--kind sizes`` (default) measures one input per size and fits a per-item polynomial
-(:func:`~fastsab.memory.fit_memory_model`); the batch kinds measure whole batches and fit a
-batch model (:func:`~fastsab.memory.fit_batch_memory`). The memory modules are imported when
+(``fit_memory_model``); the batch kinds measure whole batches and fit a
+batch model (``fit_batch_memory``). The memory modules are imported when
 the command runs, so that the rest of the command line starts without them.
 """
 

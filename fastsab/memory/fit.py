@@ -1,9 +1,9 @@
 """The measure -> fit -> save workflow for a module over synthetic inputs.
 
-:func:`fit_memory_model` measures the peak memory of ``work(size)`` for a range of sizes,
-fits a :class:`~fastsab.memory.model.PolynomialRegression` that upper-bounds the measured
+``fit_memory_model`` measures the peak memory of ``work(size)`` for a range of sizes,
+fits a ``PolynomialRegression`` that upper-bounds the measured
 peaks, and returns everything needed to save, plot and use it (``fastsab fit-memory`` is
-its command-line form). :func:`module_work` builds ``work`` for a ``torch.nn.Module``.
+its command-line form). ``module_work`` builds ``work`` for a ``torch.nn.Module``.
 """
 
 from __future__ import annotations
@@ -84,12 +84,12 @@ def fit_memory_model(
         warmup: Runs of ``work(sizes[0])`` before measuring, so that lazily allocated
             buffers do not make the first points look small.
         cleanup: Called after each measured item (e.g. ``model.zero_grad(set_to_none=True)``).
-        upper_quantile: Passed to :meth:`PolynomialRegression.fit` (``1.0``: upper bound).
-        safety_margin: Passed to :meth:`PolynomialRegression.fit`.
+        upper_quantile: Passed to ``PolynomialRegression.fit`` (``1.0``: upper bound).
+        safety_margin: Passed to ``PolynomialRegression.fit``.
         progress: Show a progress bar over the sizes (drawn only where stderr is a terminal).
 
     Returns:
-        A :class:`MemoryFit`.
+        A ``MemoryFit``.
 
     Raises:
         ValueError: If ``sizes`` has fewer points than the polynomial has coefficients.

@@ -1,11 +1,11 @@
 """Measuring the peak memory that a piece of work allocates, per data item.
 
-:func:`collect_cuda_peak_alloc` is the bionemo API: it reads the CUDA caching allocator's
+``collect_cuda_peak_alloc`` is the bionemo API: it reads the CUDA caching allocator's
 peak (``allocated_bytes.all.peak``) around ``work(data)`` for each item.
-:func:`collect_peak_alloc` offers the same contract on the CPU, where torch keeps no
+``collect_peak_alloc`` offers the same contract on the CPU, where torch keeps no
 allocator statistics: it records the allocator's signed allocation events with torch's CPU
 profiler, in time order, and takes the maximum of their running sum. For a CUDA device it
-hands over to :func:`collect_cuda_peak_alloc`.
+hands over to ``collect_cuda_peak_alloc``.
 
 Both collectors show a progress bar over the items on a terminal (``progress=False`` turns
 it off; where stderr is not a terminal, e.g. a log file or CI, nothing is drawn) and print
@@ -164,7 +164,7 @@ def collect_cuda_peak_alloc(
             terminal).
 
     Returns:
-        :class:`Measurements`: ``(features, peaks)`` with ``.skipped``.
+        ``Measurements``: ``(features, peaks)`` with ``.skipped``.
 
     Raises:
         ValueError: If ``device`` is not a CUDA device, or ``baseline`` is unknown.
@@ -272,11 +272,11 @@ def collect_peak_alloc(
 ) -> Measurements:
     """Peak memory allocated while ``work`` runs on each item, on the CPU or a CUDA device.
 
-    The same contract as :func:`collect_cuda_peak_alloc`. On the CPU the peak is measured
-    with :func:`profile_peak_bytes`: it is the increment over the memory held before the
+    The same contract as ``collect_cuda_peak_alloc``. On the CPU the peak is measured
+    with ``profile_peak_bytes``: it is the increment over the memory held before the
     item (``baseline="subtract"``); torch keeps no absolute CPU allocator statistics, so
     ``baseline="absolute"`` is refused there. CUDA devices are measured by
-    :func:`collect_cuda_peak_alloc`. Nothing is printed but the progress bar (on a terminal,
+    ``collect_cuda_peak_alloc``. Nothing is printed but the progress bar (on a terminal,
     unless ``progress=False``) and a line per item skipped for running out of memory.
 
     Examples:

@@ -1,6 +1,6 @@
 """Polynomial memory models: from measured peaks to a per-item cost.
 
-:class:`PolynomialRegression` fits ``peak ~ polynomial(feature)`` by least squares and
+``PolynomialRegression`` fits ``peak ~ polynomial(feature)`` by least squares and
 predicts for a whole tensor of features in one vectorized call, so a loader can turn
 per-item features (sequence lengths, node and edge counts) into costs a shuffle group at
 a time. An optional upper bound shifts the fit so that it does not under-predict the
@@ -208,7 +208,7 @@ class PolynomialRegression(torch.nn.Module):
 
         Args:
             x: Features: 1-D, or ``(n, num_features)``; a real-valued tensor, numpy array
-                or sequence (as for :meth:`forward`).
+                or sequence (as for ``forward``).
             y: Targets (e.g. peak bytes): 1-D, real-valued, one per point.
             upper_quantile: If given (in ``(0, 1]``), add the smallest constant for which
                 that quantile of the fitting points is not under-predicted; ``1.0`` makes
@@ -216,7 +216,7 @@ class PolynomialRegression(torch.nn.Module):
             safety_margin: Relative headroom multiplied on top, e.g. ``0.05`` for 5%.
 
         Returns:
-            A :class:`FitReport`, including the largest under-prediction before and after
+            A ``FitReport``, including the largest under-prediction before and after
             the upper bound.
 
         Raises:
@@ -278,7 +278,7 @@ class PolynomialRegression(torch.nn.Module):
 
     @classmethod
     def from_json(cls, text: str) -> PolynomialRegression:
-        """A model from :meth:`to_json`.
+        """A model from ``to_json``.
 
         Examples:
             >>> model = PolynomialRegression(1)
@@ -303,7 +303,7 @@ class PolynomialRegression(torch.nn.Module):
 
     @classmethod
     def load(cls, path: str | Path) -> PolynomialRegression:
-        """Read a model written by :meth:`save` (tensors only: ``weights_only=True``)."""
+        """Read a model written by ``save`` (tensors only: ``weights_only=True``)."""
         path = Path(path)
         if path.suffix == ".json":
             return cls.from_json(path.read_text())

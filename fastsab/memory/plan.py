@@ -1,6 +1,6 @@
 """From memory budgets to a batch size and a number of samples to hold in host memory.
 
-:func:`plan_memory` answers the two questions a run near its memory limits starts with:
+``plan_memory`` answers the two questions a run near its memory limits starts with:
 how large can a batch be on the accelerator, and how many samples fit in CPU memory at
 once. It counts what it is told about: the model's parameters, gradients and optimizer
 state, the bytes of a sample's input and output, and the activations, given per sample
@@ -158,7 +158,7 @@ def plan_memory(
 
     GPU: ``model_bytes + batch * (sample bytes + activation bytes per sample)`` must stay
     within ``gpu_memory_limit``, or, with a ``memory_model`` (a callable mapping a batch
-    size tensor to predicted peak bytes, e.g. a fitted :class:`PolynomialRegression`), the
+    size tensor to predicted peak bytes, e.g. a fitted ``PolynomialRegression``), the
     model's prediction plus ``model_bytes`` must. The batch size is the largest multiple of
     ``one_read_count`` that fits, capped by ``preferred_batch_size`` and the sample count.
 
@@ -167,7 +167,7 @@ def plan_memory(
     ``cpu_memory_limit - cpu_overhead_bytes``.
 
     Args:
-        gpu_memory_limit: The GPU budget in bytes (see :func:`GiB`), or ``None`` (not planned).
+        gpu_memory_limit: The GPU budget in bytes (see ``GiB``), or ``None`` (not planned).
         cpu_memory_limit: The CPU budget in bytes, or ``None`` (not planned).
         sample: A sample pytree (its tensors and arrays are counted), or the shapes below.
         input_shape: One sample's input shape (instead of ``sample``).
@@ -273,7 +273,7 @@ def plan_memory(
 
 
 class _Held(NamedTuple):
-    """The CPU side of a :class:`MemoryPlan` (``None`` without a CPU budget)."""
+    """The CPU side of a ``MemoryPlan`` (``None`` without a CPU budget)."""
 
     samples_in_memory: int | None = None
     reads_in_memory: int | None = None

@@ -1,6 +1,6 @@
-"""The chunks an :class:`~fastsab.OutOfCoreDataset` holds, and the next one it reads ahead in a thread.
+"""The chunks an ``OutOfCoreDataset`` holds, and the next one it reads ahead in a thread.
 
-:class:`ChunkCache` holds at most two chunks: the one served and the next of the epoch's
+``ChunkCache`` holds at most two chunks: the one served and the next of the epoch's
 order, read ahead in a background thread, or the two a batch spans. It starts afresh in a
 forked process (a DataLoader worker) and when unpickled: no thread, no chunk held.
 """

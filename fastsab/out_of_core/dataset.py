@@ -1,10 +1,10 @@
-"""Feeding more data than fits in RAM: :class:`OutOfCoreDataset`, chunks read by identity, shuffled chunk by chunk.
+"""Feeding more data than fits in RAM: ``OutOfCoreDataset``, chunks read by identity, shuffled chunk by chunk.
 
-:class:`OutOfCoreDataset` reads samples by their identity (a file name, a row number)
+``OutOfCoreDataset`` reads samples by their identity (a file name, a row number)
 into CPU-resident chunks sized from a CPU memory budget, and serves ``__getitems__`` from
 them. The fast loaders recognize it and shuffle with groups equal to its chunks, so each
 chunk is read once per epoch; the dataset reads the next chunk of the epoch in the
-background while the current one is served (:mod:`fastsab.out_of_core.chunks`).
+background while the current one is served (``fastsab.out_of_core.chunks``).
 
 Memory: at most two chunks are held (the one served and the one read ahead, or the two a
 batch spans), each of at most ``cpu_memory_limit / 2`` bytes of samples, in mappings of
@@ -15,7 +15,7 @@ batches in flight. A test measures the peak resident set of a 256 MiB file fed w
 32 MiB budget against exactly this bound.
 
 Samples: every sample must have the layout of the first sample the dataset read
-(:mod:`fastsab.out_of_core.samples`); anything else is an error naming the read. What is
+(``fastsab.out_of_core.samples``); anything else is an error naming the read. What is
 served is what ``read_input`` gave.
 """
 
@@ -161,7 +161,7 @@ class OutOfCoreDataset:
     def from_directory(
         cls, directory: str | os.PathLike[str], pattern: str = "*.npy", **options: Any
     ) -> OutOfCoreDataset:
-        """One sample per file of ``directory`` matching ``pattern``, in sorted order (see :meth:`from_files`)."""
+        """One sample per file of ``directory`` matching ``pattern``, in sorted order (see ``from_files``)."""
         paths = sorted(glob.glob(os.path.join(os.fspath(directory), pattern)))
         if not paths:
             raise ValueError(f"no files match {pattern!r} in {os.fspath(directory)!r}.")

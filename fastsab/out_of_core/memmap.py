@@ -1,4 +1,4 @@
-"""Rows of a file-backed numpy memmap read with plain file reads, for :meth:`OutOfCoreDataset.from_memmap`.
+"""Rows of a file-backed numpy memmap read with plain file reads, for ``OutOfCoreDataset.from_memmap``.
 
 Reading a chunk with ``readinto`` rather than through the mapping keeps the pages of the
 file out of the process's resident memory.

@@ -1,8 +1,8 @@
 """Reading samples by identity into chunks: ``read_input(id)`` for each read, stacked into preallocated arrays.
 
-:class:`SampleReads` is the chunk loader of an :class:`~fastsab.OutOfCoreDataset` made from
+``SampleReads`` is the chunk loader of an ``OutOfCoreDataset`` made from
 ids and ``read_input``; every sample it reads is checked against the layout of the first
-(:mod:`fastsab.out_of_core.samples`) before it is written.
+(``fastsab.out_of_core.samples``) before it is written.
 """
 
 from __future__ import annotations

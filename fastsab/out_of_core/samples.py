@@ -1,8 +1,8 @@
-"""The samples of an :class:`~fastsab.OutOfCoreDataset`: their layout, its checks, the arrays chunks are made of.
+"""The samples of an ``OutOfCoreDataset``: their layout, its checks, the arrays chunks are made of.
 
 Every sample must have the structure (the keys and nesting of its pytree), and per leaf the
-shape and dtype, of the first sample the dataset read: :class:`Layout` holds that first
-sample's, :func:`check_sample` compares another against it. Dtypes must match exactly: a
+shape and dtype, of the first sample the dataset read: ``Layout`` holds that first
+sample's, ``check_sample`` compares another against it. Dtypes must match exactly: a
 sample is not cast, not even safely (``int32`` into an ``int64`` chunk).
 """
 

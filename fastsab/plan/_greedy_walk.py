@@ -1,10 +1,10 @@
 """The greedy walk of a split's batches, one counter call per batch.
 
-:func:`_greedy_ends` applies the rules every split shares (items that take a batch of their own,
+``_greedy_ends`` applies the rules every split shares (items that take a batch of their own,
 ``max_items``, a batch length cut to a ``multiple``, the open batch left at the end of a chunk)
 and asks a counter how many items from a batch's start fit the caps: the sum-cost counters of
-:mod:`fastsab.plan._sum_kernel`, or the padded-feature counter of :mod:`fastsab.plan._padded_kernel`.
-:func:`_stuck` refuses an item that fits in no batch, for every walk.
+``fastsab.plan._sum_kernel``, or the padded-feature counter of ``fastsab.plan._padded_kernel``.
+``_stuck`` refuses an item that fits in no batch, for every walk.
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
 """The split kernel for ``cost="padded"``: a batch of ``L`` items costs ``L`` times its largest item.
 
-Over per-item costs, :func:`_padded_split` bounds each item's batch length (``cap // cost``,
+Over per-item costs, ``_padded_split`` bounds each item's batch length (``cap // cost``,
 exact for integer and float costs), finds the end of a batch starting at every position at
-once (:func:`_padded_ends`) and walks them one lookup per batch. Over features, whose padded
-cost ``L * f(running max row)`` need not grow with the row, :func:`_padded_feature_counter`
-is the counter that :func:`~fastsab.plan._greedy_walk._greedy_ends` walks. The caps come
-converted by :meth:`~fastsab.plan.costs.BatchCost.kernel_caps` (less any fixed cost).
+once (``_padded_ends``) and walks them one lookup per batch. Over features, whose padded
+cost ``L * f(running max row)`` need not grow with the row, ``_padded_feature_counter``
+is the counter that ``_greedy_ends`` walks. The caps come
+converted by ``kernel_caps`` (less any fixed cost).
 """
 
 from __future__ import annotations
@@ -29,9 +29,9 @@ def _padded_split(
     over: np.ndarray | None,
     final: bool,
 ) -> tuple[list[int], int]:
-    """Batch ends and the open start for ``cost="padded"``, the rules of :func:`_greedy_ends` vectorized.
+    """Batch ends and the open start for ``cost="padded"``, the rules of ``_greedy_ends`` vectorized.
 
-    Every position gets the end of a batch that would start there (:func:`_padded_ends`), then
+    Every position gets the end of a batch that would start there (``_padded_ends``), then
     the batches are walked from position 0, one list lookup per batch.
     """
     m = len(c)
@@ -131,7 +131,7 @@ def _int_lengths(column: np.ndarray, cap: int, m: int) -> np.ndarray:
 
 
 def _int_lengths_by_float(column: np.ndarray, cap: int, m: int) -> np.ndarray:
-    """:func:`_int_lengths` for ``0 <= cap < 2**53``, from the float64 quotient ``cap / c``, exactly.
+    """``_int_lengths`` for ``0 <= cap < 2**53``, from the float64 quotient ``cap / c``, exactly.
 
     float64 holds ``cap`` and every cost up to ``2**53`` exactly, so ``cap / c`` is the exact
     quotient rounded once, and rounding never reaches the next integer: with
@@ -227,7 +227,7 @@ def _padded_feature_counter(
     ``x`` holds the items' features ``(m, d)``; ``item_costs`` is ``f``, mapping rows to their
     ``(rows, k)`` costs. The counter stops at the first length that does not fit, as the loop
     does: ``f`` need not grow with the features. ``caps`` and ``exact_caps`` are those of
-    :meth:`~fastsab.plan.costs.BatchCost.kernel_caps`.
+    ``kernel_caps``.
     """
     # NOTE: products are compared as the loop's Python numbers are: float64 products (rounded
     # alike), or integer costs as `cost <= cap // L`, exact whatever the sizes of L * cost.

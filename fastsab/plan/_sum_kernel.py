@@ -1,11 +1,11 @@
 """The split kernel for ``cost="sum"``: a batch's cost is the sum of its items' costs.
 
-:func:`_sum_split` chooses the walk. Columns of integer costs under their caps alone take
-:func:`_int_sum_ends` (one column) or :func:`_int_columns_sum_ends`, a galloping binary search
+``_sum_split`` chooses the walk. Columns of integer costs under their caps alone take
+``_int_sum_ends`` (one column) or ``_int_columns_sum_ends``, a galloping binary search
 inlined over prefix sums made just ahead of it. Every other split walks
-:func:`~fastsab.plan._greedy_walk._greedy_ends` with :func:`_sum_counter` (prefix sums and a
+``_greedy_ends`` with ``_sum_counter`` (prefix sums and a
 galloping binary search, exact for integer and float costs; Python integers where int64 sums
-would overflow). The caps come converted by :meth:`~fastsab.plan.costs.BatchCost.kernel_caps`
+would overflow). The caps come converted by ``kernel_caps``
 (less any fixed cost).
 """
 
@@ -22,7 +22,7 @@ import numpy as np
 from fastsab.plan._greedy_walk import _greedy_ends, _stuck
 
 _UNIT_ROUNDOFF = 2.0**-53
-_CHUNK = 32768  # items whose prefix sums :func:`_int_sum_ends` makes at a time (256 KiB)
+_CHUNK = 32768  # items whose prefix sums ``_int_sum_ends`` makes at a time (256 KiB)
 
 
 def _sum_split(
@@ -34,10 +34,10 @@ def _sum_split(
     over: np.ndarray | None,
     final: bool,
 ) -> tuple[list[int], int]:
-    """Batch ends and the open start for ``cost="sum"``, the rules of :func:`_greedy_ends`.
+    """Batch ends and the open start for ``cost="sum"``, the rules of ``_greedy_ends``.
 
-    Integer columns under their caps alone (the common case) take :func:`_int_sum_ends`;
-    every other split walks :func:`_sum_counter`.
+    Integer columns under their caps alone (the common case) take ``_int_sum_ends``;
+    every other split walks ``_sum_counter``.
     """
     int_caps = [cap.item() for cap in caps]
     plain = over is None and max_items is None and multiple == 1 and c.dtype != np.float64
@@ -53,7 +53,7 @@ def _sum_split(
 def _int_sum_ends(column: np.ndarray, cap: int, final: bool) -> tuple[list[int], int]:
     """Batch ends and the open start of integer costs under ``cap`` alone (int64 prefix sums that fit).
 
-    The search of :func:`_gallop` inlined, and the prefix sums made a chunk at a time, as far as
+    The search of ``_gallop`` inlined, and the prefix sums made a chunk at a time, as far as
     the walk needs them.
     """
     # NOTE: the walk reads a few prefix sums per batch, scattered over the whole array: summed
@@ -98,7 +98,7 @@ def _sum_chunk(column: np.ndarray, prefix: np.ndarray, done: int) -> int:
 
 
 def _int_columns_sum_ends(c: np.ndarray, caps: list[int], final: bool) -> tuple[list[int], int]:
-    """:func:`_int_sum_ends` for integer costs ``(m, k)`` under their ``caps`` alone (int64 sums that fit).
+    """``_int_sum_ends`` for integer costs ``(m, k)`` under their ``caps`` alone (int64 sums that fit).
 
     Each batch searches the columns in turn, each within the end the columns before allow.
     """
@@ -155,7 +155,7 @@ def _sum_counter(
 ) -> Callable[[int, int, int], int]:
     """Counter for ``cost="sum"``: how many items from ``i`` fit, at most ``hi - i``.
 
-    ``caps`` are the caps of :meth:`~fastsab.plan.costs.BatchCost.caps_for_dtype`, ``exact_caps``
+    ``caps`` are the caps of ``caps_for_dtype``, ``exact_caps``
     those given; ``unbounded`` says that some items (``own_batch`` ones) may cost more than the cap.
     """
     k = c.shape[1]

@@ -2,9 +2,9 @@
 
 Two entry points share one semantics:
 
-* :func:`split_batches`, the vectorized kernel: per-item costs in epoch order in, batch
+* ``split_batches``, the vectorized kernel: per-item costs in epoch order in, batch
   boundaries out. It is what the loaders and samplers use.
-* :func:`~fastsab.bionemo.streaming.size_aware_batching`, the streaming generator of the
+* ``size_aware_batching``, the streaming generator of the
   bionemo API, for plain iterables of data.
 
 The greedy rule (bionemo compatible): items are taken in order; an item whose cost exceeds
@@ -13,10 +13,10 @@ batch while the batch's cost stays ``<= max_total_size`` (the cap is inclusive),
 the batch is emitted and a new one starts with that item; the last partial batch is
 emitted; no empty batch is ever emitted.
 
-This module holds the kernel's API (:func:`split_batches`, :func:`split_with`); the batches
-come back as a :class:`~fastsab.plan.plans.PlanChunk` (also named :data:`BatchSplit`), the caps and
-costs are those of a :class:`~fastsab.plan.costs.BatchCost`, and the walks of the batches are in
-:mod:`fastsab.plan._sum_kernel`, :mod:`fastsab.plan._padded_kernel` and :mod:`fastsab.plan._greedy_walk`.
+This module holds the kernel's API (``split_batches``, ``split_with``); the batches
+come back as a ``PlanChunk`` (also named ``BatchSplit``), the caps and
+costs are those of a ``BatchCost``, and the walks of the batches are in
+``fastsab.plan._sum_kernel``, ``fastsab.plan._padded_kernel`` and ``fastsab.plan._greedy_walk``.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ __all__ = ["BatchSplit", "Carry", "split_batches"]
 
 OversizePolicy = Literal["skip", "own_batch", "error"]
 
-#: The result of :func:`split_batches`: batches in CSR form (``ids``, ``offsets``), the
+#: The result of ``split_batches``: batches in CSR form (``ids``, ``offsets``), the
 #: skipped items and the open batch (``carry``).
 BatchSplit = PlanChunk
 
@@ -80,16 +80,16 @@ def split_batches(
             the next batch (fairseq's ``required_batch_size_multiple``). The last batch and
             batches closed by an ``own_batch`` item are kept whole.
         oversize: What to do with an item whose cost alone exceeds the cap: ``"skip"`` it
-            (returned in :attr:`PlanChunk.skipped`; callers warn), give it a batch of its
+            (returned in ``PlanChunk.skipped``; callers warn), give it a batch of its
             ``"own_batch"``, or raise ``ValueError`` (``"error"``).
         ids: Optional ids of the items (same length as ``costs``), returned in place of
             positions, e.g. dataset indices in epoch order.
-        carry: The :attr:`PlanChunk.carry` of the previous chunk's call.
+        carry: The ``PlanChunk.carry`` of the previous chunk's call.
         final: ``False`` if more chunks follow: the trailing batch that could still grow is
-            returned as :attr:`PlanChunk.carry` instead of being emitted.
+            returned as ``PlanChunk.carry`` instead of being emitted.
 
     Returns:
-        A :class:`~fastsab.plan.plans.PlanChunk` with the batches in CSR form.
+        A ``PlanChunk`` with the batches in CSR form.
 
     Raises:
         TypeError: If an argument has the wrong type.
@@ -126,7 +126,7 @@ def split_with(
     carry: Carry | None = None,
     final: bool = True,
 ) -> PlanChunk:
-    """:func:`split_batches` under the caps and options of ``rule``."""
+    """``split_batches`` under the caps and options of ``rule``."""
     policy = check_choice("oversize", oversize, ("skip", "own_batch", "error"))
     if not isinstance(final, bool):
         raise TypeError(f"final must be a bool, got {final!r}.")

@@ -1,10 +1,10 @@
 """Cost sources: any accepted ``sizeof`` turned into costs.
 
-:func:`make_cost_source` accepts an array of sizes, a callable of an index array or of one
+``make_cost_source`` accepts an array of sizes, a callable of an index array or of one
 index, or a callable over per-item ``features``; the planners evaluate the result one chunk
 at a time. An array of sizes is checked once; a callable's costs are checked on every chunk.
-The bionemo paths take sizes one item at a time: :func:`per_item_sizeof` (a callable or a
-mapping), :func:`item_size` (one checked size) and :func:`oversize_message` (the skip warning).
+The bionemo paths take sizes one item at a time: ``per_item_sizeof`` (a callable or a
+mapping), ``item_size`` (one checked size) and ``oversize_message`` (the skip warning).
 """
 
 from __future__ import annotations
@@ -41,9 +41,9 @@ _Length = TypeVar("_Length", int, float, np.ndarray)
 def padded_length(length: _Length, multiple: int | None) -> _Length:
     """The length a sequence of ``length`` is padded to: rounded up to a multiple of ``multiple``.
 
-    The one rule of padding to a multiple: :class:`~fastsab.varlen.collate.PadCollator` pads a batch
+    The one rule of padding to a multiple: ``PadCollator`` pads a batch
     to the padded length of its longest sequence, and a padded budget with
-    ``pad_to_multiple_of`` charges each item its padded length (:class:`PaddedLengths`).
+    ``pad_to_multiple_of`` charges each item its padded length (``PaddedLengths``).
     Rounding up is monotone, so the longest padded length of a batch is the padded length
     of its longest item: a batch charged ``len * max(padded lengths)`` is charged its
     padded ``(B, L)`` tensor. ``None`` leaves lengths as they are.
@@ -211,7 +211,7 @@ class FeatureRows(_CostSource):
     """The per-item features of a ``sizeof`` with ``features``, as rows, and the costs of any rows.
 
     Calling it gives ``features[ids]`` as an ``(len(ids), d)`` numpy array (the "costs" a
-    rule that pads features splits); :meth:`item_costs` gives the checked costs of rows (e.g.
+    rule that pads features splits); ``item_costs`` gives the checked costs of rows (e.g.
     of a batch's per-feature maxima), calling ``sizeof`` on them as on the features.
     """
 
@@ -246,7 +246,7 @@ class FeatureRows(_CostSource):
 
 
 class PaddedLengths:
-    """The costs of ``source``, per-item lengths, charged as their :func:`padded_length` to ``multiple``."""
+    """The costs of ``source``, per-item lengths, charged as their ``padded_length`` to ``multiple``."""
 
     def __init__(self, source: CostSource, multiple: int) -> None:
         self.source, self.multiple = source, multiple
@@ -260,7 +260,7 @@ class PaddedLengths:
 
 
 def feature_rows(source: CostSource) -> FeatureRows:
-    """``source`` (from a callable ``sizeof`` with ``features``) as its :class:`FeatureRows`.
+    """``source`` (from a callable ``sizeof`` with ``features``) as its ``FeatureRows``.
 
     Raises:
         ValueError: If ``source`` was not made from a callable and ``features``.

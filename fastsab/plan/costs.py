@@ -1,13 +1,13 @@
 """The batch cost: what a batch may hold, and what it costs.
 
-:class:`BatchCost` owns the caps (one number, or one per cost column), how a batch's cost is
+``BatchCost`` owns the caps (one number, or one per cost column), how a batch's cost is
 counted (``"sum"`` of its items, or ``"padded"``: its length times its largest item, or times
 the item cost of its per-feature maxima), the cost paid once per batch, the optional cap on
 items and the batch size multiple; it checks and lowers the caps and prices
-batches. The kernel (:func:`~fastsab.plan.batching.split_batches`), the planners, the bionemo
+batches. The kernel (``split_batches``), the planners, the bionemo
 samplers and the streaming generator all take their rule from it. Any accepted ``sizeof``
-is turned into costs by :mod:`fastsab.plan.cost_sources` (:func:`make_cost_source`, re-exported); caps are
-made exact for the kernel's dtype and less a fixed cost by :mod:`fastsab.plan.exact_caps`.
+is turned into costs by ``fastsab.plan.cost_sources`` (``make_cost_source``, re-exported); caps are
+made exact for the kernel's dtype and less a fixed cost by ``fastsab.plan.exact_caps``.
 """
 
 from __future__ import annotations
@@ -60,9 +60,9 @@ class BatchCost:
             costs (1-D, or ``(m, k)`` for ``k`` caps). ``None`` (default): a batch costs
             ``len * max(cost)`` per column.
         pad_to_multiple_of: With ``cost="padded"`` and one cost column of lengths, charge each
-            item its length rounded up to a multiple of this (:func:`~fastsab.plan.cost_sources.padded_length`),
-            the length a :class:`~fastsab.varlen.collate.PadCollator` with this ``pad_to_multiple_of``
-            pads to; the planners read costs through :meth:`charged`. ``None``: lengths as they are.
+            item its length rounded up to a multiple of this (``padded_length``),
+            the length a ``PadCollator`` with this ``pad_to_multiple_of``
+            pads to; the planners read costs through ``charged``. ``None``: lengths as they are.
 
     Attributes:
         caps: The caps as Python numbers (integers stay integers, so comparisons are exact).
@@ -127,7 +127,7 @@ class BatchCost:
     def check_collators(self, collators: Mapping[str, object]) -> None:
         """Refuse a collator that pads lengths further than this rule charges them.
 
-        A collator with a ``pad_to_multiple_of`` (:class:`~fastsab.varlen.collate.PadCollator`, or
+        A collator with a ``pad_to_multiple_of`` (``PadCollator``, or
         transformers' padding collators) pads a batch to its longest length rounded up to that
         multiple; a padded rule of lengths charges it only if its own ``pad_to_multiple_of`` is
         a multiple of the collator's.
@@ -241,7 +241,7 @@ class BatchCost:
         return total
 
     def variable_per_batch(self, costs: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-        """:meth:`per_batch` without the fixed cost."""
+        """``per_batch`` without the fixed cost."""
         costs = costs.reshape(len(costs), -1)
         starts = offsets[:-1]
         if self.cost == "sum":
@@ -309,7 +309,7 @@ class BatchCost:
         ]
 
     def check_lowered(self, limit: object) -> Caps:
-        """``limit`` checked as caps (:meth:`check_caps`), none above the configured ones."""
+        """``limit`` checked as caps (``check_caps``), none above the configured ones."""
         checked = self.check_caps(limit)
         refuse_above(checked, self.caps, self.limit, limit)
         return checked

@@ -1,9 +1,9 @@
 """The epoch order.
 
-:class:`EpochOrder` gives the order in which an epoch visits ``range(n)``, one chunk
-(shuffle group) at a time. The planners (:mod:`fastsab.plan.planners`,
-:mod:`fastsab.plan.fixed_size`) batch that order, with costs from a cost source
-(:mod:`fastsab.plan.costs`).
+``EpochOrder`` gives the order in which an epoch visits ``range(n)``, one chunk
+(shuffle group) at a time. The planners (``fastsab.plan.planners``,
+``fastsab.plan.fixed_size``) batch that order, with costs from a cost source
+(``fastsab.plan.costs``).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Caps made exact for the greedy kernel: in the costs' dtype, and less a batch's fixed cost.
 
 The greedy loop compares running totals with the caps in Python's exact semantics; the kernel
-compares in one numpy dtype. :func:`dtype_caps` converts the caps once so that ``cost <= cap``
-gives the same answers in that dtype, and :func:`threshold` finds, for a fixed cost per batch,
+compares in one numpy dtype. ``dtype_caps`` converts the caps once so that ``cost <= cap``
+gives the same answers in that dtype, and ``threshold`` finds, for a fixed cost per batch,
 the largest variable cost that still fits as the loop computes ``fixed + v <= cap``.
 """
 
@@ -87,7 +87,7 @@ def _float_key(value: float) -> int:
 
 
 def _key_float(key: int) -> float:
-    """The float64 of :func:`_float_key` (keys past the finite floats give +-inf)."""
+    """The float64 of ``_float_key`` (keys past the finite floats give +-inf)."""
     limit = _float_key(math.inf)
     if key >= limit:
         return math.inf

@@ -1,9 +1,9 @@
-"""What a size-aware plan says of each batch: :class:`BatchFigures`, its fill of the budget and its tokens.
+"""What a size-aware plan says of each batch: ``BatchFigures``, its fill of the budget and its tokens.
 
 A planner computes the figures of the batches it plans from the costs it already read (the
 charged costs, or the features a padded rule pads), one ``reduceat`` per figure and chunk, and
-hands them out with the batches (:attr:`~fastsab.plan.plans.PlanChunk.figures`); a loader's
-:class:`~fastsab.position.stats.EpochStats` adds up those of the batches it yields.
+hands them out with the batches (``figures``); a loader's
+``EpochStats`` adds up those of the batches it yields.
 """
 
 from __future__ import annotations
@@ -23,15 +23,15 @@ FILL, REAL, PADDED = 0, 1, 2
 class BatchFigures:
     """Each batch's fill of the budget and, where batches are padded, its real and padded tokens.
 
-    The figures of ``b`` batches are a ``(3, b)`` float64 array: row :data:`FILL` is the
+    The figures of ``b`` batches are a ``(3, b)`` float64 array: row ``FILL`` is the
     batch's cost as ``rule`` charges it (fixed cost included) over the configured caps, the
-    largest column counting (:meth:`~fastsab.plan.costs.BatchCost.balance_costs`); rows :data:`REAL`
-    and :data:`PADDED` are the batch's tokens and ``B`` times its padded length, ``NaN`` where
+    largest column counting (``balance_costs``); rows ``REAL``
+    and ``PADDED`` are the batch's tokens and ``B`` times its padded length, ``NaN`` where
     tokens are not counted.
 
     Tokens are counted for a padded rule (``cost="padded"``): lengths padded to the rule's
     ``pad_to_multiple_of``, or padded features (each item's own cost, and ``B`` times the cost
-    of the per-feature maxima); and after :meth:`pad_with` (a padding collator), for lengths
+    of the per-feature maxima); and after ``pad_with`` (a padding collator), for lengths
     padded to the collator's multiple. Costs of several columns count no tokens.
 
     Args:

@@ -62,7 +62,7 @@ class FixedSizePlanner:
 
 
 class FixedSizeEpoch:
-    """One epoch of a :class:`FixedSizePlanner`, whose batch size can be lowered mid-epoch.
+    """One epoch of a ``FixedSizePlanner``, whose batch size can be lowered mid-epoch.
 
     With ``drop_last`` the last ``n % batch_size`` items of the order are dropped, as
     planned at the start of the epoch: lowering the batch size never changes which items

@@ -1,14 +1,14 @@
 """Epoch plans: which indices form which batches, chunk by chunk.
 
-A planner (:class:`~fastsab.plan.plans.Planner`) turns ``(epoch)`` into a stream of
-:class:`~fastsab.plan.plans.PlanChunk` (ids in epoch order and batch offsets), computed one shuffle group
+A planner (``Planner``) turns ``(epoch)`` into a stream of
+``PlanChunk`` (ids in epoch order and batch offsets), computed one shuffle group
 at a time so that memory stays bounded and the first batch is ready at once. The loaders
-fetch what a plan names; :class:`fastsab.loaders.planned.PlannedBatchSampler` hands the same
+fetch what a plan names; ``fastsab.loaders.planned.PlannedBatchSampler`` hands the same
 plan to a ``torch.utils.data.DataLoader``.
 
-This module holds the size-aware planner and its epoch; :class:`FixedSizePlanner` lives in
-:mod:`fastsab.plan.fixed_size`, the epoch with sorted windows (:class:`SortedWindowEpoch`) in
-:mod:`fastsab.plan.window_epoch`.
+This module holds the size-aware planner and its epoch; ``FixedSizePlanner`` lives in
+``fastsab.plan.fixed_size``, the epoch with sorted windows (``SortedWindowEpoch``) in
+``fastsab.plan.window_epoch``.
 """
 
 from __future__ import annotations
@@ -36,12 +36,12 @@ PLAN_CACHE_ITEMS = 2**22
 class SizeAwarePlanner:
     """Greedy size-aware batches over the epoch order, split chunk by chunk with a carry.
 
-    ``rule`` (a :class:`~fastsab.plan.costs.BatchCost`) gives the caps and what a batch costs; with
+    ``rule`` (a ``BatchCost``) gives the caps and what a batch costs; with
     its ``feature_cost``, ``costs`` gives the items' features
-    (:class:`~fastsab.plan.cost_sources.FeatureRows`).
+    (``FeatureRows``).
 
     With ``sort_window`` the order is first sorted by size in windows of that many items and
-    the batches of each chunk are yielded in a seeded random order (:class:`SortedWindowEpoch`).
+    the batches of each chunk are yielded in a seeded random order (``SortedWindowEpoch``).
     """
 
     def __init__(
@@ -152,10 +152,10 @@ class SizeAwarePlanner:
 
 
 class SizeAwareEpoch:
-    """One epoch of a :class:`SizeAwarePlanner`, whose cap can be lowered mid-epoch.
+    """One epoch of a ``SizeAwarePlanner``, whose cap can be lowered mid-epoch.
 
     Items above the original cap follow the planner's ``oversize`` policy; after
-    :meth:`lower`, items between the lowered and the original cap get a batch of their own,
+    ``lower``, items between the lowered and the original cap get a batch of their own,
     so that lowering the cap never drops a sample.
     """
 

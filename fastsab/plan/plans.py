@@ -1,10 +1,10 @@
 """The plan type: batches of indices in CSR form, the planners' protocol, and a plan given up front.
 
-A :class:`PlanChunk` holds consecutive batches as ids plus offsets (batch ``b`` is
+A ``PlanChunk`` holds consecutive batches as ids plus offsets (batch ``b`` is
 ``ids[offsets[b]:offsets[b + 1]]``), with the indices the chunk skipped, dropped or
-repeated, and the open batch of a split that more chunks follow (:class:`Carry`).
-:func:`~fastsab.plan.batching.split_batches` returns one; a :class:`Planner` produces them chunk by
-chunk; :class:`ExplicitPlan` replays batches computed before (a rank's share, the rest of a
+repeated, and the open batch of a split that more chunks follow (``Carry``).
+``split_batches`` returns one; a ``Planner`` produces them chunk by
+chunk; ``ExplicitPlan`` replays batches computed before (a rank's share, the rest of a
 resumed epoch) as such a stream.
 """
 
@@ -28,7 +28,7 @@ LimitT_contra = TypeVar("LimitT_contra", contravariant=True)
 
 @dataclass(frozen=True)
 class Carry:
-    """The open batch at the end of a non-final :func:`~fastsab.plan.batching.split_batches` call.
+    """The open batch at the end of a non-final ``split_batches`` call.
 
     Pass it as ``carry=`` to the next call (with the next chunk of costs) to continue the
     split exactly as if the chunks had been one array.
@@ -36,7 +36,7 @@ class Carry:
     Attributes:
         ids: Ids of the items of the open batch, in order.
         costs: Their costs, shape ``(len(ids), k)`` (their features ``(len(ids), d)`` when the
-            split pads features: :attr:`~fastsab.plan.costs.BatchCost.feature_cost`).
+            split pads features: ``feature_cost``).
         next_position: Global position of the next chunk's first item (used for default ids).
     """
 
@@ -49,7 +49,7 @@ class Carry:
 
 
 class _Ids:
-    """The ``ids`` field of :class:`PlanChunk`: given as an array, or as a ``range`` made into one on first access."""
+    """The ``ids`` field of ``PlanChunk``: given as an array, or as a ``range`` made into one on first access."""
 
     # NOTE: split_batches without ids= numbers the items by position; most callers only read
     # the offsets, so the positions become an array only when asked for.
@@ -94,8 +94,8 @@ class PlanChunk:
         carry: The open batch to pass to the next split, or ``None`` after a final split
             (and in a planner's chunks).
         figures: Optional ``(3, num_batches)`` figures of the batches, as a size-aware planner
-            reports them (:class:`~fastsab.plan.figures.BatchFigures`); kept by :meth:`select`,
-            :meth:`head` and :meth:`tail`.
+            reports them (``BatchFigures``); kept by ``select``,
+            ``head`` and ``tail``.
 
     Examples:
         >>> chunk = PlanChunk.from_batches([np.array([4, 2]), np.array([7]), np.array([1, 0, 3])])
@@ -121,11 +121,11 @@ class PlanChunk:
         return len(self.offsets) - 1
 
     def batches(self) -> list[np.ndarray]:
-        """The batches as id arrays (views into :attr:`ids`)."""
+        """The batches as id arrays (views into ``ids``)."""
         return self.batches_of(self.ids)
 
     def batches_of(self, values: np.ndarray) -> list[np.ndarray]:
-        """``values`` (one per batched item, in the order of :attr:`ids`) cut into the batches."""
+        """``values`` (one per batched item, in the order of ``ids``) cut into the batches."""
         offsets = self.offsets.tolist()
         return [values[offsets[b] : offsets[b + 1]] for b in range(len(offsets) - 1)]
 

@@ -128,7 +128,7 @@ class GroupedPermutation:
 
 
 def grouped_permutation(n: int, *, group_size: int = DEFAULT_GROUP_SIZE, seed: int = 0, epoch: int = 0) -> np.ndarray:
-    """One epoch order of a :class:`GroupedPermutation` as an array.
+    """One epoch order of a ``GroupedPermutation`` as an array.
 
     Examples:
         >>> order = grouped_permutation(1000, group_size=64, seed=3, epoch=2)

@@ -1,6 +1,6 @@
 """The epoch of a size-aware planner with ``sort_window``: groups sorted in windows, batches shuffled.
 
-The window order and the order of batches are :mod:`fastsab.plan.windows`; :class:`SortedWindowEpoch`
+The window order and the order of batches are ``fastsab.plan.windows``; ``SortedWindowEpoch``
 plans an epoch with them, chunk by chunk, and re-plans what follows a lowered cap.
 """
 
@@ -23,7 +23,7 @@ __all__ = ["SortedWindowEpoch", "WindowedPlanner"]
 
 
 class WindowedPlanner(Protocol):
-    """What a :class:`SortedWindowEpoch` reads of its planner (a :class:`~fastsab.plan.planners.SizeAwarePlanner`)."""
+    """What a ``SortedWindowEpoch`` reads of its planner (a ``SizeAwarePlanner``)."""
 
     @property
     def order(self) -> EpochOrder: ...
@@ -46,7 +46,7 @@ class WindowedPlanner(Protocol):
 
 @dataclass(frozen=True)
 class _Resume:
-    """Where a :class:`SortedWindowEpoch` stands between two chunks: enough to plan on from there.
+    """Where a ``SortedWindowEpoch`` stands between two chunks: enough to plan on from there.
 
     Attributes:
         next_group: The epoch's next shuffle group to plan.
@@ -86,10 +86,10 @@ class _WindowPlan:
 
 
 class SortedWindowEpoch:
-    """One epoch of a :class:`SizeAwarePlanner` with ``sort_window``, whose cap can be lowered mid-epoch.
+    """One epoch of a ``SizeAwarePlanner`` with ``sort_window``, whose cap can be lowered mid-epoch.
 
     Each shuffle group is sorted by size in windows of ``sort_window`` items
-    (:func:`~fastsab.plan.windows.window_order`), split greedily (the open batch carried on to the
+    (``window_order``), split greedily (the open batch carried on to the
     next group, as without windows), and the chunk's batches are yielded in an order shuffled
     with a seed of ``(seed, epoch, group)``. The batches that hold items carried in from
     earlier groups stay first, and batches of a later group come after those of an earlier
@@ -97,11 +97,11 @@ class SortedWindowEpoch:
 
     A lowering re-plans the items not yet yielded of the current chunk (with the open batch)
     under the lowered caps, and the epoch's groups after that chunk anew: chunks planned ahead
-    (prefetched) are given back (:meth:`lower_giving_back`), so that the rest of the
+    (prefetched) are given back (``lower_giving_back``), so that the rest of the
     epoch does not depend on how far ahead it was planned and a resumed epoch replays it exactly.
 
     Memory: the epoch holds the group being planned and the open batch; where each chunk
-    began (:meth:`mark`) is kept by whoever holds the chunk and may give it back.
+    began (``mark``) is kept by whoever holds the chunk and may give it back.
     """
 
     def __init__(self, planner: WindowedPlanner, epoch: int, cached: _WindowPlan | None = None) -> None:
@@ -133,7 +133,7 @@ class SortedWindowEpoch:
         return self._plan_next()
 
     def mark(self) -> _Resume:
-        """Where the epoch stands before its next chunk: :meth:`lower_giving_back` plans again from there.
+        """Where the epoch stands before its next chunk: ``lower_giving_back`` plans again from there.
 
         NOTE: the mark is handed out, not logged: a log of every chunk's mark would grow with
         the epoch (a carry per group), where only the chunks still held may be given back.
@@ -246,7 +246,7 @@ class SortedWindowEpoch:
         Args:
             pending: The items of the current chunk not yet yielded, in order.
             caps: The lowered caps.
-            given_back: The :meth:`mark` before the first chunk given back (yielded after the
+            given_back: The ``mark`` before the first chunk given back (yielded after the
                 current one, none of its batches yielded), or ``None``: the groups of the chunks
                 from there on are planned again.
         """

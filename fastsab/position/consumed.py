@@ -1,9 +1,9 @@
 """The position behind what was handed out: batches a consumer received of a cursor's epoch.
 
 A training loop behind ``DataLoader`` worker processes, or a trainer that fetches a batch
-ahead of its step, receives batches later than an :class:`~fastsab.position.cursor.EpochCursor`
-hands them out. :class:`ConsumedCount` counts them where they are consumed, and its
-:meth:`~ConsumedCount.state_dict` names that position, so that a resume runs exactly the
+ahead of its step, receives batches later than an ``EpochCursor``
+hands them out. ``ConsumedCount`` counts them where they are consumed, and its
+``state_dict`` names that position, so that a resume runs exactly the
 batches not consumed.
 """
 
@@ -19,9 +19,9 @@ __all__ = ["ConsumedCount"]
 class ConsumedCount:
     """The ``(epoch, steps)`` a consumer received of the epoch ``cursor`` hands out.
 
-    Call :meth:`started` once the cursor has started the epoch the consumer iterates (when
-    it starts it, or at the latest when the first batch arrives), :meth:`received` for each
-    batch consumed and :meth:`ended` when the iteration ran to its end.
+    Call ``started`` once the cursor has started the epoch the consumer iterates (when
+    it starts it, or at the latest when the first batch arrives), ``received`` for each
+    batch consumed and ``ended`` when the iteration ran to its end.
 
     Examples:
         >>> import torch
@@ -60,5 +60,5 @@ class ConsumedCount:
         self.position = None
 
     def state_dict(self) -> dict[str, Any]:
-        """The cursor's state, counted in batches consumed (see :meth:`EpochCursor.consumed_state`)."""
+        """The cursor's state, counted in batches consumed (see ``EpochCursor.consumed_state``)."""
         return self.cursor.consumed_state(self.position)

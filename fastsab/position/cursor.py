@@ -1,16 +1,16 @@
 """Where an epoch stands: epoch, this rank's share, steps done, ``len()`` and resuming.
 
-An :class:`EpochCursor` is what the loaders and the planned batch sampler share. It turns
-``(seed, epoch)`` into this rank's :class:`~fastsab.position.stream.Stream` of plan chunks and keeps
-the position in it, so that :meth:`~EpochCursor.state_dict` is a few numbers and
-:meth:`~EpochCursor.load_state_dict` continues with exactly the batches not run yet.
+An ``EpochCursor`` is what the loaders and the planned batch sampler share. It turns
+``(seed, epoch)`` into this rank's ``Stream`` of plan chunks and keeps
+the position in it, so that ``state_dict`` is a few numbers and
+``load_state_dict`` continues with exactly the batches not run yet.
 
-A state records the epoch's *history* as segments (:mod:`fastsab.position.epoch_state`): each is a
+A state records the epoch's *history* as segments (``fastsab.position.epoch_state``): each is a
 stretch of steps run with one world size (and the dealing options and lowered limits of that
-stretch). The plan is never replayed item by item: :class:`~fastsab.position.shares.EpochShares`
+stretch). The plan is never replayed item by item: ``EpochShares``
 plans the epoch again from the seed and applies each segment in turn, so a state saved by a
 job of another world size or other dealing options resumes exactly. A state whose seed or
-plan fingerprint (:mod:`fastsab.position.fingerprint`: dataset length, sizes, configured limits)
+plan fingerprint (``fastsab.position.fingerprint``: dataset length, sizes, configured limits)
 differs from this object's is refused.
 """
 
@@ -70,8 +70,8 @@ class _PlanCopied:
 class EpochCursor:
     """Epochs, ranks, position and state of a loader or a planned batch sampler.
 
-    Subclasses call :meth:`_init_cursor` once, then :meth:`_start_epoch` at the start of
-    each iteration and :meth:`_step_done` after each batch handed out.
+    Subclasses call ``_init_cursor`` once, then ``_start_epoch`` at the start of
+    each iteration and ``_step_done`` after each batch handed out.
     """
 
     planner: Planner
@@ -113,11 +113,11 @@ class EpochCursor:
         """Use ``epoch`` for the next iteration (the order depends only on seed and epoch).
 
         A position loaded for another epoch is dropped, and so is that of an iteration left
-        before its end (a peek, a loop left mid-epoch): :meth:`state_dict` then names the
+        before its end (a peek, a loop left mid-epoch): ``state_dict`` then names the
         chosen epoch, where the next iteration starts. A loaded state of an epoch whose every
         step ran makes that epoch run empty, if it is chosen again. Without it, the
         next iteration runs the epoch after the last one started (one process) or after the
-        last one run to its end (several ranks: see :meth:`_start_epoch`).
+        last one run to its end (several ranks: see ``_start_epoch``).
         """
         epoch = check_nonnegative_int("epoch", epoch)
         self._advance = False
@@ -136,7 +136,7 @@ class EpochCursor:
     def __len__(self) -> int:
         """Exact number of steps of the next epoch, as a trainer counts them.
 
-        After :meth:`load_state_dict` it is the whole epoch's: the steps run before the state
+        After ``load_state_dict`` it is the whole epoch's: the steps run before the state
         was saved (over every earlier stretch, whatever its world size) plus the steps left,
         while the iteration yields only the steps left. Trainers (Lightning, torch's
         ``StatefulDataLoader``) restore their step counter and stop the epoch at ``len()``.
@@ -165,7 +165,7 @@ class EpochCursor:
         In one process the epoch after it is the next one. Under ranks (``world_size > 1``)
         an epoch is the next one until it runs to its end: an iteration left before (a peek,
         ``next(iter(loader))``) is started again, at the same epoch and loaded position, by
-        the next iteration unless :meth:`set_epoch` chose another.
+        the next iteration unless ``set_epoch`` chose another.
         """
         epoch = self.epoch
         if not self._resuming:
@@ -286,17 +286,17 @@ class EpochCursor:
         return checked
 
     def fingerprint(self) -> str:
-        """Digest of the plan's inputs (see :func:`plan_fingerprint`), computed once."""
+        """Digest of the plan's inputs (see ``plan_fingerprint``), computed once."""
         return self._plan_identity()[0]
 
     def _plan_identity(self) -> tuple[str, dict[str, Any]]:
-        """The plan's fingerprint and settings (see :func:`plan_identity`), computed once."""
+        """The plan's fingerprint and settings (see ``plan_identity``), computed once."""
         if self._identity is None:
             self._identity = plan_identity(self.planner)
         return self._identity
 
     def state_dict(self) -> dict[str, Any]:
-        """Where the iteration stands: a few numbers; resume with :meth:`load_state_dict`.
+        """Where the iteration stands: a few numbers; resume with ``load_state_dict``.
 
         Mid-epoch it names the epoch, the steps handed out and the stretches of the epoch
         run before with other world sizes; between epochs, the next epoch and 0 steps. The
@@ -314,7 +314,7 @@ class EpochCursor:
         Args:
             consumed: ``(epoch, steps)`` a consumer (a training loop behind worker processes or
                 a trainer that fetches ahead) received of the epoch it iterates, or ``None``
-                when it iterates none: then the state is :meth:`state_dict`.
+                when it iterates none: then the state is ``state_dict``.
         """
         # (after set_epoch dropped a left iteration, what it consumed is no longer the position)
         return self.state_dict() if consumed is None or self._run is None else self._state(*consumed)

@@ -1,6 +1,6 @@
-"""Dealing a plan to ranks window by window as its chunks come: :class:`StepDealer`.
+"""Dealing a plan to ranks window by window as its chunks come: ``StepDealer``.
 
-The streaming form of :func:`~fastsab.position.distributed.assign_steps`: the same windows, the same
+The streaming form of ``assign_steps``: the same windows, the same
 random stream in the same order and the same rotation, so that dealing chunk by chunk gives
 exactly the assignment of the whole plan, while holding only the window being filled and the
 epoch's first batches (which padding repeats).
@@ -21,7 +21,7 @@ __all__ = ["DealtWindow", "StepDealer", "count_steps"]
 
 
 def count_steps(num_batches: int, world_size: int, even_batches: EvenBatches) -> int:
-    """Steps of ``num_batches`` global batches dealt to ``world_size`` ranks (as :func:`assign_steps`)."""
+    """Steps of ``num_batches`` global batches dealt to ``world_size`` ranks (as ``assign_steps``)."""
     if even_batches == "drop":
         return num_batches // world_size
     return -(-num_batches // world_size)
@@ -29,7 +29,7 @@ def count_steps(num_batches: int, world_size: int, even_batches: EvenBatches) ->
 
 @dataclass(frozen=True)
 class DealtWindow:
-    """Consecutive steps dealt by :class:`StepDealer`: rows of :attr:`StepAssignment.batches`.
+    """Consecutive steps dealt by ``StepDealer``: rows of ``StepAssignment.batches``.
 
     Attributes:
         first_step: The epoch's step number of the first row.
@@ -43,14 +43,14 @@ class DealtWindow:
 
 
 class StepDealer:
-    """:func:`assign_steps` over batches that come chunk by chunk: the same assignment, window by window.
+    """``assign_steps`` over batches that come chunk by chunk: the same assignment, window by window.
 
-    Feed the global batches' costs (and spans) in plan order with :meth:`push`; each
+    Feed the global batches' costs (and spans) in plan order with ``push``; each
     balancing window is dealt as soon as its batches are all known, so the dealer holds one
     window's costs (and the costs of the epoch's first ``world_size`` batches, which padding
-    repeats), not the epoch's. :meth:`finish` deals the rest once the number of batches is
+    repeats), not the epoch's. ``finish`` deals the rest once the number of batches is
     known. The windows, one after the other, are the rows of ``assign_steps``'s ``batches``
-    and ``padding`` over the whole plan; :attr:`num_padded`, :attr:`dropped` and the spreads
+    and ``padding`` over the whole plan; ``num_padded``, ``dropped`` and the spreads
     are those it reports (the spreads up to rounding, as running means).
 
     Examples:
@@ -172,7 +172,7 @@ class StepDealer:
         self._group = int(firsts[-1])
 
     def _window_end(self, limit: int) -> int:
-        """End of the window starting at :attr:`start`, at most ``limit`` (a slot count or the batches seen)."""
+        """End of the window starting at ``start``, at most ``limit`` (a slot count or the batches seen)."""
         end = (self.start // self._window + 1) * self._window
         while self._changes and self._changes[0] <= self.start:
             self._changes.popleft()

@@ -1,9 +1,9 @@
-"""The resume state format: an epoch's stretches (:class:`Segment`) and how a state is read back.
+"""The resume state format: an epoch's stretches (``Segment``) and how a state is read back.
 
 A state is plain JSON: the format, seed, epoch and plan fingerprint, the plan's settings
 (``"plan"``, to name what differs when the fingerprint does), the stretch being run (its world
 size, steps, dealing options and lowered limits) at the top level, and the earlier stretches
-of the epoch under ``"history"``. :func:`parse_state` checks every value and names the key of
+of the epoch under ``"history"``. ``parse_state`` checks every value and names the key of
 the first bad one.
 """
 
@@ -37,7 +37,7 @@ STATE_FORMAT = "fastsab.epoch-state/2"
 #: The largest world size a state may name.
 MAX_WORLD_SIZE = 2**24
 
-#: The entries of a stretch (a :class:`Segment`), at the top level of a state and in its history.
+#: The entries of a stretch (a ``Segment``), at the top level of a state and in its history.
 SEGMENT_KEYS = ("world_size", "steps", "even_batches", "balance", "lowered")
 #: The entries of a state besides those of its current stretch.
 STATE_KEYS = ("format", "seed", "epoch", "history", "fingerprint")

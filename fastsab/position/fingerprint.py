@@ -1,10 +1,10 @@
 """The plan fingerprint: a digest of what determines a planner's batches, checked on resume.
 
-:func:`plan_identity` digests the number of items, the order options, the configured
+``plan_identity`` digests the number of items, the order options, the configured
 limits and the sizes, so that a state saved for another dataset or batching configuration is
-refused (see :func:`~fastsab.position.epoch_state.parse_state`), and gives the same inputs but
+refused (see ``parse_state``), and gives the same inputs but
 the sizes as plain values, saved in the state so that a refusal names the setting that
-differs (:func:`plan_differences`). :func:`_plain` writes numbers as plain Python numbers,
+differs (``plan_differences``). ``_plain`` writes numbers as plain Python numbers,
 one value whatever their type, for the digest and for the state.
 """
 
@@ -52,7 +52,7 @@ def plan_fingerprint(planner: Planner[Any]) -> str:
 
 
 def plan_identity(planner: Planner[Any]) -> tuple[str, dict[str, Any]]:
-    """The :func:`plan_fingerprint` of ``planner`` and its plan's settings as plain values.
+    """The ``plan_fingerprint`` of ``planner`` and its plan's settings as plain values.
 
     The settings are the fingerprint's inputs but the sizes: the planner's kind, the number
     of items, the order options and the plan options (plain JSON). A state carries them so
@@ -78,7 +78,7 @@ def plan_identity(planner: Planner[Any]) -> tuple[str, dict[str, Any]]:
 
 
 def plan_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
-    """What differs between the settings a state was saved with and ``current`` (:func:`plan_identity`).
+    """What differs between the settings a state was saved with and ``current`` (``plan_identity``).
 
     Each entry names a loader argument (or the dataset) with its saved and current value.
     With equal settings the fingerprints differ by the sizes, which the settings leave out.

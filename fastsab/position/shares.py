@@ -1,11 +1,11 @@
 """An epoch's batches after the stretches already run, and this rank's share of them.
 
 Resuming never replays a plan item by item: the epoch is planned again from its seed and
-number, and each stretch of its history (:class:`~fastsab.position.epoch_state.Segment`) is applied
+number, and each stretch of its history (``Segment``) is applied
 in turn. A stretch on one rank runs its stream (lowered limits re-planned where they were
 lowered) and leaves the batches after its steps; a stretch on ``w`` ranks deals the batches
-left to ``w`` ranks (:class:`~fastsab.position.dealing.StepDealer`, as
-:func:`~fastsab.position.distributed.assign_steps` deals them whole) and leaves those not dealt to its
+left to ``w`` ranks (``StepDealer``, as
+``assign_steps`` deals them whole) and leaves those not dealt to its
 steps. Each stretch is applied chunk by chunk as the plan comes, so no rank holds an epoch's
 plan. This is the one place where a state of another world size is resumed.
 """
@@ -149,7 +149,7 @@ class _Rest:
     """A plan made of another's chunks; lowered, the rest of it is planned again at once.
 
     ``pending`` and every batch still to come are split under the lowered limit as one
-    sequence (as :class:`~fastsab.plan.plans.ExplicitPlan` splits a rest given whole), keeping the
+    sequence (as ``ExplicitPlan`` splits a rest given whole), keeping the
     reports of the chunks still to come.
     """
 
@@ -183,7 +183,7 @@ class _Rest:
 
 
 class _Drain:
-    """The chunks a :class:`_Rest` still has, without what a lowering planned."""
+    """The chunks a ``_Rest`` still has, without what a lowering planned."""
 
     def __init__(self, rest: _Rest) -> None:
         self.rest = rest
@@ -267,8 +267,8 @@ class DealtShare(_Dealing):
     """One rank's share of a plan's batches, dealt to the ranks window by window as the chunks come.
 
     Each chunk of the plan gives the rank's batches of the windows it completes (the
-    :class:`~fastsab.position.dealing.StepDealer` deals exactly as
-    :func:`~fastsab.position.distributed.assign_steps` over the whole plan), with the indices the chunk
+    ``StepDealer`` deals exactly as
+    ``assign_steps`` over the whole plan), with the indices the chunk
     skipped and dropped; the last chunk adds the surplus dropped, or the padding's repeats.
     Only the batches of the window being filled and the epoch's first ``world_size``
     batches (which padding repeats) are held.

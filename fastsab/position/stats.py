@@ -1,4 +1,4 @@
-"""What an epoch yielded: :class:`EpochStats`, a loader's ``stats``."""
+"""What an epoch yielded: ``EpochStats``, a loader's ``stats``."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ class EpochStats:
     under ``torch.distributed``, this rank's share; in an epoch resumed from a state, the
     batches yielded since the resume (the reports of skipped, dropped and repeated items
     excepted, which are the whole epoch's). A batch taken back to be retried with a lowered
-    limit (:func:`fastsab.adaptive.run`) is not counted; the batches planned in its place are.
+    limit (``fastsab.adaptive.run``) is not counted; the batches planned in its place are.
 
     Attributes:
         epoch: The epoch number.
@@ -40,7 +40,7 @@ class EpochStats:
         limit_changes: ``(batches yielded before, old limit, new limit)`` for every time
             the batch size or cap was lowered during the epoch (out-of-memory adaptation).
         num_splits: Batches split because their step ran out of memory
-            (:func:`fastsab.adaptive.run`).
+            (``fastsab.adaptive.run``).
         num_padded: Steps filled by repeating batches so that every rank runs the same
             number of steps (``even_batches="pad"`` under ``torch.distributed``), over all ranks.
         padded: The indices this rank yields a second time in the epoch: its share of those
@@ -49,7 +49,7 @@ class EpochStats:
         spread_before, spread_after: Mean per-step cost spread ``(max - min) / max`` across
             ranks with batches dealt in plan order, and with the balanced assignment.
         mean_fill, min_fill: The mean and the smallest use of the budget by the batches yielded
-            (size-aware loaders; ``None`` for :class:`~fastsab.FastLoader` and before a batch): a
+            (size-aware loaders; ``None`` for ``FastLoader`` and before a batch): a
             batch's cost as the budget charges it (``fixed_cost`` included) over
             ``max_total_size``, the column it fills most counting. Read from the plan, against the
             configured caps (also after a limit was lowered). The last batch of an epoch is
@@ -58,7 +58,7 @@ class EpochStats:
             length summed over them: counted where batches are padded, with ``cost="padded"``
             (lengths padded to ``pad_to_multiple_of``, or padded features: each item's own cost,
             and ``B`` times the cost of the per-feature maxima) or with a
-            :class:`~fastsab.PadCollator` (as ``collate_fn`` or a dataset's ``collator``;
+            ``PadCollator`` (as ``collate_fn`` or a dataset's ``collator``;
             ``sizeof`` then gives the lengths, padded to the collator's ``pad_to_multiple_of``).
             ``None`` elsewhere, and for costs of several columns.
         padding_efficiency: ``real_tokens / padded_tokens`` (``None`` where they are not counted

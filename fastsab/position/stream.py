@@ -1,6 +1,6 @@
-"""A rank's plan chunks of one epoch: :class:`Stream` skips the batches already run and lowers limits.
+"""A rank's plan chunks of one epoch: ``Stream`` skips the batches already run and lowers limits.
 
-A stream wraps a plan (a planner's epoch, or an :class:`~fastsab.plan.plans.ExplicitPlan` of batches
+A stream wraps a plan (a planner's epoch, or an ``ExplicitPlan`` of batches
 known up front) and counts positions in batches. It replays the limits lowered in the run it
 resumes, at the positions they were lowered at, and records new lowerings, so that the record
 is what a state saves.
@@ -41,7 +41,7 @@ class GivesBack(Protocol):
     def lower_giving_back(self, pending: np.ndarray, limit: Limit, given_back: Any) -> None:
         """Plan ``pending`` (the current chunk's ids not yet yielded) and the rest under ``limit``.
 
-        ``given_back`` is the :meth:`mark` before the first chunk returned after the current
+        ``given_back`` is the ``mark`` before the first chunk returned after the current
         one (``None``: none was): the items from there on are planned again, as if those
         chunks had never been returned.
         """
@@ -52,9 +52,9 @@ class Stream:
 
     ``lowered`` limits are re-applied where they were lowered (also inside the skipped
     batches), so that a resumed stream has the batches the interrupted one had.
-    :meth:`lower` plans the batches from a position on again, also those of chunks already
-    returned (fetched ahead): the chunks returned are kept until :meth:`release` lets them go,
-    each with the plan's mark before it (:class:`GivesBack`), so that what a plan may be asked
+    ``lower`` plans the batches from a position on again, also those of chunks already
+    returned (fetched ahead): the chunks returned are kept until ``release`` lets them go,
+    each with the plan's mark before it (``GivesBack``), so that what a plan may be asked
     to give back is held no longer than its chunks.
 
     Examples:

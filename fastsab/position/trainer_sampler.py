@@ -7,8 +7,8 @@ Lightning reads it once per loading of the training loader (when it asks for the
 before it loads a checkpoint's state into it), and stops every epoch after that many steps,
 also an epoch with more.
 
-:class:`TrainerSampler` is the ``sampler`` of :class:`~fastsab.FastLoader` and
-:class:`~fastsab.FastSizeAwareLoader`: it sets the loader's epoch. :class:`CountedLength` keeps
+``TrainerSampler`` is the ``sampler`` of ``FastLoader`` and
+``FastSizeAwareLoader``: it sets the loader's epoch. ``CountedLength`` keeps
 the length a trainer counts: the first ``len()`` read after the loader was made or after its last epoch
 started, before the trainer set the next epoch. When the trainer set an epoch that has more
 steps than that (size-aware epochs differ in length), the iteration refuses to start rather
@@ -33,7 +33,7 @@ def loaded_at_epoch_end(fingerprint: str, epoch: int, steps: int, loader: object
     Lightning, resumed from such a state with a training loader it reloads every epoch, takes
     the ended epoch's steps as run steps of the next one when that one has more: a loader it
     builds anew for the next epoch would be stopped after the difference. That loader checks
-    the note when its epoch starts (:meth:`CountedLength.start`).
+    the note when its epoch starts (``CountedLength.start``).
     """
     _ENDED[:] = [(fingerprint, epoch, steps, weakref.ref(loader))]
 
@@ -47,7 +47,7 @@ class TrainerSampler:
 
     Args:
         set_epoch: The loader's ``set_epoch``.
-        counted: The loader's :class:`CountedLength`.
+        counted: The loader's ``CountedLength``.
     """
 
     def __init__(self, set_epoch: Callable[[int], None], counted: CountedLength) -> None:

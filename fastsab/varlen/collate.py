@@ -1,6 +1,6 @@
 """Collators for variable-length sequences: padded ``(B, L)`` batches and packed ``(T,)`` rows.
 
-:class:`PadCollator` and :class:`PackCollator` turn a list of samples (dicts of 1-D per-token
+``PadCollator`` and ``PackCollator`` turn a list of samples (dicts of 1-D per-token
 values such as ``input_ids`` and ``labels``, and scalars such as a class label) into the two
 forms models of sequences take:
 
@@ -14,9 +14,9 @@ forms models of sequences take:
 
 Scalars are stacked into ``(B,)`` tensors in both forms. Both collators work as the
 ``collate_fn`` of the fastsab loaders and of ``torch.utils.data.DataLoader``, and they are
-the layouts of :class:`~fastsab.varlen.ragged.RaggedDataset`, which makes the same batches by
-gathering straight from flat values: through :meth:`Collator.from_flat` (:mod:`fastsab.varlen.collator`)
-like the collators, or, for a padded batch of mostly real tokens, :meth:`PadCollator._gather_rows`,
+the layouts of ``RaggedDataset``, which makes the same batches by
+gathering straight from flat values: through ``Collator.from_flat`` (``fastsab.varlen.collator``)
+like the collators, or, for a padded batch of mostly real tokens, ``PadCollator._gather_rows``,
 one gather straight into its rows.
 """
 
@@ -116,7 +116,7 @@ class PadCollator(Collator):
 
         One gather of ``B`` rows of ``L`` consecutive values per key (rows of a strided view of
         the values), the padding cells then set to the key's pad value, and the mask a broadcast
-        compare of ``arange(L)`` against ``lengths``: the batch :meth:`from_flat` makes of the
+        compare of ``arange(L)`` against ``lengths``: the batch ``from_flat`` makes of the
         concatenated sequences, without the flat copy and its scatter. ``None`` where this does
         not pay or cannot run: a batch of fewer real tokens than padding (its ``B * L`` reads
         would cost more than the scatter of its tokens), or values that are not numpy arrays in

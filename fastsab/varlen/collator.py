@@ -1,8 +1,8 @@
 """The base of the collators: samples read into flat per-token values, then laid out as a batch.
 
-:class:`Collator` reads a list of samples (:mod:`fastsab.varlen.sample_columns`), concatenates their
-per-token values and stacks their scalars; its subclasses (:mod:`fastsab.varlen.collate`) lay the flat
-values out in :meth:`Collator._layout`, the one step :meth:`Collator.from_flat` leaves to them.
+``Collator`` reads a list of samples (``fastsab.varlen.sample_columns``), concatenates their
+per-token values and stacks their scalars; its subclasses (``fastsab.varlen.collate``) lay the flat
+values out in ``Collator._layout``, the one step ``Collator.from_flat`` leaves to them.
 """
 
 from __future__ import annotations
@@ -44,11 +44,11 @@ def pack_positions(lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 class Collator:
-    """What :class:`~fastsab.varlen.collate.PadCollator` and :class:`~fastsab.varlen.collate.PackCollator` share.
+    """What ``PadCollator`` and ``PackCollator`` share.
 
-    Reading samples, stacking scalars, and :meth:`from_flat`: the batch made from the
+    Reading samples, stacking scalars, and ``from_flat``: the batch made from the
     concatenated per-token values of its sequences, their lengths and the stacked scalars.
-    Subclasses define :meth:`_layout`, how the per-token values are laid out.
+    Subclasses define ``_layout``, how the per-token values are laid out.
     """
 
     #: The keys the layout makes; a sample holding one of them is refused.
@@ -113,8 +113,8 @@ class Collator:
         """The per-token values laid out, and the keys the layout adds after the batch's ``keys``.
 
         Args:
-            tokens: As for :meth:`from_flat`.
-            lengths: As for :meth:`from_flat`.
+            tokens: As for ``from_flat``.
+            lengths: As for ``from_flat``.
             positions: ``pack_positions(lengths)``: ``cu_seqlens`` and every token's position.
             keys: The keys of the batch, in order.
         """

@@ -1,22 +1,22 @@
 """Variable-length sequences held flat, batched without per-item Python.
 
-A :class:`RaggedDataset` holds ``n`` sequences as flat per-token arrays (one or several keys,
+A ``RaggedDataset`` holds ``n`` sequences as flat per-token arrays (one or several keys,
 such as ``input_ids`` and ``labels``, sharing one ``offsets`` index of ``n + 1`` entries:
 sequence ``i`` is ``values[offsets[i]:offsets[i + 1]]``), plus optional per-sequence values
-(a class label). Its :attr:`~RaggedDataset.lengths` are the ``sizeof`` of the size-aware
+(a class label). Its ``lengths`` are the ``sizeof`` of the size-aware
 loader, and ``__getitems__`` gathers a whole batch with index arithmetic (one ``repeat``, one
 ``arange`` minus offsets, one gather; a padded batch of mostly real tokens: one gather over a
 ``(B, L)`` matrix of positions) straight into the layout of its collator: padded
-``(B, L)`` + ``attention_mask`` (:class:`~fastsab.varlen.collate.PadCollator`) or packed ``(T,)`` +
-``cu_seqlens`` (:class:`~fastsab.varlen.collate.PackCollator`), the same batches as the collator
+``(B, L)`` + ``attention_mask`` (``PadCollator``) or packed ``(T,)`` +
+``cu_seqlens`` (``PackCollator``), the same batches as the collator
 gives over ``[dataset[i] for i in indices]``.
 
-Sources: lists of sequences (:meth:`RaggedDataset.from_sequences`), flat values and offsets
+Sources: lists of sequences (``RaggedDataset.from_sequences``), flat values and offsets
 (the constructor), columns of a Hugging Face ``datasets.Dataset``
-(:meth:`RaggedDataset.from_hf`) and flat token files mapped in memory with an offsets index
-(:meth:`RaggedDataset.from_memmap`). A memory-mapped array pickles as its file name and is
+(``RaggedDataset.from_hf``) and flat token files mapped in memory with an offsets index
+(``RaggedDataset.from_memmap``). A memory-mapped array pickles as its file name and is
 mapped again on unpickling, so worker processes do not copy the file. The sources and the checks
-of flat values and offsets are :mod:`fastsab.varlen.ragged_sources`.
+of flat values and offsets are ``fastsab.varlen.ragged_sources``.
 """
 
 from __future__ import annotations
@@ -58,8 +58,8 @@ class RaggedDataset:
             ``offsets``).
         offsets: ``n + 1`` integers: 1-D, starting at 0, non-decreasing, ending at the
             length of the values. Empty sequences (equal neighbours) are allowed.
-        collator: The layout of a batch: :class:`~fastsab.varlen.collate.PadCollator` (default
-            ``PadCollator()``) or :class:`~fastsab.varlen.collate.PackCollator`.
+        collator: The layout of a batch: ``PadCollator`` (default
+            ``PadCollator()``) or ``PackCollator``.
         per_sequence: Optional mapping from key to a 1-D tensor or array of ``n`` values (a
             label per sequence), stacked into ``(B,)`` tensors.
         key: The name of ``values`` when it is a single array.
@@ -206,7 +206,7 @@ class RaggedDataset:
         """Whether a batch is gathered from memory only: true unless a per-token array is a file mapped in memory.
 
         The loaders then make batches in the loop's thread where ``prefetch`` is ``None``: a
-        hand-off to a prefetch thread costs more than this gather (see :mod:`fastsab.fetch.fetcher`).
+        hand-off to a prefetch thread costs more than this gather (see ``fastsab.fetch.fetcher``).
         The tokens of a memory-mapped file may have to be read from disk, which a prefetch
         thread overlaps with the loop.
 

@@ -1,9 +1,9 @@
-"""Where the flat values and offsets of a :class:`~fastsab.varlen.ragged.RaggedDataset` come from, checked.
+"""Where the flat values and offsets of a ``RaggedDataset`` come from, checked.
 
-Lists of sequences (:func:`flatten_sequences`), list columns of a Hugging Face dataset read
-through Arrow (:func:`hf_columns`), flat token files mapped in memory (:func:`memmap_files`,
-:class:`MappedFile`: a memory map pickled as its file), and the checks of flat arrays and
-offsets every source goes through (:func:`as_array`, :func:`common_length`, :func:`checked_offsets`).
+Lists of sequences (``flatten_sequences``), list columns of a Hugging Face dataset read
+through Arrow (``hf_columns``), flat token files mapped in memory (``memmap_files``,
+``MappedFile``: a memory map pickled as its file), and the checks of flat arrays and
+offsets every source goes through (``as_array``, ``common_length``, ``checked_offsets``).
 """
 
 from __future__ import annotations

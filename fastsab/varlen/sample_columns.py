@@ -1,8 +1,8 @@
 """Samples read for a collator: every key's values, checked to be per-token values or scalars alike.
 
 A sample is a dict of 1-D per-token values (tensors, arrays or lists of numbers) and scalars.
-:func:`read_columns` checks that every sample has the first one's keys, kinds and shapes;
-:func:`concatenate` and :func:`stack` join a key's values in their common dtype.
+``read_columns`` checks that every sample has the first one's keys, kinds and shapes;
+``concatenate`` and ``stack`` join a key's values in their common dtype.
 """
 
 from __future__ import annotations
