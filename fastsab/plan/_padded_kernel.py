@@ -20,6 +20,7 @@ from fastsab.plan.exact_caps import _INT64_MAX
 _FLOAT_EXACT = 2**53  # float64 holds every integer below this exactly
 
 
+# NOTE: the parameters of _sum_split, by design: split_with calls either one with the same arguments
 def _padded_split(
     c: np.ndarray,
     caps: np.ndarray,
