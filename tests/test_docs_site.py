@@ -131,6 +131,7 @@ def test_the_headline_keeps_the_ratios_of_the_loaders_table():
     ]
 
 
+@pytest.mark.slow
 def test_the_site_builds_strictly(tmp_path):
     pytest.importorskip("mkdocs")
     pytest.importorskip("mkdocstrings")

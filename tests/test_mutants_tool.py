@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -19,6 +21,7 @@ def test_the_default_targets_and_tests_exist():
     assert [target for target in mutants.DEFAULT_FILES if not (ROOT / target.partition(":")[0]).is_file()] == []
 
 
+@pytest.mark.slow
 def test_listing_the_default_mutants_finds_every_named_definition():
     out = subprocess.run(
         [sys.executable, "tools/mutants.py", "--list", "--max", "1"],

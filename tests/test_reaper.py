@@ -17,6 +17,7 @@ from tests.reaper import TOKEN_VARIABLE
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("end", ["killed", "timed out"])
 def test_a_run_that_ends_abruptly_leaves_no_process_behind(tmp_path, end):
     # a run of its own (its own token and reaper), whose test starts a process that would outlive it

@@ -138,6 +138,7 @@ def test_workers(tmp_path, monkeypatch, capsys):
     ns["gather_workers"].close()
 
 
+@pytest.mark.slow
 def test_surviving_oom(tmp_path, monkeypatch, capsys):
     page = "recipes/surviving-oom.md"
     ns, printed = run_page(page, tmp_path, monkeypatch, capsys)

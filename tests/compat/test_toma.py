@@ -179,6 +179,7 @@ def without_repeated_failures(log: list) -> list:
     ]
 
 
+@pytest.mark.slow
 @settings(max_examples=examples(150))
 @given(
     form=st.sampled_from(["batch", "range", "chunked"]),

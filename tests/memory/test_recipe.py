@@ -11,6 +11,9 @@ import pytest
 from fastsab.memory import measure_batches
 from tests.docs_pages import DOCS, page_script
 
+# NOTE: the page measures a small model's steps on whole batches: tens of seconds on a loaded machine
+pytestmark = pytest.mark.slow
+
 PAGE = "recipes/memory-budgets.md"
 
 
