@@ -135,6 +135,15 @@ def test_a_state_of_other_options_names_each():
     assert "sort_window was None when the state was saved and is 8 here" in str(caught.value)
 
 
+def test_a_state_saved_without_a_fixed_cost_names_the_default_zero():
+    state = saved_state(sized(100))
+    with pytest.raises(ValueError, match="fixed_cost was 0 when the state was saved and is 2 here"):
+        sized(100, fixed_cost=2).load_state_dict(state)
+    state = saved_state(sized(100, fixed_cost=2))
+    with pytest.raises(ValueError, match="fixed_cost was 2 when the state was saved and is 0 here"):
+        sized(100).load_state_dict(state)
+
+
 def test_a_state_of_another_dataset_names_its_length_or_the_sizes():
     state = saved_state(sized(100, n=40))
     with pytest.raises(ValueError, match="the dataset had 40 items when the state was saved and has 41 here"):
