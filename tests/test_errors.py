@@ -224,6 +224,14 @@ def test_warnings_raised_deep_in_iteration_point_here():
     assert [w.filename for w in caught] == [__file__] * len(caught)
 
 
+def test_a_warning_from_a_planned_data_loader_points_at_the_users_loop():
+    loader = FastSizeAwareLoader(torch.arange(4), torch.tensor([3, 40, 2, 5]), 10)
+    with pytest.warns(UserWarning, match="larger than max_total_size") as caught:
+        batches = [batch.tolist() for batch in loader.data_loader()]
+    assert sorted(index for batch in batches for index in batch) == [0, 2, 3]
+    assert [w.filename for w in caught] == [__file__]
+
+
 def test_user_stacklevel_skips_the_package_frames():
     def warn_here() -> None:
         warnings.warn("from a test", stacklevel=user_stacklevel())
