@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.utils.data
 
 from fastsab._arrays import as_numpy, short_repr
 
@@ -37,6 +38,10 @@ __all__ = [
 
 #: The package's folder: frames of files under it are fastsab's, not the user's.
 _PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+#: Frames skipped to reach the user's line: fastsab's, and torch.utils.data's (a DataLoader
+#: iterating a fastsab sampler, as ``loader.data_loader()`` makes, calls fastsab from there).
+_NOT_USERS = (_PACKAGE, os.path.join(os.path.dirname(os.path.abspath(torch.utils.data.__file__)), ""))
 
 
 class NotANumberError(TypeError, ValueError):
@@ -67,7 +72,9 @@ class NotASingleNumberError(TypeError, ValueError, RuntimeError):
 
 
 def user_stacklevel() -> int:
-    """The ``stacklevel`` at which a warning points at the user's line: the first frame outside fastsab.
+    """The ``stacklevel`` at which a warning points at the user's line: the first frame not fastsab's.
+
+    Frames of torch.utils.data are skipped too (a DataLoader calling a fastsab sampler).
 
     Pass it as ``warnings.warn(message, stacklevel=user_stacklevel())`` in the function that warns;
     with no frame outside the package (a thread of its own), the warning points at that function.
@@ -75,7 +82,7 @@ def user_stacklevel() -> int:
     # NOTE: Python 3.12's warnings.warn(skip_file_prefixes=...) does this; 3.10 and 3.11 lack it
     frame = sys._getframe(1)
     level = 1
-    while frame.f_code.co_filename.startswith(_PACKAGE):
+    while frame.f_code.co_filename.startswith(_NOT_USERS):
         if frame.f_back is None:
             return 1
         frame, level = frame.f_back, level + 1

@@ -135,6 +135,15 @@ def test_a_state_of_other_options_names_each():
     assert "sort_window was None when the state was saved and is 8 here" in str(caught.value)
 
 
+def test_a_state_saved_without_a_fixed_cost_names_the_default_zero():
+    state = saved_state(sized(100))
+    with pytest.raises(ValueError, match="fixed_cost was 0 when the state was saved and is 2 here"):
+        sized(100, fixed_cost=2).load_state_dict(state)
+    state = saved_state(sized(100, fixed_cost=2))
+    with pytest.raises(ValueError, match="fixed_cost was 2 when the state was saved and is 0 here"):
+        sized(100).load_state_dict(state)
+
+
 def test_a_state_of_another_dataset_names_its_length_or_the_sizes():
     state = saved_state(sized(100, n=40))
     with pytest.raises(ValueError, match="the dataset had 40 items when the state was saved and has 41 here"):
@@ -213,6 +222,14 @@ def test_warnings_raised_deep_in_iteration_point_here():
         list(SizeAwareBatchSampler(range(3), lambda i: int(sizes[i]), 10))  # bionemo's per-item warning
     assert len(caught) >= 3
     assert [w.filename for w in caught] == [__file__] * len(caught)
+
+
+def test_a_warning_from_a_planned_data_loader_points_at_the_users_loop():
+    loader = FastSizeAwareLoader(torch.arange(4), torch.tensor([3, 40, 2, 5]), 10)
+    with pytest.warns(UserWarning, match="larger than max_total_size") as caught:
+        batches = [batch.tolist() for batch in loader.data_loader()]
+    assert sorted(index for batch in batches for index in batch) == [0, 2, 3]
+    assert [w.filename for w in caught] == [__file__]
 
 
 def test_user_stacklevel_skips_the_package_frames():

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fastsab._checks import check_choice, check_positive_int
+from fastsab._checks import check_choice, check_positive_int, check_positive_real
 from fastsab.loaders.loader import FastSizeAwareLoader
 from fastsab.memory.batch import BatchCostMode, BatchMemoryModel, _batch_rows, _model_input, _num_features
 from fastsab.memory.model import PolynomialRegression
@@ -83,10 +83,12 @@ def calibration_batches(
         A ``CalibrationBatches``.
 
     Raises:
-        TypeError: If ``model`` is of another type, or ``count`` is not an integer.
-        ValueError: If ``count`` is not positive, ``cost`` is unknown or differs from a batch
-            model's, features are not real-valued and non-negative, there are several features
-            per item and no model, or the loader refuses an option.
+        TypeError: If ``model`` is of another type, ``count`` is not an integer, or ``budget`` is not
+            a real number.
+        ValueError: If ``count`` or ``budget`` is not positive (or ``budget`` not finite), ``cost``
+            is unknown or differs from a batch model's, features are not real-valued and
+            non-negative, there are several features per item and no model, or the loader refuses
+            an option.
 
     Examples:
         >>> lengths = np.arange(1, 101)  # tokens per sequence, and a first guess of 300 tokens a batch
@@ -97,6 +99,9 @@ def calibration_batches(
         True
     """
     count = check_positive_int("count", count)
+    # NOTE: checked here, so that the error names this function's argument (not the loader's
+    # max_total_size); a budget of 0 would plan no batch to measure
+    budget = check_positive_real("budget", budget)
     d = _num_features([features])
     rows = _batch_rows("features", features, d)
     column = _model_input(rows, d)

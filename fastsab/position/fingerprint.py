@@ -23,6 +23,9 @@ __all__ = ["plan_differences", "plan_fingerprint", "plan_identity"]
 #: The loader argument each plan option is given as, where the names differ.
 _ARGUMENTS = {"limit": "max_total_size"}
 
+#: The value an option left out of the settings (unset) has as a loader argument; others are ``None``.
+_UNSET = {"fixed_cost": 0}
+
 #: What each planner batches by, as a user chooses it.
 _KINDS = {"FixedSizePlanner": "a batch_size (FastLoader)", "SizeAwarePlanner": "a max_total_size (FastSizeAwareLoader)"}
 
@@ -100,8 +103,10 @@ def plan_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str
     saved_options = saved_options if isinstance(saved_options, dict) else {}
     pairs = [(key, saved.get(key), current.get(key)) for key in ("shuffle", "group_size", "rotate")]
     options = current["options"]
-    # NOTE: an option absent from one side is unset there (options are left out when unset)
-    pairs += [(key, saved_options.get(key), options.get(key)) for key in dict.fromkeys([*saved_options, *options])]
+    # NOTE: an option absent from one side is unset there (options are left out when unset): it
+    # is named with the argument's default (fixed_cost=0), as the user left it
+    keys = dict.fromkeys([*saved_options, *options])
+    pairs += [(key, saved_options.get(key, _UNSET.get(key)), options.get(key, _UNSET.get(key))) for key in keys]
     changes = [
         f"{_ARGUMENTS.get(key, key)} was {_shown(old)} when the state was saved and is {_shown(new)} here"
         for key, old, new in pairs

@@ -113,3 +113,14 @@ def test_bad_arguments_are_named(kwargs: dict[str, Any], error: type[Exception],
 def test_a_batch_models_cost_is_its_own() -> None:
     with pytest.raises(ValueError, match=r"cost must be the model's cost 'padded' or None, got 'sum'\."):
         calibration_batches(_images(), 250_000.0, _image_model(), cost="sum")
+
+
+@pytest.mark.parametrize("budget", [0, -5, float("nan"), float("inf")])
+def test_calibration_batches_names_the_budget_it_refuses(budget):
+    with pytest.raises(ValueError, match=rf"budget must be a positive finite number, got {budget!r}\."):
+        calibration_batches(np.arange(1, 11), budget)
+
+
+def test_calibration_batches_names_a_budget_that_is_no_number():
+    with pytest.raises(TypeError, match="budget must be a real number, got '300' of type str"):
+        calibration_batches(np.arange(1, 11), "300")
