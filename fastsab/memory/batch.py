@@ -134,7 +134,9 @@ class BatchMemoryModel:
         """One sentence: whether to act on the fit, and what to do: ``report``'s where the
         batches held back call for it, else ``fit``'s."""
         report = self.report
-        return report.advice if report is not None and report.calls_for_action else self.fit.advice
+        if report is not None and report.calls_for_action:
+            return f"Of the {report.num_batches} batches held back from a first fit: {report.advice}"
+        return self.fit.advice
 
     def predict(self, batches: Sequence[Any]) -> np.ndarray:
         """The predicted peak of each batch (each given as its items' features)."""

@@ -244,9 +244,10 @@ def test_model_advice_is_the_held_back_batches_where_they_call_for_action() -> N
     batches, peaks = _sum_batches(seed=3)  # a held-back batch is under-predicted by the fit without it
     model = fit_batch_memory(batches, peaks)
     assert model.report is not None and model.report.calls_for_action
-    assert model.advice == model.report.advice
+    held_back = model.report.num_batches
+    assert model.advice == f"Of the {held_back} batches held back from a first fit: {model.report.advice}"
     worst = model.report.worst_batch  # its position among every batch measured
-    assert model.advice.startswith(f"Batch {worst} ({len(batches[worst])} items) used 0.8% more than")
+    assert model.report.advice.startswith(f"Batch {worst} ({len(batches[worst])} items) used 0.8% more than")
 
 
 def test_report_names_the_under_predicted_batch_and_what_to_do() -> None:
