@@ -1249,6 +1249,7 @@ def test_a_resume_at_the_end_of_a_chunk_plans_a_retry_there_as_the_run_did():
     assert done + rest == whole
 
 
+@pytest.mark.slow
 @settings(max_examples=examples(40))
 @given(lowered=repeated_lowerings(), data=st.data())
 def test_resume_after_several_lowerings_at_one_position(lowered: tuple[Case, dict[int, Action]], data: Any) -> None:

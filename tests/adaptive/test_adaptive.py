@@ -996,6 +996,7 @@ def run_limited(body: str) -> str:
     return out.stdout.strip().splitlines()[-1]
 
 
+@pytest.mark.slow
 def test_real_out_of_memory_finds_a_working_batch_size():
     last = run_limited(
         """
@@ -1015,6 +1016,7 @@ def test_real_out_of_memory_finds_a_working_batch_size():
     assert tried[0] == 64 and tried[-1] == int(value) and tried[-1] <= 8 and len(tried) >= 4
 
 
+@pytest.mark.slow
 def test_real_out_of_memory_in_a_loader_epoch_processes_every_sample_once():
     last = run_limited(
         """

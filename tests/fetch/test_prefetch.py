@@ -65,6 +65,7 @@ def test_the_source_runs_ahead_at_most_depth_items():
     items.close()
 
 
+@pytest.mark.slow
 def test_a_loop_left_unfinished_at_exit_stops_its_thread_before_the_interpreter_tears_down():
     # a loader iterator still referenced at exit: its prefetch thread must not run on while the
     # interpreter finalizes (it used to abort the process, or print an ignored exception)

@@ -337,6 +337,7 @@ def workers_left_at_exit(body: str) -> list[int]:
     return pids
 
 
+@pytest.mark.slow
 def test_a_loop_left_unfinished_at_exit_ends_without_error_or_orphans(tmp_path):
     # a loader iterator still referenced at exit: the interpreter exits cleanly and no worker outlives it
     pids = workers_left_at_exit(
@@ -591,6 +592,7 @@ def test_a_persistent_worker_killed_between_epochs_is_replaced_for_the_next_epoc
     assert ended(pids)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(30)
 def test_persistent_workers_end_with_the_interpreter(tmp_path):
     pids = workers_left_at_exit(

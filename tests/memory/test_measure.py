@@ -148,6 +148,7 @@ def test_out_of_memory_items_are_skipped_other_errors_raise(capsys):
         collect_peak_alloc([1], lambda n: (_ for _ in ()).throw(ValueError("boom")))
 
 
+@pytest.mark.slow
 def test_real_cpu_out_of_memory_is_skipped_in_a_limited_process():
     script = textwrap.dedent(
         """

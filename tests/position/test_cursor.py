@@ -535,6 +535,7 @@ def test_resume_after_a_lowering_at_the_end_of_a_chunk(kind):
     assert [i for batch in whole for i in batch] == list(range(100))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("columns", [1, 2])
 def test_adaptive_run_splits_batches_that_cost_nothing(columns):
     sizes = np.zeros((N, columns), dtype=np.int64)
@@ -637,6 +638,7 @@ def fake_oom_above(limit):
     return step
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("prefetch", [0, 2])
 def test_adaptive_run_with_prefetch_processes_every_item_once(prefetch):
     loader = FastSizeAwareLoader(torch.arange(1000), torch.full((1000,), 10), 640, prefetch=prefetch, seed=1)

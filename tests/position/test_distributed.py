@@ -552,6 +552,7 @@ print((kib("VmHWM") - before) / 1024, len(batch))
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(sys.platform != "linux", reason="reads /proc/self/status")
 @pytest.mark.parametrize("sized", [False, True])
 def test_a_rank_of_a_huge_epoch_gets_its_first_batch_without_holding_the_plan(sized):
@@ -563,6 +564,7 @@ def test_a_rank_of_a_huge_epoch_gets_its_first_batch_without_holding_the_plan(si
     assert float(growth) < 256 and int(size) > 0, done.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(sys.platform != "linux", reason="reads /proc/self/status")
 @pytest.mark.parametrize("sized", [False, True])
 def test_a_resume_from_another_world_size_does_not_hold_the_plan(sized):
