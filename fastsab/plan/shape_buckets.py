@@ -1,0 +1,204 @@
+"""Shape buckets: a few padded lengths, and a fixed batch size for each.
+
+Compiled models (``torch.compile(dynamic=False)``, CUDA graphs, XLA) compile once per input
+shape. With shape buckets every batch is padded to one of ``K`` lengths ``L_1 < ... < L_K``
+and a batch of bucket ``k`` holds ``B_k`` rows, so that an epoch has at most ``K`` batch
+shapes. An item of length ``l`` goes to the first bucket whose length holds it
+(``L_{k-1} < l <= L_k``); an item longer than ``L_K`` is oversize.
+
+``ShapeBuckets`` is the table: the lengths, and optionally each bucket's batch size (given, or
+measured by ``max_batch_sizes`` of ``fastsab.memory``). It is saved as JSON and loaded again.
+``ShapeBuckets.fit`` chooses ``K`` lengths from the items' lengths that pad the fewest tokens
+(``choose_lengths``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from fastsab._arrays import as_numpy
+from fastsab._checks import check_positive_int
+
+__all__ = ["ShapeBuckets", "choose_lengths"]
+
+#: The JSON format of a saved table, checked on load.
+FORMAT = "fastsab.ShapeBuckets/1"
+
+#: ``choose_lengths`` is exact for up to this many distinct lengths; more are grouped first.
+MAX_CANDIDATES = 1024
+
+
+@dataclass(frozen=True)
+class ShapeBuckets:
+    """``K`` padded lengths and, optionally, the batch size of each.
+
+    Args:
+        lengths: The bucket lengths, strictly increasing positive integers.
+        batch_sizes: Rows per batch of each bucket (one per length, positive integers), or
+            ``None``: a loader derives them from its budget (``B_k`` is the largest count
+            whose padded batch fits ``max_total_size``).
+        source: How the batch sizes were found (free text kept in the JSON file, e.g. the
+            device they were measured on).
+
+    Examples:
+        >>> buckets = ShapeBuckets([64, 128, 512], batch_sizes=[256, 128, 32])
+        >>> buckets.bucket_of(np.array([1, 64, 65, 512, 513])).tolist()  # 3: longer than every bucket
+        [0, 0, 1, 2, 3]
+        >>> ShapeBuckets.from_json(buckets.to_json()) == buckets
+        True
+    """
+
+    lengths: tuple[int, ...]
+    batch_sizes: tuple[int, ...] | None = None
+    source: str = field(default="", compare=False)
+
+    def __init__(self, lengths: Sequence[int], batch_sizes: Sequence[int] | None = None, source: str = "") -> None:
+        checked = _positive_ints("lengths", lengths)
+        if any(b <= a for a, b in itertools.pairwise(checked)):
+            raise ValueError(f"lengths must be strictly increasing, got {list(checked)!r}: sort them and drop repeats.")
+        sizes = None if batch_sizes is None else _positive_ints("batch_sizes", batch_sizes)
+        if sizes is not None and len(sizes) != len(checked):
+            raise ValueError(
+                f"batch_sizes must give one batch size per bucket length ({len(checked)}), got {list(sizes)!r}."
+            )
+        if not isinstance(source, str):
+            raise TypeError(f"source must be a string, got {source!r}.")
+        object.__setattr__(self, "lengths", checked)
+        object.__setattr__(self, "batch_sizes", sizes)
+        object.__setattr__(self, "source", source)
+
+    @property
+    def num_buckets(self) -> int:
+        """``K``, the number of buckets."""
+        return len(self.lengths)
+
+    def bucket_of(self, lengths: np.ndarray) -> np.ndarray:
+        """The bucket of each length: the first whose length holds it, ``K`` for one longer than all."""
+        return np.searchsorted(np.asarray(self.lengths, dtype=np.int64), lengths, side="left").astype(np.int64)
+
+    def with_batch_sizes(self, batch_sizes: Sequence[int], source: str = "") -> ShapeBuckets:
+        """The same lengths with ``batch_sizes``."""
+        return ShapeBuckets(self.lengths, batch_sizes, source)
+
+    @classmethod
+    def fit(cls, lengths: Any, num_buckets: int, *, pad_to_multiple_of: int | None = None) -> ShapeBuckets:
+        """``num_buckets`` bucket lengths that pad ``lengths`` the least (see ``choose_lengths``)."""
+        return cls(choose_lengths(lengths, num_buckets, pad_to_multiple_of=pad_to_multiple_of))
+
+    def to_json(self) -> str:
+        """The table as JSON text (``from_json`` reads it back)."""
+        sizes = None if self.batch_sizes is None else list(self.batch_sizes)
+        table = {"format": FORMAT, "lengths": list(self.lengths), "batch_sizes": sizes, "source": self.source}
+        return json.dumps(table, indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> ShapeBuckets:
+        """The table written by ``to_json``.
+
+        Raises:
+            ValueError: If ``text`` is not such a table.
+        """
+        try:
+            table = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"not a ShapeBuckets table (invalid JSON: {error}).") from None
+        if not isinstance(table, dict) or table.get("format") != FORMAT:
+            shown = table.get("format") if isinstance(table, dict) else type(table).__name__
+            raise ValueError(f"not a ShapeBuckets table: its format is {shown!r}, expected {FORMAT!r}.")
+        return cls(table["lengths"], table.get("batch_sizes"), table.get("source", ""))
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write the table to ``path`` as JSON."""
+        with open(path, "w", encoding="utf-8") as file:
+            file.write(self.to_json() + "\n")
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> ShapeBuckets:
+        """The table saved at ``path`` by ``save``."""
+        with open(path, encoding="utf-8") as file:
+            return cls.from_json(file.read())
+
+
+def choose_lengths(lengths: Any, num_buckets: int, *, pad_to_multiple_of: int | None = None) -> tuple[int, ...]:
+    """The ``num_buckets`` bucket lengths that pad ``lengths`` to the fewest tokens.
+
+    Each item is padded to the first bucket length that holds it, so the padded tokens are
+    ``sum_k n_k * L_k`` (``n_k`` items in bucket ``k``); the longest length is always the last
+    bucket. A dynamic program over the histogram of distinct lengths finds the exact minimum
+    (``num_buckets`` rows of one vectorized step each). With more than ``MAX_CANDIDATES``
+    distinct lengths, the candidates are that many lengths at evenly spaced quantiles (and
+    the longest), and each length counts at the first candidate that holds it.
+
+    Args:
+        lengths: The items' lengths (non-negative integers, any array-like).
+        num_buckets: ``K``; fewer lengths are returned when there are fewer distinct lengths.
+        pad_to_multiple_of: Round lengths up to a multiple of this first (bucket lengths are then
+            multiples of it).
+
+    Examples:
+        >>> choose_lengths([1, 2, 2, 3, 10, 10, 10, 11], 2)
+        (3, 11)
+        >>> choose_lengths([5, 17, 30], 4, pad_to_multiple_of=8)
+        (8, 24, 32)
+    """
+    check_positive_int("num_buckets", num_buckets)
+    values = as_numpy("lengths", lengths, "a sequence of lengths").reshape(-1)
+    if not len(values):
+        raise ValueError("lengths is empty: bucket lengths are chosen from at least one item's length.")
+    if values.dtype.kind not in "iu" or int(values.min()) < 0:
+        raise ValueError(f"lengths must be non-negative integers to choose bucket lengths, got dtype {values.dtype}.")
+    if pad_to_multiple_of is not None:
+        multiple = check_positive_int("pad_to_multiple_of", pad_to_multiple_of)
+        values = -(-values.astype(np.int64) // multiple) * multiple
+    distinct, counts = np.unique(np.maximum(values.astype(np.int64), 1), return_counts=True)
+    if len(distinct) > MAX_CANDIDATES:
+        cumulative = np.cumsum(counts)
+        marks = np.linspace(0, cumulative[-1], MAX_CANDIDATES + 1)[1:]
+        candidates = np.unique(distinct[np.searchsorted(cumulative, marks, side="left").clip(max=len(distinct) - 1)])
+        counts = np.bincount(np.searchsorted(candidates, distinct), weights=counts, minlength=len(candidates))
+        distinct, counts = candidates, counts.astype(np.int64)
+    if len(distinct) <= num_buckets:
+        return tuple(int(v) for v in distinct)
+    return tuple(int(v) for v in distinct[_best_boundaries(distinct, counts, num_buckets)])
+
+
+def _best_boundaries(values: np.ndarray, counts: np.ndarray, k: int) -> np.ndarray:
+    """Positions of the ``k`` values (the last one included) that minimise ``sum(count * bucket length)``.
+
+    ``best[j]`` is the least cost of the values ``0..j-1`` in buckets whose last bucket length
+    is ``values[j - 1]``; a new row of buckets is one minimum over a ``(m + 1, m + 1)`` matrix.
+    """
+    m = len(values)
+    below = np.zeros(m + 1, dtype=np.int64)  # items with one of the first j values
+    np.cumsum(counts, out=below[1:])
+    top = np.concatenate([[0], values]).astype(np.int64)  # the bucket length ending at value j - 1
+    huge = np.iinfo(np.int64).max // 4
+    best = np.where(np.arange(m + 1) > 0, top * below, huge)
+    best[0] = huge
+    choices = []
+    earlier = np.arange(m + 1)[:, None] < np.arange(m + 1)[None, :]  # i < j: a bucket ends at i, the next at j
+    for _ in range(k - 1):
+        # NOTE: row i, column j: the cost up to value i - 1, plus values i..j-1 padded to values[j - 1]
+        options = np.where(earlier, best[:, None] + top[None, :] * (below[None, :] - below[:, None]), huge)
+        choices.append(options.argmin(axis=0))
+        best = np.minimum(options.min(axis=0), huge)
+    ends = [m]
+    for choice in reversed(choices):
+        ends.append(int(choice[ends[-1]]))
+    return np.asarray(sorted(ends), dtype=np.int64) - 1
+
+
+def _positive_ints(name: str, values: Sequence[int]) -> tuple[int, ...]:
+    """``values`` as a non-empty tuple of positive integers, or a ``TypeError`` / ``ValueError`` naming ``name``."""
+    if isinstance(values, (str, bytes)) or not isinstance(values, (Sequence, np.ndarray)):
+        raise TypeError(f"{name} must be a sequence of positive integers, got {values!r}.")
+    if not len(values):
+        raise ValueError(f"{name} must hold at least one positive integer, got {list(values)!r}.")
+    return tuple(check_positive_int(name, int(v) if isinstance(v, np.integer) else v) for v in values)
