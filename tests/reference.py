@@ -226,3 +226,65 @@ def running_sum_reference(costs: list[Any], cap: Any) -> list[list[int]]:
     if batch:
         batches.append(batch)
     return batches
+
+
+def bucket_loop(
+    groups: Sequence[Sequence[int]],
+    lengths: Sequence[Any],
+    bucket_lengths: Sequence[int],
+    batch_sizes: Sequence[int],
+    *,
+    partial: str = "fill",
+    oversize: str = "skip",
+) -> tuple[list[list[list[int]]], list[int]]:
+    """Shape buckets item by item: per group, the batches completed in it; the skipped indices.
+
+    An item of length ``l`` joins the open batch of the first bucket whose length is at least
+    ``l``; a bucket's batch is done when it holds its batch size. An item longer than every bucket
+    is skipped, or gets a batch of its own (``oversize="own_batch"``, after the group's bucket
+    batches). After the last group, each bucket's open batch is made: filled up to its batch size
+    with its own items again, in order and cycled (``partial="fill"``), or kept as it is.
+
+    Returns:
+        One list of batches per group (those of bucket 0 first, then bucket 1, ..., then the own
+        batches), then one more list with the last batches if any bucket had an open batch; and
+        the skipped indices.
+    """
+    open_batches: list[list[int]] = [[] for _ in bucket_lengths]
+    chunks: list[list[list[int]]] = []
+    skipped: list[int] = []
+    for group in groups:
+        done: list[list[list[int]]] = [[] for _ in bucket_lengths]
+        own: list[list[int]] = []
+        for index in group:
+            bucket = next((k for k, length in enumerate(bucket_lengths) if lengths[index] <= length), None)
+            if bucket is None:
+                if oversize == "error":
+                    raise ValueError(f"index {index} is longer than every bucket")
+                if oversize == "skip":
+                    skipped.append(index)
+                else:
+                    own.append([index])
+                continue
+            open_batches[bucket].append(index)
+            if len(open_batches[bucket]) == batch_sizes[bucket]:
+                done[bucket].append(open_batches[bucket])
+                open_batches[bucket] = []
+        chunks.append([batch for batches in done for batch in batches] + own)
+    last = []
+    for batch, size in zip(open_batches, batch_sizes):
+        if batch and partial == "fill":
+            last.append([batch[j % len(batch)] for j in range(size)])
+        elif batch:
+            last.append(batch)
+    if last:
+        chunks.append(last)
+    return chunks, skipped
+
+
+def largest_batch(cap: Any, fixed: Any, unit: Any, max_batch_size: int | None, multiple: int) -> int:
+    """The most rows of cost ``unit`` a batch holds under ``cap`` with ``fixed``, counted one by one."""
+    rows = 0
+    while fixed + (rows + 1) * unit <= cap and (max_batch_size is None or rows + 1 <= max_batch_size):
+        rows += 1
+    return rows - rows % multiple if rows >= multiple else rows

@@ -12,6 +12,7 @@ from fastsab._checks import short_repr
 from fastsab.adaptive.oom import is_out_of_memory
 from fastsab.adaptive.retry import AdaptiveOOMError, _check_factor, free_memory
 from fastsab.loaders.options import Limit
+from fastsab.plan.plans import PlanChunk
 from fastsab.position.stats import EpochStats
 
 __all__ = ["LowersLimit", "run"]
@@ -148,7 +149,10 @@ def _run(loader: LowersLimit[B], step: Callable[[B], R], factor: float) -> Itera
                 limit = loader.smaller_limit(ids, factor)
                 parts = list(loader.split_indices(ids, limit))
                 _count_split(loader.stats)
-                if loader.world_size == 1 and len(parts) > 1 and ids is indices:
+                # NOTE: a batch is made smaller by more parts, or by a smaller one (a shape bucket's
+                # last batch, filled to a smaller batch size)
+                smaller = len(parts) > 1 or len(parts[0]) < len(ids)
+                if loader.world_size == 1 and smaller and ids is indices:
                     # NOTE: the loader plans the batch again under the smaller limit, so its
                     # parts come next as the loader's own batches and a state taken between
                     # them resumes exactly
@@ -156,9 +160,11 @@ def _run(loader: LowersLimit[B], step: Callable[[B], R], factor: float) -> Itera
                     break
                 # NOTE: under data parallelism the limit stays (a rank that planned more steps
                 # than the others would hang the job), and a batch the limit cannot split
-                # (it costs nothing) is halved by count: its parts run within the loader's step
-                if len(parts) == 1:
-                    parts = [ids[: len(ids) // 2], ids[len(ids) // 2 :]]
+                # (it costs nothing) is halved by count: its parts run within the loader's step.
+                # Halves of its items, each once: a filler row (a repeat) would count as real in a half
+                if not smaller:
+                    items = PlanChunk(ids, np.array([0, len(ids)], dtype=np.int64)).distinct_ids()
+                    parts = [items[: len(items) // 2], items[len(items) // 2 :]] if len(items) > 1 else [items]
                 pending.extend((part, None) for part in reversed(parts))
                 continue
             del batch

@@ -16,6 +16,7 @@ from typing import Any, Protocol, cast
 import numpy as np
 
 from fastsab.fetch.batch_maker import IndexArray, Run
+from fastsab.fetch.fillers import with_sample_mask
 from fastsab.fetch.prefetch import prefetched
 from fastsab.fetch.workers import PersistentWorkers, worker_batches
 from fastsab.loaders.limit_lowering import LimitLowering
@@ -101,12 +102,15 @@ class LoaderIteration(LimitLowering[T]):
             depth = 0 if self.maker.fetcher.in_memory and not self.num_workers else 2
         next_stream: Stream | None = stream
         try:
+            fills = getattr(self.planner, "partial", None) == "fill"  # (shape buckets' filler rows)
             while next_stream is not None:
                 if self.num_workers:
-                    source = self._produce_in_workers(next_stream, depth, with_indices)
+                    source = self._produce_in_workers(next_stream, depth, with_indices or fills)
                 else:
-                    produced = self._produce(next_stream, with_indices, per_batch=depth > 0)
+                    produced = self._produce(next_stream, with_indices or fills, per_batch=depth > 0)
                     source = produced if depth == 0 else prefetched(produced, depth)
+                if fills:
+                    source = with_sample_mask(source, self.maker.transfer, with_indices)
                 next_stream = yield from self._consume(next_stream, source, stats, progress)
         except GeneratorExit:
             if self._progress is progress:  # (not an iteration a newer one left behind)

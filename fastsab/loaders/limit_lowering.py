@@ -20,6 +20,7 @@ import numpy as np
 
 from fastsab._checks import user_stacklevel
 from fastsab.fetch.batch_maker import BatchMaker, IndexArray
+from fastsab.fetch.fillers import masked
 from fastsab.loaders.options import Limit, LimitLike, T
 from fastsab.plan.costs import refuse_above
 from fastsab.position.cursor import EpochCursor
@@ -89,8 +90,16 @@ class LimitLowering(EpochCursor, Generic[T]):
         return True
 
     def fetch(self, indices: IndexArray | Sequence[int]) -> T:
-        """The batch for ``indices``, made like the loader's own batches (fetched, collated, moved)."""
-        return self.maker(np.asarray(indices, dtype=np.int64))
+        """The batch for ``indices``, made like the loader's own batches (fetched, collated, moved).
+
+        With shape buckets and ``partial="fill"``, it has their ``sample_mask`` (``False`` on a
+        repeated index: a filler row).
+        """
+        ids = np.asarray(indices, dtype=np.int64)
+        batch: T = self.maker(ids)
+        if getattr(self.planner, "partial", None) == "fill":
+            return masked(batch, ids, self.maker.transfer)  # type: ignore[no-any-return]
+        return batch
 
     def lower_limit(self, limit: LimitLike) -> None:
         """Use a smaller limit (batch size, or cap per column) for the rest of this epoch.

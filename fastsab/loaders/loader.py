@@ -12,6 +12,7 @@ the given ``collate_fn``, which a type checker infers.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
@@ -20,6 +21,7 @@ import torch
 from typing_extensions import Unpack
 
 from fastsab._checks import check_choice, check_positive_int
+from fastsab.loaders.bucketed import bucket_collators, bucket_planner
 from fastsab.loaders.loader_base import LoaderBase
 from fastsab.loaders.options import (
     DEFAULT_CHUNK_BYTES,
@@ -30,10 +32,12 @@ from fastsab.loaders.options import (
     takes_loader_options,
 )
 from fastsab.plan.batching import CostMode, OversizePolicy
+from fastsab.plan.bucket_planner import BucketPlanner, Partial
 from fastsab.plan.cost_sources import feature_rows
 from fastsab.plan.costs import BatchCost, CostSource, make_cost_source
 from fastsab.plan.fixed_size import FixedSizePlanner
 from fastsab.plan.planners import SizeAwarePlanner
+from fastsab.plan.shape_buckets import ShapeBuckets
 from fastsab.varlen.collate import PadCollator
 
 __all__ = ["DEFAULT_CHUNK_BYTES", "FastLoader", "FastSizeAwareLoader", "LoaderBase", "LoaderOptions"]
@@ -149,6 +153,24 @@ class FastSizeAwareLoader(LoaderBase[T]):
             ``max_total_size`` (items are oversize, windows sorted and batches split by the
             rounded lengths). A ``PadCollator`` (``collate_fn``, or a ``RaggedDataset``'s
             ``collator``) that pads to a multiple this one is not a multiple of is refused.
+        buckets: Shape buckets, for compiled models: every batch is padded to one of ``K``
+            lengths and a batch of bucket ``k`` holds a fixed ``B_k`` items, so that an epoch has
+            at most ``K`` batch shapes (see ``fastsab.plan.shape_buckets``). ``K`` (the lengths
+            that pad the fewest tokens, chosen from ``sizeof``), the bucket lengths, or a
+            ``ShapeBuckets`` (with ``batch_sizes``, e.g. measured: then without
+            ``max_total_size``). ``sizeof`` gives the lengths (or a callable over ``features`` of
+            lengths gives a row's cost, as a memory model does); ``B_k`` is the largest count
+            with ``fixed_cost + B_k * cost(L_k) <= max_total_size``, capped by
+            ``max_batch_size`` and cut to ``batch_size_multiple``. Items are shuffled within
+            each bucket and each chunk's batches are yielded in a seeded random order; an item
+            longer than every bucket follows ``oversize``. A ``PadCollator`` given as
+            ``collate_fn`` pads to the bucket lengths (``loader.options.collate_fn`` is that copy).
+            ``loader.limit`` is then the batch size of each bucket.
+        partial: With ``buckets``, what completes a bucket's last, partial batch of the epoch:
+            ``"fill"`` (default) repeats the batch's own items up to ``B_k`` rows, after them,
+            and adds a boolean ``sample_mask`` (``False`` on filler rows) to the batch, which
+            must then be a dict, so that a loss can leave them out (``stats.num_filler_rows``
+            counts them); ``"keep"`` yields the batch as it is, an extra shape.
         sort_window: Sort each run of this many items of the epoch order by size before
             splitting it, so that batches hold items of similar size (little padding), and
             yield each shuffle group's batches in a seeded random order. ``None`` (default)
@@ -171,10 +193,10 @@ class FastSizeAwareLoader(LoaderBase[T]):
         self,
         dataset: object,
         sizeof: SizeOf,
-        max_total_size: LimitLike,
+        max_total_size: LimitLike | None = None,
         *,
         features: Features | None = None,
-        cost: CostMode = "sum",
+        cost: CostMode | None = None,
         max_batch_size: int | None = None,
         batch_size_multiple: int = 1,
         oversize: OversizePolicy = "skip",
@@ -182,11 +204,42 @@ class FastSizeAwareLoader(LoaderBase[T]):
         fixed_cost: float | Sequence[float] = 0,
         sort_window: int | None = None,
         pad_to_multiple_of: int | None = None,
+        buckets: int | Sequence[int] | ShapeBuckets | None = None,
+        partial: Partial | None = None,
         **options: Unpack[LoaderKeywords[T]],
     ) -> None:
         super().__init__(dataset, LoaderOptions.given_to(type(self).__name__, options))
         self._max_total_size = max_total_size
         costs: CostSource = make_cost_source(sizeof, self.order.n, features)
+        if buckets is not None:
+            rule_options = {
+                "max_total_size": max_total_size,
+                "fixed_cost": fixed_cost,
+                "max_batch_size": max_batch_size,
+                "batch_size_multiple": batch_size_multiple,
+                "pad_to_multiple_of": pad_to_multiple_of,
+            }
+            padded = resolve_padding(padding, cost or "padded", features)
+            bucketed = bucket_planner(
+                self.order,
+                costs,
+                buckets,
+                rule_options,
+                padding=padded,
+                cost=cost,
+                sort_window=sort_window,
+                oversize=oversize,
+                partial=partial or "fill",
+            )
+            self._use_buckets(bucketed)
+            return
+        if partial is not None:
+            raise ValueError(
+                f"partial completes the last batch of a shape bucket: it needs buckets=, got partial={partial!r}."
+            )
+        if max_total_size is None:
+            raise TypeError("FastSizeAwareLoader needs max_total_size, the inclusive cap of a batch's cost.")
+        cost = cost or "sum"
         feature_cost = None
         if resolve_padding(padding, cost, features) == "features":
             rows = feature_rows(costs)
@@ -212,7 +265,26 @@ class FastSizeAwareLoader(LoaderBase[T]):
             planner.figures.pad_with(pad_collators[0].pad_to_multiple_of)
         self._use_planner(planner)
 
+    def _use_buckets(self, planner: BucketPlanner) -> None:
+        """Plan with ``planner``, padding with collators that pad to its buckets' lengths."""
+        collators = bucket_collators(
+            {"collate_fn": self.options.collate_fn, "the dataset's collator": getattr(self.dataset, "collator", None)},
+            planner,
+        )
+        if collators["collate_fn"] is not self.options.collate_fn:
+            self.options = dataclasses.replace(self.options, collate_fn=collators["collate_fn"])  # type: ignore[arg-type]
+            self.maker.fetcher.collate_fn = self.options.collate_fn
+        self._use_planner(planner)
+
     @property
-    def max_total_size(self) -> LimitLike:
+    def max_total_size(self) -> LimitLike | None:
         """The cap (or caps) of a batch's cost, as given (a lowered limit is ``loader.limit``); read-only."""
         return self._max_total_size
+
+    @property
+    def buckets(self) -> ShapeBuckets | None:
+        """The shape buckets: their lengths and each one's configured batch size (``None`` without buckets)."""
+        planner = self.planner
+        if not isinstance(planner, BucketPlanner):
+            return None
+        return ShapeBuckets(planner.buckets.lengths, planner.batch_sizes, planner.buckets.source)

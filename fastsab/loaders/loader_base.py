@@ -17,10 +17,12 @@ import torch
 from fastsab.fetch.batch_maker import BatchMaker
 from fastsab.fetch.fetcher import Fetcher
 from fastsab.fetch.transfer import Transfer
+from fastsab.loaders.bucketed import bucket_collators
 from fastsab.loaders.dataloader_keywords import TakesDataLoaderKeywords
 from fastsab.loaders.iteration import LoaderIteration
 from fastsab.loaders.options import LoaderOptions, T
 from fastsab.loaders.planned import PlannedBatchSampler, PlannedDataLoader
+from fastsab.plan.bucket_planner import BucketPlanner
 from fastsab.plan.epochs import EpochOrder
 from fastsab.plan.fixed_size import FixedSizePlanner
 from fastsab.plan.planners import SizeAwarePlanner
@@ -69,7 +71,7 @@ class LoaderBase(LoaderIteration[T], metaclass=TakesDataLoaderKeywords):
         transfer = Transfer.create(options.device, options.pin_memory, options.non_blocking)
         self.maker = BatchMaker(fetcher, transfer, options.chunk_bytes)
         self.stats = None
-        self.planner: FixedSizePlanner | SizeAwarePlanner
+        self.planner: FixedSizePlanner | SizeAwarePlanner | BucketPlanner
         self._init_lowering()
         self._workers = None
         self._counted = CountedLength()
@@ -101,7 +103,7 @@ class LoaderBase(LoaderIteration[T], metaclass=TakesDataLoaderKeywords):
 
     # -- epochs, state and what trainers read ------------------------------------------
 
-    def _use_planner(self, planner: FixedSizePlanner | SizeAwarePlanner) -> None:
+    def _use_planner(self, planner: FixedSizePlanner | SizeAwarePlanner | BucketPlanner) -> None:
         self._init_cursor(planner, self.rank, self.world_size, self.options.even_batches, self.options.balance)
 
     def batch_sampler(self) -> PlannedBatchSampler:
@@ -130,6 +132,15 @@ class LoaderBase(LoaderIteration[T], metaclass=TakesDataLoaderKeywords):
         """
         if isinstance(self.planner, SizeAwarePlanner):
             self.planner.rule.check_collators({"data_loader's collate_fn": options.get("collate_fn")})
+        if isinstance(self.planner, BucketPlanner):
+            if self.planner.partial == "fill":
+                raise ValueError(
+                    "a DataLoader cannot add the sample_mask of the filler rows that partial='fill' makes: iterate the "
+                    "loader itself (num_workers= runs worker processes), or pass partial='keep'."
+                )
+            options["collate_fn"] = bucket_collators(
+                {"data_loader's collate_fn": options.get("collate_fn")}, self.planner
+            )["data_loader's collate_fn"]
         return PlannedDataLoader(self.dataset, self.batch_sampler(), **options)
 
     def __len__(self) -> int:

@@ -38,21 +38,36 @@ FINGERPRINT_SAMPLE = 4096
 _Length = TypeVar("_Length", int, float, np.ndarray)
 
 
-def padded_length(length: _Length, multiple: int | None) -> _Length:
-    """The length a sequence of ``length`` is padded to: rounded up to a multiple of ``multiple``.
+def padded_length(length: _Length, multiple: int | None, buckets: Sequence[int] | None = None) -> _Length:
+    """The length a sequence of ``length`` is padded to: rounded up to a multiple, then to a bucket's length.
 
-    The one rule of padding to a multiple: ``PadCollator`` pads a batch
-    to the padded length of its longest sequence, and a padded budget with
-    ``pad_to_multiple_of`` charges each item its padded length (``PaddedLengths``).
-    Rounding up is monotone, so the longest padded length of a batch is the padded length
-    of its longest item: a batch charged ``len * max(padded lengths)`` is charged its
-    padded ``(B, L)`` tensor. ``None`` leaves lengths as they are.
+    The one rule of padded length: ``PadCollator`` pads a batch to the padded length of its
+    longest sequence, a padded budget with ``pad_to_multiple_of`` charges each item its padded
+    length (``PaddedLengths``), and shape buckets (``fastsab.plan.shape_buckets``) pad a batch
+    to the first bucket length that holds it, which their budget charges. Rounding up is
+    monotone, so the longest padded length of a batch is the padded length of its longest
+    item: a batch charged ``len * max(padded lengths)`` is charged its padded ``(B, L)`` tensor.
+
+    Args:
+        length: A length, or an array of them.
+        multiple: Round up to a multiple of this; ``None`` leaves lengths as they are.
+        buckets: Increasing bucket lengths: a (rounded) length becomes the first of them that
+            is at least as long; one longer than all stays as it is (an oversize item's own
+            batch). ``None``: no buckets.
 
     Examples:
         >>> padded_length(np.array([0, 1, 8, 9]), 8).tolist(), padded_length(13, None)
         ([0, 8, 8, 16], 13)
+        >>> padded_length(np.array([1, 64, 65, 600]), None, [64, 256]).tolist()
+        [64, 64, 256, 600]
     """
-    return length if multiple is None else -(-length // multiple) * multiple
+    rounded = length if multiple is None else -(-length // multiple) * multiple
+    if buckets is None:
+        return rounded
+    ladder = np.asarray(buckets)
+    at = np.searchsorted(ladder, rounded, side="left")
+    padded = np.where(at < len(ladder), ladder[np.minimum(at, len(ladder) - 1)], rounded)
+    return padded if isinstance(rounded, np.ndarray) else type(rounded)(padded)
 
 
 class CostSource(Protocol):

@@ -14,20 +14,21 @@ from fastsab.plan.cost_sources import CostSource, padded_length
 from fastsab.plan.costs import BatchCost
 from fastsab.plan.plans import Carry, PlanChunk
 
-__all__ = ["FILL", "PADDED", "REAL", "BatchFigures"]
+__all__ = ["FILL", "FILLER", "PADDED", "REAL", "BatchFigures"]
 
-#: The rows of a figures array: the batch's cost over the budget, its real and its padded tokens.
-FILL, REAL, PADDED = 0, 1, 2
+#: The rows of a figures array: the batch's cost over the budget, its real and its padded tokens,
+#: and its filler rows (shape buckets' last batches: ``fastsab.plan.bucket_planner``).
+FILL, REAL, PADDED, FILLER = 0, 1, 2, 3
 
 
 class BatchFigures:
     """Each batch's fill of the budget and, where batches are padded, its real and padded tokens.
 
-    The figures of ``b`` batches are a ``(3, b)`` float64 array: row ``FILL`` is the
+    The figures of ``b`` batches are a ``(4, b)`` float64 array: row ``FILL`` is the
     batch's cost as ``rule`` charges it (fixed cost included) over the configured caps, the
     largest column counting (``balance_costs``); rows ``REAL``
     and ``PADDED`` are the batch's tokens and ``B`` times its padded length, ``NaN`` where
-    tokens are not counted.
+    tokens are not counted; row ``FILLER`` its filler rows (none here).
 
     Tokens are counted for a padded rule (``cost="padded"``): lengths padded to the rule's
     ``pad_to_multiple_of``, or padded features (each item's own cost, and ``B`` times the cost
@@ -44,7 +45,7 @@ class BatchFigures:
         >>> rule = BatchCost(8, cost="padded")
         >>> source = lambda ids: lengths[ids]
         >>> BatchFigures(rule, source, source).of(np.arange(4), np.array([0, 2, 4])).tolist()
-        [[0.75, 1.0], [4.0, 6.0], [6.0, 8.0]]
+        [[0.75, 1.0], [4.0, 6.0], [6.0, 8.0], [0.0, 0.0]]
     """
 
     def __init__(self, rule: BatchCost, charged: CostSource, lengths: CostSource) -> None:
@@ -58,7 +59,8 @@ class BatchFigures:
 
     def of(self, ids: np.ndarray, offsets: np.ndarray, costs: np.ndarray | None = None) -> np.ndarray:
         """The figures of the batches ``ids[offsets[b]:offsets[b + 1]]``; ``costs``: their charged costs, if read."""
-        figures = np.full((3, len(offsets) - 1), np.nan)  # (rows: each a figure, read alone)
+        figures = np.full((4, len(offsets) - 1), np.nan)  # (rows: each a figure, read alone)
+        figures[FILLER] = 0
         if not figures.shape[1]:
             return figures
         rule = self.rule

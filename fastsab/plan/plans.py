@@ -93,7 +93,7 @@ class PlanChunk:
             by group.
         carry: The open batch to pass to the next split, or ``None`` after a final split
             (and in a planner's chunks).
-        figures: Optional ``(3, num_batches)`` figures of the batches, as a size-aware planner
+        figures: Optional ``(4, num_batches)`` figures of the batches, as a size-aware planner
             reports them (``BatchFigures``); kept by ``select``,
             ``head`` and ``tail``.
 
@@ -128,6 +128,28 @@ class PlanChunk:
         """``values`` (one per batched item, in the order of ``ids``) cut into the batches."""
         offsets = self.offsets.tolist()
         return [values[offsets[b] : offsets[b + 1]] for b in range(len(offsets) - 1)]
+
+    def first_places(self) -> np.ndarray:
+        """Per id, whether it is its batch's first place of that id (a shape bucket's filler rows repeat items).
+
+        Examples:
+            >>> PlanChunk.from_batches([np.array([4, 2, 4]), np.array([4, 1])]).first_places().tolist()
+            [True, True, False, True, True]
+        """
+        ids = self.ids
+        first = np.ones(len(ids), dtype=bool)
+        if len(ids) < 2:
+            return first
+        batch = np.repeat(np.arange(self.num_batches), np.diff(self.offsets))
+        order = np.lexsort((ids, batch))
+        repeat = (ids[order][1:] == ids[order][:-1]) & (batch[order][1:] == batch[order][:-1])
+        first[order[1:][repeat]] = False
+        return first
+
+    def distinct_ids(self) -> np.ndarray:
+        """The ids without the repeats within a batch (``first_places``)."""
+        first = self.first_places()
+        return self.ids if first.all() else self.ids[first]
 
     def __repr__(self) -> str:
         return (

@@ -126,7 +126,9 @@ class ShapeBuckets:
             return cls.from_json(file.read())
 
 
-def choose_lengths(lengths: Any, num_buckets: int, *, pad_to_multiple_of: int | None = None) -> tuple[int, ...]:
+def choose_lengths(
+    lengths: Any, num_buckets: int, *, pad_to_multiple_of: int | None = None, counts: Any = None
+) -> tuple[int, ...]:
     """The ``num_buckets`` bucket lengths that pad ``lengths`` to the fewest tokens.
 
     Each item is padded to the first bucket length that holds it, so the padded tokens are
@@ -141,6 +143,7 @@ def choose_lengths(lengths: Any, num_buckets: int, *, pad_to_multiple_of: int | 
         num_buckets: ``K``; fewer lengths are returned when there are fewer distinct lengths.
         pad_to_multiple_of: Round lengths up to a multiple of this first (bucket lengths are then
             multiples of it).
+        counts: How many items have each of ``lengths`` (a histogram); ``None``: one each.
 
     Examples:
         >>> choose_lengths([1, 2, 2, 3, 10, 10, 10, 11], 2)
@@ -157,7 +160,11 @@ def choose_lengths(lengths: Any, num_buckets: int, *, pad_to_multiple_of: int | 
     if pad_to_multiple_of is not None:
         multiple = check_positive_int("pad_to_multiple_of", pad_to_multiple_of)
         values = -(-values.astype(np.int64) // multiple) * multiple
-    distinct, counts = np.unique(np.maximum(values.astype(np.int64), 1), return_counts=True)
+    weights = None if counts is None else as_numpy("counts", counts).reshape(-1)
+    if weights is not None and len(weights) != len(values):
+        raise ValueError(f"counts must give one count per length ({len(values)}), got {len(weights)}.")
+    distinct, where = np.unique(np.maximum(values.astype(np.int64), 1), return_inverse=True)
+    counts = np.bincount(where.reshape(-1), weights=weights).astype(np.int64)
     if len(distinct) > MAX_CANDIDATES:
         cumulative = np.cumsum(counts)
         marks = np.linspace(0, cumulative[-1], MAX_CANDIDATES + 1)[1:]

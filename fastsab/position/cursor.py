@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from fastsab._checks import check_choice, check_nonnegative_int, user_stacklevel
+from fastsab.plan.bucket_planner import BucketPlanner
 from fastsab.plan.planners import SizeAwarePlanner
 from fastsab.plan.plans import PlanChunk
 from fastsab.position.distributed import EvenBatches
@@ -275,7 +276,7 @@ class EpochCursor:
         if not self._resuming:
             self._history, self._segment = [], self._new_segment()
         # (only a size-aware plan skips items)
-        if stats is not None and stats.num_skipped and isinstance(self.planner, SizeAwarePlanner):
+        if stats is not None and stats.num_skipped and isinstance(self.planner, (SizeAwarePlanner, BucketPlanner)):
             warnings.warn(self.planner.skipped_warning(stats.skipped, stats.epoch), stacklevel=user_stacklevel())
 
     # -- state ----------------------------------------------------------------------------------

@@ -320,8 +320,8 @@ class DealtShare(_Dealing):
         share = source.select(which)
         dropped = chunk.dropped
         if last and len(self.dealer.dropped):
-            dropped = np.concatenate([dropped, self._held.select(self.dealer.dropped - self._start).ids])
-        padded = source.select(which[repeat]).ids if repeat.any() else _EMPTY_CHUNK.ids
+            dropped = np.concatenate([dropped, self._held.select(self.dealer.dropped - self._start).distinct_ids()])
+        padded = source.select(which[repeat]).distinct_ids() if repeat.any() else _EMPTY_CHUNK.ids
         self._release_dealt()
         self._report()
         return PlanChunk(share.ids, share.offsets, chunk.skipped, dropped, padded)

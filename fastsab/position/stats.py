@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from fastsab.plan.figures import FILL, PADDED, REAL
+from fastsab.plan.figures import FILL, FILLER, PADDED, REAL
 from fastsab.plan.plans import PlanChunk
 
 __all__ = ["EpochStats"]
@@ -63,6 +63,11 @@ class EpochStats:
             ``None`` elsewhere, and for costs of several columns.
         padding_efficiency: ``real_tokens / padded_tokens`` (``None`` where they are not counted
             or no token was padded).
+        num_filler_rows: Filler rows in the batches yielded: with shape ``buckets``, a bucket's
+            last batch completed to its batch size with repeats of its own items (marked False
+            in the batch's ``sample_mask``). Their tokens count as padding: in ``padded_tokens``,
+            not in ``real_tokens``. ``num_items`` counts real items only. ``None`` where the
+            batches' figures are unknown.
 
     Examples:
         >>> import torch
@@ -138,6 +143,11 @@ class EpochStats:
         return None if totals is None else _number(totals[3])
 
     @property
+    def num_filler_rows(self) -> int | None:
+        totals = self._figures.totals(self.num_batches)
+        return None if totals is None else int(totals[4])
+
+    @property
     def padding_efficiency(self) -> float | None:
         real, padded = self.real_tokens, self.padded_tokens
         return None if real is None or not padded else real / padded
@@ -157,8 +167,8 @@ class _Figures:
         # (position of the first batch, figures) of the chunks planned and not added up, in order
         self.pending: deque[tuple[int, np.ndarray]] = deque()
         self.measured = True  # every chunk planned came with figures
-        self.done = 0  # batches added up into sums: fill sum, fill minimum, real and padded tokens
-        self.sums = [0.0, float("inf"), 0.0, 0.0]
+        self.done = 0  # batches added up into sums: fill sum, fill minimum, real and padded tokens, fillers
+        self.sums = [0.0, float("inf"), 0.0, 0.0, 0.0]
 
     def planned(self, position: int, figures: np.ndarray | None, yielded: int) -> None:
         if figures is None:
@@ -188,7 +198,7 @@ class _Figures:
                 pending.appendleft((self.done, figures[:, taken:]))
 
     def totals(self, yielded: int) -> list[float] | None:
-        """Fill sum, fill minimum, real and padded tokens of the first ``yielded`` batches; ``None`` if unknown."""
+        """Fill sum and minimum, real and padded tokens, fillers of the first ``yielded`` batches, or ``None``."""
         if not self.measured or not yielded:
             return None
         self._add_up(yielded - 1)
@@ -208,4 +218,5 @@ def _accumulate(sums: list[float], start: int, figures: np.ndarray, end: int) ->
         sums[1] = min(sums[1], float(taken[FILL].min()))
         sums[2] += total[REAL]
         sums[3] += total[PADDED]
+        sums[4] += total[FILLER]
     return count

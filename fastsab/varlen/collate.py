@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
 import numpy as np
@@ -33,6 +33,7 @@ from numpy.lib.stride_tricks import as_strided
 
 from fastsab._checks import check_optional_positive_int, short_repr
 from fastsab.plan.cost_sources import padded_length
+from fastsab.plan.shape_buckets import ShapeBuckets
 from fastsab.varlen.collator import Collator, as_numpy_if_possible, as_tensor, pack_positions
 from fastsab.varlen.sample_columns import Flat
 
@@ -54,6 +55,10 @@ class PadCollator(Collator):
             Every key of the mapping must be a per-token key of the samples.
         pad_to_multiple_of: Round the padded length up to a multiple of this (e.g. 8 for
             tensor cores); ``None`` pads to the longest sequence.
+        bucket_lengths: Shape buckets' lengths (increasing): pad every batch to the first of them
+            that holds its longest sequence, so that batches take only these few lengths (a
+            batch longer than all is padded to its longest). A loader with ``buckets`` sets
+            them on a ``PadCollator`` given without (``padded_to``).
 
     The batch holds every per-token key as a ``(B, L)`` tensor of its samples' dtype, the
     scalars stacked into ``(B,)`` tensors, and ``attention_mask`` (int64, ``(B, L)``, 1 on real
@@ -77,17 +82,27 @@ class PadCollator(Collator):
     """
 
     def __init__(
-        self, pad_value: int | float | Mapping[str, int | float] = 0, pad_to_multiple_of: int | None = None
+        self,
+        pad_value: int | float | Mapping[str, int | float] = 0,
+        pad_to_multiple_of: int | None = None,
+        bucket_lengths: Sequence[int] | None = None,
     ) -> None:
         self.pad_value = _check_pad_value(pad_value)
         self.pad_to_multiple_of = check_optional_positive_int("pad_to_multiple_of", pad_to_multiple_of)
+        self.bucket_lengths = None if bucket_lengths is None else ShapeBuckets(bucket_lengths).lengths
 
     def __repr__(self) -> str:
-        return f"PadCollator(pad_value={self.pad_value!r}, pad_to_multiple_of={self.pad_to_multiple_of!r})"
+        buckets = "" if self.bucket_lengths is None else f", bucket_lengths={list(self.bucket_lengths)!r}"
+        return f"PadCollator(pad_value={self.pad_value!r}, pad_to_multiple_of={self.pad_to_multiple_of!r}{buckets})"
+
+    def padded_to(self, bucket_lengths: Sequence[int]) -> PadCollator:
+        """This collator padding every batch to the first of ``bucket_lengths`` that holds it."""
+        return PadCollator(self.pad_value, self.pad_to_multiple_of, bucket_lengths)
 
     def width(self, lengths: np.ndarray) -> int:
         """The padded length ``L`` of a batch of ``lengths``: the longest one's (see ``padded_length``)."""
-        return padded_length(int(lengths.max()) if len(lengths) else 0, self.pad_to_multiple_of)
+        longest = int(lengths.max()) if len(lengths) else 0
+        return padded_length(longest, self.pad_to_multiple_of, self.bucket_lengths)
 
     def _layout(
         self, tokens: Mapping[str, Flat], lengths: np.ndarray, positions: tuple[np.ndarray, np.ndarray], keys: list[str]

@@ -1,0 +1,62 @@
+"""Filler rows: a shape bucket's last batch completed with repeats of its own items, marked in ``sample_mask``.
+
+A loader with shape buckets and ``partial="fill"`` (``fastsab.plan.bucket_planner``) plans a
+bucket's last batch of an epoch as its real items followed by repeats of them, so that the batch
+has the bucket's shape. An item occurs once in an epoch, so a filler is any repeat of an id within
+its batch, and the real rows come first: the mask is read from the ids alone, on every path
+(in this process, from worker processes, for the parts of a split batch). Every batch of such a
+loader gets the ``sample_mask`` key, so that its keys do not change from batch to batch either.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+from fastsab.fetch.batch_maker import IndexArray, Run
+from fastsab.fetch.transfer import Transfer
+from fastsab.plan.plans import PlanChunk
+
+__all__ = ["MASK_KEY", "masked", "with_sample_mask"]
+
+#: The key of the boolean mask of real rows (``False`` on filler rows).
+MASK_KEY = "sample_mask"
+
+
+def masked(batch: Any, ids: IndexArray, transfer: Transfer) -> Any:
+    """``batch`` (of the rows ``ids``) with its ``sample_mask``: ``True`` on the first place of each id.
+
+    Raises:
+        TypeError: If ``batch`` is not a mapping (a dict of tensors), which the mask is added to.
+        ValueError: If ``batch`` already has a ``sample_mask``.
+    """
+    if not isinstance(batch, Mapping):
+        raise TypeError(
+            f"partial='fill' marks the filler rows of a bucket's last batch in a {MASK_KEY!r} key, so batches must "
+            f"be dicts (got {type(batch).__name__}): return a dict from collate_fn (PadCollator does), or pass "
+            "partial='keep' (the last batch of each bucket is then an extra, smaller shape)."
+        )
+    if MASK_KEY in batch:
+        raise ValueError(
+            f"the batch already has a {MASK_KEY!r} key, where partial='fill' puts the mask of its filler rows: "
+            "rename that key, or pass partial='keep'."
+        )
+    mask = PlanChunk(ids, np.array([0, len(ids)], dtype=np.int64)).first_places()
+    return {**batch, MASK_KEY: transfer(torch.from_numpy(mask))}
+
+
+def with_sample_mask(
+    runs: Generator[Run, None, None], transfer: Transfer, with_indices: bool
+) -> Generator[Run, None, None]:
+    """The batches of ``runs`` (made with their ids) with their ``sample_mask``; sizes count real rows."""
+    try:
+        for run in runs:
+            ids = run.ids or []
+            reals = [len(np.unique(part)) for part in ids]
+            batches = (masked(batch, part, transfer) for batch, part in zip(run.batches, ids))
+            yield Run(reals, ids if with_indices else None, batches)
+    finally:
+        runs.close()

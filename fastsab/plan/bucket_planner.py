@@ -1,0 +1,301 @@
+"""The planner of shape buckets: batches of ``B_k`` items padded to ``L_k``, at most ``K`` shapes an epoch.
+
+``BucketPlanner`` takes the bucket lengths (given, or chosen from the items' lengths by
+``choose_lengths``) and each bucket's batch size: from a table (``ShapeBuckets`` with batch sizes,
+e.g. measured), or the largest count whose padded batch the rule's budget holds
+(``fixed_cost + B * cost(L_k) <= max_total_size``, capped by ``max_batch_size`` and cut to
+``batch_size_multiple``). Its limit is the list of batch sizes: a lowering (out of memory) makes
+one bucket's batches smaller. The epochs are ``BucketEpoch`` (``fastsab.plan.bucket_epoch``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Literal
+
+import numpy as np
+
+from fastsab._checks import check_choice, check_positive_int
+from fastsab.plan.batching import OversizePolicy
+from fastsab.plan.bucket_epoch import BucketEpoch, first_occurrences, plan_buckets
+from fastsab.plan.cost_sources import CostSource, padded_length
+from fastsab.plan.costs import BatchCost
+from fastsab.plan.epochs import EpochOrder
+from fastsab.plan.figures import FILL, FILLER, PADDED, REAL
+from fastsab.plan.plans import _EMPTY_IDS, PlanChunk, PlanInputs
+from fastsab.plan.shape_buckets import ShapeBuckets, choose_lengths
+
+__all__ = ["BucketPlanner", "Partial"]
+
+#: What completes a bucket's last, partial batch: filler rows (``"fill"``) or nothing (``"keep"``).
+Partial = Literal["fill", "keep"]
+
+#: Items whose lengths are read at once to count the buckets.
+_BLOCK = 2**22
+
+
+class BucketPlanner:
+    """Batches of a fixed size per shape bucket, every batch padded to its bucket's length.
+
+    Args:
+        order: The epoch order.
+        lengths: Each item's length (the padded column: a sequence length).
+        buckets: The bucket lengths (``K`` of them, or a ``ShapeBuckets``, whose batch sizes are
+            used as given), or ``K``: the lengths that pad the fewest tokens.
+        rule: The budget a batch's padded cost stays within (``None`` with a table of batch sizes).
+        unit_cost: The cost of one row padded to each of an array of lengths (a length itself,
+            or a memory model's cost of that length).
+        oversize: What happens to an item longer than the longest bucket: ``"skip"``,
+            ``"own_batch"`` or ``"error"``.
+        partial: ``"fill"`` or ``"keep"`` (see ``Partial``).
+    """
+
+    def __init__(
+        self,
+        order: EpochOrder,
+        lengths: CostSource,
+        buckets: ShapeBuckets | Sequence[int] | int,
+        *,
+        rule: BatchCost | None,
+        unit_cost: Callable[[np.ndarray], np.ndarray],
+        oversize: OversizePolicy = "skip",
+        partial: Partial = "fill",
+    ) -> None:
+        self.order, self.lengths, self.rule, self.unit_cost = order, lengths, rule, unit_cost
+        self.oversize: OversizePolicy = check_choice("oversize", oversize, ("skip", "own_batch", "error"))  # type: ignore[assignment]
+        self.partial: Partial = check_choice("partial", partial, ("fill", "keep"))  # type: ignore[assignment]
+        self._histogram: tuple[np.ndarray, np.ndarray] | None = None
+        if isinstance(buckets, bool) or not isinstance(buckets, (int, ShapeBuckets, Sequence, np.ndarray)):
+            raise TypeError(
+                f"buckets must be a number of buckets, a sequence of bucket lengths or a ShapeBuckets, got {buckets!r}."
+            )
+        if isinstance(buckets, int):
+            buckets = ShapeBuckets(self._chosen_lengths(check_positive_int("buckets", buckets)))
+        elif not isinstance(buckets, ShapeBuckets):
+            buckets = ShapeBuckets(buckets)
+        if (buckets.batch_sizes is None) == (rule is None):
+            raise ValueError(
+                "give each bucket's batch size one way: max_total_size (the largest batches its budget holds) or a "
+                f"ShapeBuckets with batch_sizes, not {'both' if rule is not None else 'neither'}; "
+                f"got buckets={buckets!r}."
+            )
+        multiple = None if rule is None else rule.pad_to_multiple_of
+        if multiple is not None and any(length % multiple for length in buckets.lengths):
+            raise ValueError(
+                f"bucket lengths {list(buckets.lengths)!r} must be multiples of pad_to_multiple_of={multiple}: "
+                "each batch is padded to its bucket's length."
+            )
+        self.buckets = buckets
+        self.units = np.asarray(unit_cost(np.asarray(buckets.lengths)), dtype=np.float64).reshape(-1)
+        self.batch_sizes: list[int] = list(buckets.batch_sizes or self._budget_sizes(rule))
+        self.figures = BucketFigures(self)
+
+    # -- the buckets ----------------------------------------------------------------------------
+
+    def lengths_of(self, ids: np.ndarray) -> np.ndarray:
+        """The lengths of ``ids``, one per item."""
+        return np.asarray(self.lengths(ids)).reshape(len(ids))
+
+    def histogram(self) -> tuple[np.ndarray, np.ndarray]:
+        """The distinct lengths of the epoch's items and how many have each (read once, in blocks)."""
+        if self._histogram is None:
+            values, counts = [], []
+            for start in range(0, self.order.n, _BLOCK):
+                block = self.lengths_of(np.arange(start, min(start + _BLOCK, self.order.n), dtype=np.int64))
+                distinct, count = np.unique(block, return_counts=True)
+                values.append(distinct)
+                counts.append(count)
+            merged = np.concatenate(values) if values else np.empty(0)
+            distinct, where = np.unique(merged, return_inverse=True)
+            self._histogram = (distinct, np.bincount(where, weights=np.concatenate(counts) if counts else None))
+        return self._histogram
+
+    def _chosen_lengths(self, k: int) -> tuple[int, ...]:
+        """The ``k`` bucket lengths that pad the items the budget holds the least."""
+        distinct, counts = self.histogram()
+        if self.rule is not None and len(distinct):
+            fits = self.rule.fixed[0] + np.asarray(self.unit_cost(distinct), dtype=np.float64) <= self.rule.caps[0]
+            distinct, counts = distinct[fits], counts[fits]
+        if not len(distinct):
+            raise ValueError(
+                "buckets=K chooses bucket lengths from the items the budget holds, but there is none: "
+                "raise max_total_size, or give the bucket lengths."
+            )
+        multiple = None if self.rule is None else self.rule.pad_to_multiple_of
+        return choose_lengths(distinct, k, pad_to_multiple_of=multiple, counts=counts.astype(np.int64))
+
+    def _budget_sizes(self, rule: BatchCost | None) -> list[int]:
+        """Each bucket's largest batch whose padded cost ``rule`` holds (there is a rule where there is no table)."""
+        if rule is None:
+            return []
+        cap, fixed = rule.caps[0], rule.fixed[0]
+        sizes = []
+        for length, unit in zip(self.buckets.lengths, self.units.tolist()):
+            if unit <= 0:
+                size = rule.max_batch_size
+                if size is None:
+                    raise ValueError(
+                        f"a row of bucket length {length} costs {unit!r}: its batch size is unbounded; "
+                        "pass max_batch_size."
+                    )
+            else:
+                size = int(max(cap - fixed, 0) // unit)
+                while size and fixed + size * unit > cap:  # (float rounding: the budget's own test decides)
+                    size -= 1
+                while fixed + (size + 1) * unit <= cap:
+                    size += 1
+                if rule.max_batch_size is not None:
+                    size = min(size, rule.max_batch_size)
+            multiple = rule.batch_size_multiple
+            size = size - size % multiple if size >= multiple else size
+            if size < 1:
+                raise ValueError(
+                    f"a batch of bucket length {length} costs {unit!r} per row"
+                    f"{f' plus fixed_cost {fixed!r}' if fixed else ''}: not even one row fits max_total_size "
+                    f"{rule.shown()!r}. Lower the longest bucket length or raise max_total_size."
+                )
+            sizes.append(size)
+        return sizes
+
+    def set_oversize_aside(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``ids`` without the items longer than every bucket: ``(kept, own batches, skipped)``.
+
+        Raises:
+            ValueError: With ``oversize="error"``, if an item is longer than every bucket.
+        """
+        if not len(ids):
+            return ids, _EMPTY_IDS, _EMPTY_IDS
+        lengths = self.lengths_of(ids)
+        over = lengths > self.buckets.lengths[-1]
+        if not over.any():
+            return ids, _EMPTY_IDS, _EMPTY_IDS
+        if self.oversize == "error":
+            at = int(np.argmax(over))
+            raise ValueError(
+                f"item {int(ids[at])} has length {lengths[at].item()!r}, longer than the longest bucket "
+                f"{self.buckets.lengths[-1]} (oversize='error'): add a longer bucket, or pass oversize='skip' or "
+                "'own_batch'."
+            )
+        if self.oversize == "skip":
+            return ids[~over], _EMPTY_IDS, ids[over]
+        return ids[~over], ids[over], _EMPTY_IDS
+
+    # -- the Planner protocol -------------------------------------------------------------------
+
+    @property
+    def limit(self) -> list[int]:
+        """The configured limit: each bucket's batch size."""
+        return list(self.batch_sizes)
+
+    def num_batches(self, epoch: int) -> int:
+        """Exact number of batches of an epoch, counted from the lengths (the same in every epoch)."""
+        distinct, counts = self.histogram()
+        bucket = self.buckets.bucket_of(distinct)
+        per_bucket = np.bincount(bucket, weights=counts, minlength=len(self.batch_sizes) + 1).astype(np.int64)
+        if per_bucket[-1] and self.oversize == "error":
+            self.set_oversize_aside(np.arange(self.order.n, dtype=np.int64))
+        batches = -(-per_bucket[:-1] // np.asarray(self.batch_sizes, dtype=np.int64))
+        return int(batches.sum()) + (int(per_bucket[-1]) if self.oversize == "own_batch" else 0)
+
+    def chunks(self, epoch: int) -> BucketEpoch:
+        return BucketEpoch(self, epoch)
+
+    def batch_costs(self, ids: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+        """Each batch's padded cost over the budget (rows over the batch size with a table), for balancing."""
+        fill: np.ndarray = self.figures.of(ids, offsets)[FILL]
+        return fill
+
+    def check_limit(self, limit: object) -> list[int]:
+        """``limit`` checked as one positive batch size per bucket."""
+        if (
+            isinstance(limit, (str, bytes))
+            or not isinstance(limit, (Sequence, np.ndarray))
+            or len(limit) != len(self.batch_sizes)
+        ):
+            raise ValueError(f"limit must give one batch size per bucket ({len(self.batch_sizes)}), got {limit!r}.")
+        return [check_positive_int("limit", int(v) if isinstance(v, np.integer) else v) for v in limit]
+
+    def check_lowered_limit(self, limit: object) -> list[int]:
+        """``limit`` checked as batch sizes, none above the configured ones."""
+        checked = self.check_limit(limit)
+        if any(new > old for new, old in zip(checked, self.batch_sizes)):
+            raise ValueError(f"a lowered limit must not exceed the configured {self.batch_sizes!r}, got {limit!r}.")
+        return checked
+
+    def smaller_limit(self, ids: np.ndarray, current: list[int], factor: float) -> list[int]:
+        """``current`` with the failed batch's bucket ``factor`` times smaller (cut to ``batch_size_multiple``)."""
+        if not len(ids):
+            return list(current)
+        k = int(self.buckets.bucket_of(np.asarray([self.lengths_of(ids).max()]))[0])
+        if k == len(current):  # an oversize item's own batch: no bucket to shrink
+            return list(current)
+        lowered = list(current)
+        size = max(int(current[k] / factor), 1)
+        multiple = 1 if self.rule is None else self.rule.batch_size_multiple
+        lowered[k] = size - size % multiple if size >= multiple else size
+        return lowered
+
+    def split(self, ids: np.ndarray, limit: list[int]) -> list[np.ndarray]:
+        """``ids`` (fillers dropped) in batches of ``limit`` per bucket, each bucket's last one filled or kept."""
+        kept, own, _ = self.set_oversize_aside(first_occurrences(ids))
+        queues = [_EMPTY_IDS] * len(limit)
+        return plan_buckets(self, kept, own, queues, list(limit), final=True).batches()
+
+    def plan_inputs(self) -> PlanInputs:
+        """What besides the order decides the batches: the buckets, batch sizes, options and lengths."""
+        options = {} if self.rule is None else self.rule.fingerprint_options()
+        options |= {
+            "oversize": self.oversize,
+            "bucket_lengths": list(self.buckets.lengths),
+            "bucket_batch_sizes": list(self.batch_sizes),
+            "partial": self.partial,
+        }
+        return PlanInputs("BucketPlanner", options, self.lengths.fingerprint(self.order.n))
+
+    def skipped_warning(self, skipped: list[int], epoch: int) -> str:
+        """The warning for the items ``skipped`` in ``epoch`` (longer than every bucket), and the fixes."""
+        longest = self.lengths_of(np.asarray(skipped, dtype=np.int64)).max().item()
+        return (
+            f"{len(skipped)} items were longer than the longest bucket ({self.buckets.lengths[-1]}) and were skipped "
+            f"in epoch {epoch}; their indices are in stats.skipped. The longest has length {longest!r}. To keep such "
+            "items, add a longer bucket, or pass oversize='own_batch' (each in a batch of its own) or "
+            "oversize='error' (stop at the first)."
+        )
+
+
+class BucketFigures:
+    """Each bucket batch's fill of the budget, real and padded tokens, and filler rows (see ``BatchFigures``)."""
+
+    def __init__(self, planner: BucketPlanner) -> None:
+        self.planner = planner
+
+    def of(self, ids: np.ndarray, offsets: np.ndarray, real_rows: np.ndarray | None = None) -> np.ndarray:
+        """The figures of the batches ``ids[offsets[b]:offsets[b + 1]]``; ``real_rows``: their real items, if known."""
+        planner = self.planner
+        figures = np.zeros((4, len(offsets) - 1))
+        if not figures.shape[1]:
+            return figures
+        starts, rows = offsets[:-1], np.diff(offsets)
+        lengths = planner.lengths_of(ids)
+        real = np.ones(len(ids), dtype=bool)
+        if real_rows is None or (real_rows < rows).any():
+            real = PlanChunk(ids, offsets).first_places()  # (a filler repeats an item of its batch)
+        figures[REAL] = np.add.reduceat(np.where(real, lengths, 0), starts).astype(np.float64)
+        figures[FILLER] = rows - np.add.reduceat(real.astype(np.int64), starts)
+        longest = np.maximum.reduceat(lengths, starts)
+        multiple = None if planner.rule is None else planner.rule.pad_to_multiple_of
+        padded = padded_length(longest, multiple, planner.buckets.lengths)
+        figures[PADDED] = rows * padded
+        bucket = planner.buckets.bucket_of(longest)
+        inside = bucket < len(planner.batch_sizes)
+        if planner.rule is None:  # a table: the rows over the bucket's batch size
+            sizes = np.asarray([*planner.batch_sizes, planner.batch_sizes[-1]], dtype=np.float64)
+            figures[FILL] = rows * np.where(inside, 1.0, padded / planner.buckets.lengths[-1]) / sizes[bucket]
+            return figures
+        units = np.empty(len(rows))
+        units[inside] = planner.units[bucket[inside]]
+        if not inside.all():
+            units[~inside] = np.asarray(planner.unit_cost(padded[~inside]), dtype=np.float64).reshape(-1)
+        cap = planner.rule.caps[0]
+        figures[FILL] = (planner.rule.fixed[0] + rows * units) / (cap if cap > 0 else 1.0)
+        return figures
