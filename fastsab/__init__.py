@@ -8,6 +8,7 @@ from fastsab.loaders.loader import FastLoader, FastSizeAwareLoader
 from fastsab.loaders.planned import PlannedBatchSampler, PlannedDataLoader
 from fastsab.out_of_core import OutOfCoreDataset
 from fastsab.plan.batching import BatchSplit, Carry, split_batches
+from fastsab.plan.shape_buckets import ShapeBuckets
 from fastsab.plan.shuffle import GroupedPermutation, grouped_permutation
 from fastsab.position.stats import EpochStats
 from fastsab.varlen.collate import PackCollator, PadCollator
@@ -28,6 +29,7 @@ __all__ = [
     "PlannedBatchSampler",
     "PlannedDataLoader",
     "RaggedDataset",
+    "ShapeBuckets",
     "SizeAwareBatchSampler",
     "collate_batch",
     "create_buckets",

@@ -260,3 +260,24 @@ def test_index_lists_every_recipe():
     }
     links = re.findall(r"^- \[[^]]+\]\(([^)]+)\)", (DOCS / "recipes" / "index.md").read_text(), re.MULTILINE)
     assert sorted(links) == sorted(expected)
+
+
+def test_static_shapes(tmp_path, monkeypatch, capsys):
+    page = "recipes/static-shapes.md"
+    ns, printed = run_page(page, tmp_path, monkeypatch, capsys)
+    # the figures on the page are this run's
+    assert_shows_what_it_prints(page, printed)
+    loader, lengths = ns["loader"], ns["lengths"]
+    ladder, sizes = loader.buckets.lengths, loader.buckets.batch_sizes
+    # invariant: at most K shapes and K compiled graphs over two epochs, every sequence once per
+    # epoch, every padded batch within the budget
+    assert len(ns["shapes"]) <= 8 and ns["counters"]["stats"]["unique_graphs"] <= 8
+    for epoch in range(2):
+        loader.set_epoch(epoch)
+        seen = []
+        for batch in loader:
+            rows, width = batch["input_ids"].shape
+            assert (rows, width) in set(zip(sizes, ladder)) and rows * width <= 16384
+            real = batch["attention_mask"][batch["sample_mask"]].sum(1)
+            seen += real.tolist()
+        assert sorted(seen) == sorted(lengths.tolist())

@@ -24,7 +24,10 @@ from fastsab.plan.epochs import EpochOrder
 from fastsab.plan.shape_buckets import ShapeBuckets
 from fastsab.varlen.collate import PadCollator
 
-__all__ = ["bucket_collators", "bucket_planner"]
+__all__ = ["DATASET_COLLATOR", "bucket_collators", "bucket_planner"]
+
+#: Where ``bucket_collators`` is told a collator is the dataset's own (which it cannot replace).
+DATASET_COLLATOR = "the dataset's collator"
 
 
 class _FeatureLengths:
@@ -129,7 +132,7 @@ def bucket_collators(collators: Mapping[str, object], planner: BucketPlanner) ->
     """The collators (where each is given -> it) padding to ``planner``'s bucket lengths.
 
     A ``PadCollator`` without bucket lengths is replaced by one padding to the buckets'
-    (``padded_to``); any other collator is returned as it is.
+    (``padded_to``), but the dataset's (``DATASET_COLLATOR``); any other collator is returned as it is.
 
     Raises:
         ValueError: If a collator pads to other bucket lengths, to a multiple a bucket length is
@@ -148,7 +151,7 @@ def bucket_collators(collators: Mapping[str, object], planner: BucketPlanner) ->
                     "Choose bucket lengths that are multiples of it (pad_to_multiple_of= on the loader does so)."
                 )
         if isinstance(collator, PadCollator):
-            if collator.bucket_lengths is None and where == "collate_fn":
+            if collator.bucket_lengths is None and where != DATASET_COLLATOR:
                 collator = collator.padded_to(lengths)
             elif collator.bucket_lengths != lengths:
                 raise ValueError(

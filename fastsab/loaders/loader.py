@@ -21,7 +21,7 @@ import torch
 from typing_extensions import Unpack
 
 from fastsab._checks import check_choice, check_positive_int
-from fastsab.loaders.bucketed import bucket_collators, bucket_planner
+from fastsab.loaders.bucketed import DATASET_COLLATOR, bucket_collators, bucket_planner
 from fastsab.loaders.loader_base import LoaderBase
 from fastsab.loaders.options import (
     DEFAULT_CHUNK_BYTES,
@@ -268,7 +268,7 @@ class FastSizeAwareLoader(LoaderBase[T]):
     def _use_buckets(self, planner: BucketPlanner) -> None:
         """Plan with ``planner``, padding with collators that pad to its buckets' lengths."""
         collators = bucket_collators(
-            {"collate_fn": self.options.collate_fn, "the dataset's collator": getattr(self.dataset, "collator", None)},
+            {"collate_fn": self.options.collate_fn, DATASET_COLLATOR: getattr(self.dataset, "collator", None)},
             planner,
         )
         if collators["collate_fn"] is not self.options.collate_fn:

@@ -16,17 +16,43 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
+from fastsab.plan.epochs import EpochOrder
 from fastsab.plan.plans import _EMPTY_IDS, PlanChunk
+from fastsab.plan.shape_buckets import ShapeBuckets
 from fastsab.plan.windows import batch_order
 
-if TYPE_CHECKING:
-    from fastsab.plan.bucket_planner import BucketPlanner
+__all__ = ["BucketEpoch", "BucketRule", "first_occurrences", "plan_buckets"]
 
-__all__ = ["BucketEpoch", "first_occurrences", "plan_buckets"]
+
+class _Figures(Protocol):
+    def of(self, ids: np.ndarray, offsets: np.ndarray, real_rows: np.ndarray | None = None) -> np.ndarray: ...
+
+
+class BucketRule(Protocol):
+    """What a ``BucketEpoch`` reads of its planner (a ``BucketPlanner``)."""
+
+    @property
+    def order(self) -> EpochOrder: ...
+
+    @property
+    def buckets(self) -> ShapeBuckets: ...
+
+    @property
+    def batch_sizes(self) -> list[int]: ...
+
+    @property
+    def partial(self) -> str: ...
+
+    @property
+    def figures(self) -> _Figures: ...
+
+    def lengths_of(self, ids: np.ndarray) -> np.ndarray: ...
+
+    def set_oversize_aside(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...
 
 
 @dataclass(frozen=True)
@@ -45,7 +71,7 @@ class _Open:
 
 
 def plan_buckets(
-    planner: BucketPlanner, ids: np.ndarray, own: np.ndarray, queues: list[np.ndarray], sizes: list[int], final: bool
+    planner: BucketRule, ids: np.ndarray, own: np.ndarray, queues: list[np.ndarray], sizes: list[int], final: bool
 ) -> PlanChunk:
     """The batches of ``ids`` (none oversize) after each bucket's open items ``queues`` (updated in place).
 
@@ -105,13 +131,13 @@ def first_occurrences(ids: np.ndarray) -> np.ndarray:
 
 
 class BucketEpoch:
-    """One epoch of a ``BucketPlanner``, whose batch sizes can be lowered mid-epoch.
+    """One epoch of a ``BucketPlanner`` (a ``BucketRule``), whose batch sizes can be lowered mid-epoch.
 
     Memory: the epoch holds the group being planned and each bucket's open items (fewer than its
     batch size); where each chunk began (``mark``) is kept by whoever holds the chunk.
     """
 
-    def __init__(self, planner: BucketPlanner, epoch: int) -> None:
+    def __init__(self, planner: BucketRule, epoch: int) -> None:
         self.planner = planner
         self.epoch = epoch
         self.sizes = list(planner.batch_sizes)

@@ -65,7 +65,9 @@ class BucketPlanner:
         self.oversize: OversizePolicy = check_choice("oversize", oversize, ("skip", "own_batch", "error"))  # type: ignore[assignment]
         self.partial: Partial = check_choice("partial", partial, ("fill", "keep"))  # type: ignore[assignment]
         self._histogram: tuple[np.ndarray, np.ndarray] | None = None
-        if isinstance(buckets, bool) or not isinstance(buckets, (int, ShapeBuckets, Sequence, np.ndarray)):
+        if isinstance(buckets, (bool, str, bytes)) or not isinstance(
+            buckets, (int, ShapeBuckets, Sequence, np.ndarray)
+        ):
             raise TypeError(
                 f"buckets must be a number of buckets, a sequence of bucket lengths or a ShapeBuckets, got {buckets!r}."
             )

@@ -25,6 +25,8 @@ OWN_PARAMETERS = {
         "fixed_cost",
         "sort_window",
         "pad_to_multiple_of",
+        "buckets",
+        "partial",
     ],
 }
 

@@ -1,0 +1,170 @@
+"""FastSizeAwareLoader with shape buckets: what it refuses, the collators it pads with, the masks it adds."""
+
+from __future__ import annotations
+
+import collections
+import warnings
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from fastsab import FastSizeAwareLoader, PadCollator, RaggedDataset
+from fastsab.plan.shape_buckets import ShapeBuckets
+
+
+class Texts:
+    """Sample ``i`` is ``{"index": i, "input_ids": [i] * lengths[i]}``."""
+
+    def __init__(self, lengths: np.ndarray) -> None:
+        self.lengths = lengths
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def __getitems__(self, indices: list[int]) -> list[dict[str, Any]]:
+        return [{"index": i, "input_ids": torch.full((int(self.lengths[i]),), i)} for i in indices]
+
+
+LENGTHS = np.random.default_rng(0).integers(1, 300, 2000)
+
+
+def test_a_padcollator_pads_to_the_buckets_and_an_epoch_has_at_most_k_shapes() -> None:
+    loader = FastSizeAwareLoader(Texts(LENGTHS), LENGTHS, 4096, buckets=4, collate_fn=PadCollator(), seed=3)
+    assert loader.options.collate_fn.bucket_lengths == loader.buckets.lengths
+    shapes = collections.Counter()
+    seen = []
+    for batch in loader:
+        shapes[tuple(batch["input_ids"].shape)] += 1
+        assert batch["input_ids"].numel() <= 4096
+        seen += batch["index"][batch["sample_mask"]].tolist()
+    assert len(shapes) <= 4 and sorted(seen) == list(range(len(LENGTHS)))
+    widths = {shape[1] for shape in shapes}
+    assert widths <= set(loader.buckets.lengths)
+
+
+def test_partial_keep_yields_the_last_batches_as_they_are() -> None:
+    loader = FastSizeAwareLoader(torch.arange(2000), LENGTHS, 4096, buckets=[100, 200, 300], partial="keep", seed=1)
+    batches = list(loader)
+    assert sorted(torch.cat(batches).tolist()) == list(range(2000))
+    full = dict(zip(loader.buckets.lengths, loader.buckets.batch_sizes))
+    short = [b for b in batches if len(b) != full[next(L for L in full if LENGTHS[b].max() <= L)]]
+    assert len(short) <= 3 and loader.stats.num_filler_rows == 0
+
+
+def test_the_fetch_of_a_filled_batch_marks_its_repeats() -> None:
+    loader = FastSizeAwareLoader(Texts(LENGTHS), LENGTHS, 4096, buckets=2, collate_fn=PadCollator())
+    batch = loader.fetch([5, 9, 5, 9, 5])
+    assert batch["sample_mask"].tolist() == [True, True, False, False, False]
+
+
+def test_the_longest_items_follow_oversize() -> None:
+    with pytest.warns(UserWarning, match="longer than the longest bucket"):
+        skipping = FastSizeAwareLoader(torch.arange(2000), LENGTHS, 4096, buckets=[100, 200], partial="keep")
+        kept = torch.cat(list(skipping)).tolist()
+    assert sorted(kept) == sorted(np.flatnonzero(LENGTHS <= 200).tolist())
+    assert sorted(skipping.stats.skipped) == np.flatnonzero(LENGTHS > 200).tolist()
+    own = FastSizeAwareLoader(torch.arange(2000), LENGTHS, 4096, buckets=[100, 200], oversize="own_batch")
+    with pytest.raises(TypeError, match="must be dicts"):
+        list(own)
+    own = FastSizeAwareLoader(
+        torch.arange(2000), LENGTHS, 4096, buckets=[100, 200], oversize="own_batch", partial="keep"
+    )
+    batches = list(own)
+    assert len(own) == len(batches) and sorted(torch.cat(batches).tolist()) == list(range(2000))
+    with pytest.raises(ValueError, match="longer than the longest bucket 200 \\(oversize='error'\\)"):
+        list(
+            FastSizeAwareLoader(torch.arange(2000), LENGTHS, 4096, buckets=[100, 200], oversize="error", partial="keep")
+        )
+
+
+def test_a_table_gives_the_batch_sizes_without_a_budget() -> None:
+    table = ShapeBuckets([100, 300], [7, 3])
+    loader = FastSizeAwareLoader(torch.arange(2000), LENGTHS, buckets=table, partial="keep", shuffle=False)
+    sizes = collections.Counter(len(batch) for batch in loader)
+    assert set(sizes) <= {7, 3} | set(range(1, 7)) and sizes[7] and sizes[3]
+    assert loader.max_total_size is None and loader.buckets == table
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "message"),
+    [
+        ({"buckets": 4, "cost": "sum"}, ValueError, "cost='sum' does not apply"),
+        ({"buckets": 4, "sort_window": 64}, ValueError, "either buckets or sort_window"),
+        ({"buckets": [100, 300], "max_total_size": 200}, ValueError, "not even one row fits"),
+        ({"buckets": [100, 100]}, ValueError, "strictly increasing"),
+        ({"buckets": "8"}, TypeError, "buckets must be"),
+        ({"buckets": 0}, ValueError, "buckets must be a positive integer, got 0"),
+        ({"partial": "keep"}, ValueError, "it needs buckets="),
+        ({"buckets": 4, "partial": "drop"}, ValueError, "partial"),
+        ({"buckets": ShapeBuckets([100, 300], [4, 2]), "max_total_size": 4096}, ValueError, "not both"),
+        ({"buckets": [100, 300], "max_total_size": None}, TypeError, "needs max_total_size"),
+        (
+            {"buckets": ShapeBuckets([100, 300], [4, 2]), "max_total_size": None, "fixed_cost": 5},
+            ValueError,
+            "fixed_cost=5",
+        ),
+        ({"buckets": [100, 300], "pad_to_multiple_of": 64}, ValueError, "multiples of pad_to_multiple_of=64"),
+        ({"buckets": [100, 300], "max_total_size": [4096, 10]}, ValueError, "one cap"),
+        (
+            {"buckets": 4, "collate_fn": PadCollator(bucket_lengths=[10, 20])},
+            ValueError,
+            "other lengths than the buckets",
+        ),
+        (
+            {"buckets": [100, 300], "collate_fn": PadCollator(pad_to_multiple_of=64)},
+            ValueError,
+            "not all multiples of it",
+        ),
+    ],
+)
+def test_what_buckets_cannot_honour_is_refused(options: dict[str, Any], error: type, message: str) -> None:
+    arguments: dict[str, Any] = {"max_total_size": 4096} | options
+    with pytest.raises(error, match=message):
+        FastSizeAwareLoader(Texts(LENGTHS), LENGTHS, **arguments)
+
+
+def test_a_dataset_collator_must_pad_to_the_buckets_itself() -> None:
+    sequences = [np.arange(n) for n in LENGTHS[:50]]
+    ragged = RaggedDataset.from_sequences(sequences, collator=PadCollator())
+    with pytest.raises(ValueError, match="give it bucket_lengths"):
+        FastSizeAwareLoader(ragged, LENGTHS[:50], 4096, buckets=[150, 300])
+    padded = RaggedDataset.from_sequences(sequences, collator=PadCollator(bucket_lengths=[150, 300]))
+    loader = FastSizeAwareLoader(padded, LENGTHS[:50], 4096, buckets=[150, 300])
+    widths = {batch["input_ids"].shape[1] for batch in loader}
+    assert widths <= {150, 300}
+
+
+def test_data_loader_refuses_filler_rows_it_cannot_mark() -> None:
+    loader = FastSizeAwareLoader(Texts(LENGTHS), LENGTHS, 4096, buckets=3, collate_fn=PadCollator())
+    with pytest.raises(ValueError, match="cannot add the sample_mask"):
+        loader.data_loader()
+    kept = FastSizeAwareLoader(Texts(LENGTHS), LENGTHS, 4096, buckets=3, partial="keep")
+    widths = {batch["input_ids"].shape[1] for batch in kept.data_loader(collate_fn=PadCollator())}
+    assert widths <= set(kept.buckets.lengths)
+
+
+def test_a_batch_with_its_own_sample_mask_is_refused() -> None:
+    class Masked(Texts):
+        def __getitems__(self, indices: list[int]) -> list[dict[str, Any]]:
+            return [sample | {"sample_mask": 1} for sample in super().__getitems__(indices)]
+
+    loader = FastSizeAwareLoader(Masked(LENGTHS), LENGTHS, 4096, buckets=2, collate_fn=PadCollator())
+    with warnings.catch_warnings(), pytest.raises(ValueError, match="already has a 'sample_mask' key"):
+        next(iter(loader))
+
+
+def test_a_state_is_refused_by_other_buckets_naming_the_setting() -> None:
+    loader = FastSizeAwareLoader(torch.arange(2000), LENGTHS, 4096, buckets=[100, 300], partial="keep")
+    iterator = iter(loader)
+    next(iterator)
+    state = loader.state_dict()
+    same = FastSizeAwareLoader(torch.arange(2000), LENGTHS, 4096, buckets=[100, 300], partial="keep")
+    same.load_state_dict(state)
+    assert len(list(same)) == len(loader) - 1
+    for other in ({"buckets": [150, 300]}, {"buckets": [100, 300], "max_total_size": 2048}):
+        arguments: dict[str, Any] = {"max_total_size": 4096, "partial": "keep"} | other
+        changed = FastSizeAwareLoader(torch.arange(2000), LENGTHS, **arguments)
+        with pytest.raises(ValueError, match="bucket_lengths|bucket_batch_sizes|limit"):
+            changed.load_state_dict(state)

@@ -1,0 +1,141 @@
+"""Shape buckets: the table, the chosen lengths, the padded-length rule and each bucket's batch size."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fastsab import FastSizeAwareLoader, PadCollator
+from fastsab.memory import fit_batch_memory
+from fastsab.plan.cost_sources import padded_length
+from fastsab.plan.shape_buckets import MAX_CANDIDATES, ShapeBuckets, choose_lengths
+from tests.reference import largest_batch
+
+
+def padded_tokens(lengths: list[int], ladder: tuple[int, ...]) -> int:
+    """Tokens of ``lengths`` each padded to the first of ``ladder`` that holds it."""
+    return sum(next(bucket for bucket in ladder if max(length, 1) <= bucket) for length in lengths)
+
+
+@settings(max_examples=200, deadline=None)
+@given(lengths=st.lists(st.integers(0, 40), min_size=1, max_size=40), k=st.integers(1, 5))
+def test_chosen_lengths_pad_the_fewest_tokens(lengths: list[int], k: int) -> None:
+    chosen = choose_lengths(lengths, k)
+    distinct = sorted({max(length, 1) for length in lengths})
+    # invariant: the longest length is the last bucket, and K lengths (fewer if fewer distinct)
+    assert chosen[-1] == distinct[-1] and len(chosen) == min(k, len(distinct))
+    best = min(
+        padded_tokens(lengths, (*combo, distinct[-1]))
+        for combo in itertools.combinations(distinct[:-1], min(k, len(distinct)) - 1)
+    )
+    # invariant: no other choice of bucket lengths pads fewer tokens (brute force)
+    assert padded_tokens(lengths, chosen) == best
+
+
+def test_chosen_lengths_of_many_distinct_lengths_come_from_quantiles() -> None:
+    lengths = np.random.default_rng(0).integers(1, 50_000, 200_000)
+    chosen = choose_lengths(lengths, 8)
+    assert len(chosen) == 8 and chosen[-1] == lengths.max() and list(chosen) == sorted(set(chosen))
+    # a choice among MAX_CANDIDATES quantiles is near the best of evenly spaced quantiles
+    quantiles = tuple(int(q) for q in np.quantile(lengths, np.linspace(0, 1, 9)[1:], method="higher"))
+    assert padded_tokens(lengths.tolist(), chosen) <= padded_tokens(lengths.tolist(), quantiles)
+    assert MAX_CANDIDATES < len(np.unique(lengths))
+
+
+def test_chosen_lengths_are_multiples_with_pad_to_multiple_of() -> None:
+    assert choose_lengths([5, 17, 30, 31], 3, pad_to_multiple_of=8) == (8, 24, 32)
+    assert choose_lengths([3, 3, 9], 2, counts=[1, 5, 1]) == (3, 9)
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda: choose_lengths([], 2), "lengths is empty"),
+        (lambda: choose_lengths([1.5, 2.0], 2), "non-negative integers"),
+        (lambda: choose_lengths([1, 2], 0), "num_buckets"),
+        (lambda: ShapeBuckets([4, 4]), "strictly increasing"),
+        (lambda: ShapeBuckets([4, 8], [1]), "one batch size per bucket length"),
+        (lambda: ShapeBuckets([0, 8]), "lengths"),
+        (lambda: ShapeBuckets("48"), "sequence of positive integers"),
+        (lambda: ShapeBuckets.from_json("[1, 2]"), "not a ShapeBuckets table"),
+        (lambda: ShapeBuckets.from_json('{"format": "other"}'), "its format is 'other'"),
+        (lambda: ShapeBuckets.from_json("{"), "invalid JSON"),
+    ],
+)
+def test_bad_tables_are_refused_naming_what_is_wrong(call: object, message: str) -> None:
+    with pytest.raises((TypeError, ValueError), match=message):
+        call()  # type: ignore[operator]
+
+
+def test_a_table_is_saved_and_loaded_as_json(tmp_path: object) -> None:
+    table = ShapeBuckets([64, 128], [32, 16], source="measured on cpu")
+    path = tmp_path / "buckets.json"  # type: ignore[operator]
+    table.save(path)
+    loaded = ShapeBuckets.load(path)
+    assert loaded == table and loaded.source == "measured on cpu"
+    assert json.loads(path.read_text())["batch_sizes"] == [32, 16]
+
+
+def test_one_padded_length_rule_for_collator_budget_and_buckets() -> None:
+    lengths = np.array([0, 1, 7, 8, 9, 16, 17, 40])
+    ladder = (8, 16, 24)
+    # the rule: rounded up to the multiple, then to the first bucket that holds it
+    assert padded_length(lengths, 8, ladder).tolist() == [8, 8, 8, 8, 16, 16, 24, 40]
+    assert padded_length(lengths, None, ladder).tolist() == [8, 8, 8, 8, 16, 16, 24, 40]
+    collator = PadCollator(pad_to_multiple_of=8, bucket_lengths=ladder)
+    for longest in lengths.tolist():
+        assert collator.width(np.array([longest, 0])) == padded_length(longest, 8, ladder)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 50), min_size=1, max_size=60),
+    cap=st.integers(50, 500),
+    fixed=st.integers(0, 30),
+    max_batch_size=st.one_of(st.none(), st.integers(1, 20)),
+    multiple=st.sampled_from([1, 2, 4]),
+)
+def test_each_bucket_holds_the_largest_batch_its_budget_allows(
+    lengths: list[int], cap: int, fixed: int, max_batch_size: int | None, multiple: int
+) -> None:
+    ladder = sorted(set(lengths))[-3:]
+    if fixed + ladder[-1] > cap:
+        return
+    loader = FastSizeAwareLoader(
+        torch.arange(len(lengths)), lengths, cap, buckets=ladder, fixed_cost=fixed,
+        max_batch_size=max_batch_size, batch_size_multiple=multiple, partial="keep",
+    )  # fmt: skip
+    expected = [largest_batch(cap, fixed, length, max_batch_size, multiple) for length in ladder]
+    assert list(loader.buckets.batch_sizes) == expected
+
+
+def test_a_fitted_batch_memory_model_gives_each_bucket_its_batch_size() -> None:
+    # peaks of padded batches: 150 kB once, plus 1000 + 40 L + 0.5 L**2 bytes per row
+    rng = np.random.default_rng(1)
+    batches = [[int(v) for v in rng.integers(1, 200, int(size))] for size in rng.integers(1, 9, 40)]
+    peaks = [150_000 + len(b) * (1000 + 40 * max(b) + 0.5 * max(b) ** 2) for b in batches]
+    model = fit_batch_memory(batches, peaks, cost="padded", degree=2)
+    lengths = rng.integers(1, 200, 500)
+    budget = 2_000_000
+    loader = FastSizeAwareLoader(
+        torch.arange(500), features=lengths, buckets=4, partial="keep", **model.loader_options(budget)
+    )
+    ladder = loader.buckets.lengths
+
+    def row_cost(length: int) -> float:
+        return float(np.asarray(model.per_item(np.array([float(length)]))).reshape(-1)[0])
+
+    # invariant: B_k is the largest count with fixed + B_k * per_item(L_k) within the budget
+    expected = [largest_batch(budget, model.fixed, row_cost(length), None, 1) for length in ladder]
+    assert list(loader.buckets.batch_sizes) == expected
+    for batch in loader:
+        longest = int(lengths[batch.numpy()].max())
+        bucket = next(length for length in ladder if longest <= length)
+        # invariant: the padded batch's predicted peak is within the budget
+        assert model.fixed + len(batch) * row_cost(bucket) <= budget
