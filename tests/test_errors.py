@@ -322,5 +322,6 @@ def test_the_errors_page_runs_and_shows_what_it_says(tmp_path):
         "streamed: [[3, 5], [2], [7, 1]]",
         "loader must be a fastsab.FastLoader or fastsab.FastSizeAwareLoader",
         "run: [[0, 1, 2], [3, 4, 5]]",
+        "buckets: [[1, 3], [0, 2, 4]]",
         "bfloat16 sizes: [[0, 1], [2], [3]]",
     ]
