@@ -101,7 +101,7 @@ def max_batch_sizes(
             ``sample_mask``).
         model: A fitted ``BatchMemoryModel`` of one feature per item, its length.
         budget: The memory ``model``'s predictions must stay within (its unit, bytes).
-        start: The first batch size tried (measured).
+        start: The first batch size tried (measured; ``max_batch_size`` if that is smaller).
         max_batch_size: The largest batch size tried or returned.
         gap: The relative gap between the largest batch that ran and the smallest that ran out
             of memory at which a search stops, in ``(0, 1)``: the result is within it of the
@@ -131,8 +131,6 @@ def max_batch_sizes(
     if limit < multiple:
         raise ValueError(f"max_batch_size must be at least batch_size_multiple ({multiple}), got {limit!r}: raise it.")
     first = check_positive_int("start", start)
-    if first > limit:
-        raise ValueError(f"start must be at most max_batch_size ({limit}), got {first!r}.")
     if model is not None or budget is not None:
         if step is not None or make_batch is not None or device is not None:
             raise ValueError(
@@ -253,6 +251,11 @@ def _predicted(
     lengths: tuple[int, ...], model: BatchMemoryModel | None, budget: Any, multiple: int, limit: int
 ) -> tuple[list[int], str]:
     """Each length's largest batch size whose predicted peak fits ``budget``, and the table's source."""
+    if model is None:
+        raise ValueError(
+            f"budget is given without model (budget={budget!r}): pass the fitted BatchMemoryModel its predictions "
+            "are compared with, or step to measure instead."
+        )
     if not isinstance(model, BatchMemoryModel):
         raise TypeError(f"model must be a fitted BatchMemoryModel (fit_batch_memory), got {model!r}.")
     if budget is None:
