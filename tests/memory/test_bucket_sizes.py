@@ -369,3 +369,9 @@ def test_a_model_of_several_features_is_refused():
     )
     with pytest.raises(ValueError, match="model must predict from one feature per item, its length, got a model of 2"):
         max_batch_sizes(None, [8], model=model, budget=1000)
+
+
+def test_reaching_max_batch_size_warns_at_the_callers_line():
+    with pytest.warns(UserWarning, match=r"reached max_batch_size=40 at bucket lengths \[8, 16\] without") as caught:
+        table = max_batch_sizes(Device({8: 800, 16: 800, 32: 800}), [8, 16, 32], "cpu", max_batch_size=40)
+    assert table.batch_sizes == (40, 40, 25) and caught[0].filename == __file__
