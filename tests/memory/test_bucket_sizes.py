@@ -45,8 +45,8 @@ def true_largest(capacity: int, length: int, multiple: int, limit: int) -> int:
 def searches(draw: Any) -> dict[str, Any]:
     lengths = sorted(draw(st.sets(st.integers(1, 600), min_size=1, max_size=5)))
     # invariant under test: capacities need not shrink with the length (a longer bucket may hold more rows)
-    capacity = {length: draw(st.integers(1, 300_000)) for length in lengths}
-    limit = draw(st.integers(1, 5000))
+    capacity = {length: draw(st.integers(0, 3000)) * length + draw(st.integers(0, length - 1)) for length in lengths}
+    limit = draw(st.one_of(st.just(2**16), st.integers(1, 5000)))
     multiple = draw(st.sampled_from([1, 1, 2, 8, 64]))
     return {
         "lengths": lengths,
