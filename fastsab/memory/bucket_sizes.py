@@ -76,7 +76,8 @@ def max_batch_sizes(
     runs with ``B`` growing twofold from ``start`` (from the longer bucket's result for the
     others) until it runs out of memory, then halfway between the largest ``B`` that ran and the
     smallest that did not, until they are within ``gap`` of the latter (or adjacent). ``B_k`` is
-    the largest that ran. Out of memory is what ``is_out_of_memory`` says it is (CUDA's
+    the largest that ran (the search takes it that a batch size that runs means that the smaller
+    ones of the same length run too). Out of memory is what ``is_out_of_memory`` says it is (CUDA's
     ``torch.OutOfMemoryError``, the CPU allocator's failure, ``MemoryError``); any other error
     propagates. Memory is freed between tries (``gc.collect``, and ``torch.cuda.empty_cache`` on
     a CUDA device).
@@ -147,8 +148,8 @@ def max_batch_sizes(
     capped = [length for length, size in zip(table.lengths, sizes) if size > limit - multiple]
     if capped:
         warnings.warn(
-            f"max_batch_sizes reached max_batch_size={limit} at bucket lengths {capped} without reaching the "
-            "memory's limit: larger batches may fit there; raise max_batch_size to find them.",
+            f"max_batch_sizes reached max_batch_size={limit} at bucket lengths {capped} with memory to spare: "
+            "larger batches may fit there; raise max_batch_size to find them.",
             stacklevel=user_stacklevel(),
         )
     return table.with_batch_sizes(sizes, source)

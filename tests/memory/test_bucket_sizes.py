@@ -102,8 +102,8 @@ def test_measured_sizes_are_within_the_gap_below_the_largest_that_fits(case):
     messages = [str(w.message) for w in caught]
     if capped:
         assert messages == [
-            f"max_batch_sizes reached max_batch_size={case['limit']} at bucket lengths {capped} without "
-            "reaching the memory's limit: larger batches may fit there; raise max_batch_size to find them."
+            f"max_batch_sizes reached max_batch_size={case['limit']} at bucket lengths {capped} with memory to "
+            "spare: larger batches may fit there; raise max_batch_size to find them."
         ]
     else:
         assert messages == []
@@ -372,6 +372,8 @@ def test_a_model_of_several_features_is_refused():
 
 
 def test_reaching_max_batch_size_warns_at_the_callers_line():
-    with pytest.warns(UserWarning, match=r"reached max_batch_size=40 at bucket lengths \[8, 16\] without") as caught:
+    with pytest.warns(
+        UserWarning, match=r"reached max_batch_size=40 at bucket lengths \[8, 16\] with memory to spare"
+    ) as caught:
         table = max_batch_sizes(Device({8: 800, 16: 800, 32: 800}), [8, 16, 32], "cpu", max_batch_size=40)
     assert table.batch_sizes == (40, 40, 25) and caught[0].filename == __file__
