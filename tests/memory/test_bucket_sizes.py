@@ -119,7 +119,8 @@ def test_the_longest_bucket_is_searched_first_and_bounds_the_next():
     assert device.tried[lengths.index(128)] == (8, 128) and device.tried[lengths.index(64)] == (32, 64)
 
 
-def test_the_default_batch_is_a_pad_collator_batch_of_full_rows():
+def test_the_default_batch_is_a_pad_collator_batch_of_full_rows(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # device=None: the CPU without CUDA
     shapes = []
 
     def step(batch: dict[str, torch.Tensor]) -> None:
@@ -128,7 +129,8 @@ def test_the_default_batch_is_a_pad_collator_batch_of_full_rows():
         if batch["input_ids"].numel() > 100:
             raise torch.OutOfMemoryError("CUDA out of memory.")
 
-    max_batch_sizes(step, [10], "cpu", start=4, gap=0.01)
+    table = max_batch_sizes(step, [10], start=4, gap=0.01)
+    assert table.batch_sizes == (10,) and table.source.startswith("measured by max_batch_sizes on cpu (")
     assert shapes[0] == {
         "input_ids": ((4, 10), torch.int64, "cpu"),
         "attention_mask": ((4, 10), torch.int64, "cpu"),
