@@ -22,7 +22,7 @@ PAGE = "recipes/bucket-batch-sizes.md"
 def test_the_page_measures_saves_and_loads_a_table(tmp_path, monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the page's process: one thread on the shared cores
     # the process runs out of memory for real, many times, and survives
-    lengths, sizes, source = run_script(page_script(PAGE), tmp_path)
+    lengths, sizes, source, shapes = run_script(page_script(PAGE), tmp_path)
     table = ShapeBuckets.load(tmp_path / "buckets.json")
     assert table.lengths == ast.literal_eval(lengths) and table.lengths[-1] == 512
     assert dict(zip(table.lengths, table.batch_sizes or ())) == ast.literal_eval(sizes)
@@ -37,5 +37,7 @@ def test_the_page_measures_saves_and_loads_a_table(tmp_path, monkeypatch):
     assert all(size % 8 == 0 for size in batch_sizes) and list(batch_sizes) == sorted(batch_sizes, reverse=True)
     tokens = [size * length for size, length in zip(batch_sizes, table.lengths)]
     assert max(tokens) <= 1.5 * min(tokens)
+    # invariant: the loader given the table makes one shape per bucket, its batch size by its length
+    assert shapes == "True"
     # the search stopped at the memory's limit, not at max_batch_size: far below it
     assert batch_sizes[0] < 2**16 // 4
