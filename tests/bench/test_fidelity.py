@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 
 from fastsab.bench import fidelity
 from fastsab.bench.fidelity import FidelityResult, Kind, fidelity_markdown, kinds, run_kind
@@ -92,8 +93,17 @@ def test_markdown_table() -> None:
 
 def test_cli_runs_the_fidelity_suite(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     row = FidelityResult("GNN", "summed", 40, 0, 0.95, 0.86, 0.99, 0.0, 27.0, 200)
-    monkeypatch.setattr("fastsab.bench.fidelity.fidelity_results", lambda: [row])
+    devices: list[object] = []
+    monkeypatch.setattr("fastsab.bench.fidelity.fidelity_results", lambda device: devices.append(device) or [row])
     assert main(["bench", "--suite", "fidelity", "--markdown"]) == 0
     assert "| GNN | summed | 200 | 40 | 0 | 0.95 | 0.86 | 0.99 | 0.0% | 27 |" in capsys.readouterr().out
     assert main(["bench", "--suite", "fidelity"]) == 0
     assert "window  200  batches  40  over budget  0  mean use 0.95" in capsys.readouterr().out
+    assert devices == ["cpu", "cpu"]  # without --device, the models run on the CPU
+
+
+def test_kinds_run_their_steps_on_the_device_they_are_made_for() -> None:
+    for kind in kinds(device="cpu"):
+        assert kind.device == torch.device("cpu")
+    result, _ = run_kind(dataclasses.replace(_small(1), device=torch.device("cpu")), items=60, calibration=6, batches=3)
+    assert result.batches == 3 and result.over_budget == 0
