@@ -8,14 +8,18 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from fastsab.bench.device import device_rows
 from fastsab.bench.fidelity import FidelityResult
+from fastsab.cli import build_parser
 from tools.gpu_check import MEAN_USE_TARGET, ROOT, junit_counts, render, summarize
 
 JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest" errors="1" failures="1"
@@ -95,3 +99,20 @@ def test_failed_tests_a_failed_bench_or_a_batch_over_budget_fail_the_check(rows:
     crashed = summarize(GPU, passed, {"ok": False, "error": "exit code 1", "output_tail": "Traceback"})
     assert not crashed["ok"] and "fastsab bench --device cuda: exit code 1" in render(crashed)
     assert crashed["host_to_device"] == [] and crashed["fidelity"] == []
+
+
+def test_the_docs_page_gives_the_commands_of_the_check_and_the_bench(monkeypatch: pytest.MonkeyPatch) -> None:
+    page = (ROOT / "docs" / "gpu.md").read_text()
+    blocks = re.findall(r"^```bash\n(.*?)^```", page, re.MULTILINE | re.DOTALL)
+    commands = [shlex.split(line.split("#")[0]) for block in blocks for line in block.splitlines()]
+    assert [words for words in commands if "tools/gpu_check.py" in words] == [
+        ["python", "tools/gpu_check.py"],
+        ["OUT=results", "python", "tools/gpu_check.py"],
+    ]
+    # NOTE: a CUDA device is faked for parsing alone: the page's --device cuda is a valid command line
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    parsed = [build_parser().parse_args(words[1:]) for words in commands if words[0] == "fastsab"]
+    assert [(args.device, args.samples, args.epochs) for args in parsed] == [
+        (torch.device("cuda"), 200_000, 3),
+        (torch.device("cpu"), 20_000, 1),
+    ]
