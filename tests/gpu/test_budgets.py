@@ -6,36 +6,24 @@ its models and steps on the device: every planned batch's measured CUDA peak sta
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import pytest
 import torch
 
 from fastsab import FastSizeAwareLoader
-from fastsab.bench.fidelity import Kind, kinds, run_kind
+from fastsab.bench.fidelity import run_kind
 from fastsab.memory.batch import fit_batch_memory, measure_batches
+from tests.bench.test_fidelity import small_kind
 
 KiB = 2**10
 MiB = 2**20
-
-
-def _small(index: int, device: torch.device) -> Kind:
-    """Kind ``index`` on ``device``, with the items of tests/bench/test_fidelity.py (a few seconds each)."""
-    small = {
-        0: lambda n, rng: rng.integers(8, 49, size=(n, 2)),  # images
-        1: lambda n, rng: np.stack([(v := rng.integers(5, 120, size=n)), v * rng.integers(2, 9, size=n)], axis=1),
-        2: lambda n, rng: rng.integers(4, 65, size=(n, 1)),  # sequences, padded
-        3: lambda n, rng: rng.integers(4, 65, size=(n, 1)),  # sequences, packed
-    }[index]
-    return dataclasses.replace(kinds(device=device)[index], features=small)
 
 
 @pytest.mark.parametrize(("index", "window"), [(0, None), (1, None), (2, None), (3, None), (0, 32)])
 def test_every_planned_batch_stays_within_a_budget_fitted_on_the_gpu(
     index: int, window: int | None, device: torch.device
 ) -> None:
-    kind = _small(index, device)
+    kind = small_kind(index, device)
     assert kind.device == device
     result, model = run_kind(kind, items=120, calibration=14, batches=8, sort_window=window)
     assert result.batches == 8
