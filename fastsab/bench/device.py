@@ -2,8 +2,8 @@
 
 - ``host-to-device``: an epoch of the loaders' batches moved to the device (pinned and asynchronous
   on CUDA), and ``DataLoader(pin_memory=True)``'s batches moved the same way, against a ``copy_`` of
-  the same bytes in batches of the same size from pinned memory into a buffer on the device: the
-  most the link moves. The ratio is time / the copy's time (1 is the link's speed).
+  the same bytes in one copy from pinned memory into a buffer on the device: the most the link
+  moves. The ratio is time / the copy's time (1 is the link's speed).
 - ``device step``: the same loaders feeding a small model's training step on the device, against
   the step alone on batches already there.
 
@@ -98,19 +98,17 @@ class _Moved:
 
 
 class _CopyFloor:
-    """Epochs of ``copy_`` into one device buffer, ``batch_size`` rows at a time, from pinned memory on CUDA."""
+    """Epochs of one ``copy_`` of all the rows into a device buffer, from pinned memory on CUDA."""
 
-    def __init__(self, data: torch.Tensor, batch_size: int, device: torch.device) -> None:
-        # NOTE: the rows in order, already pinned, into a buffer allocated once: no gather, no
-        # allocation, no pinning per batch, which is the most a loader's batches could move
+    def __init__(self, data: torch.Tensor, device: torch.device) -> None:
+        # NOTE: the rows in order, already pinned, in one copy into a buffer allocated once: no
+        # gather, no allocation, no pinning, no copy per batch (a loader moves a shuffle group of
+        # in-memory rows in one copy too): the most the link moves
         self.host = data.pin_memory() if device.type == "cuda" else data.clone()
-        self.buffer = torch.empty((batch_size, *data.shape[1:]), dtype=data.dtype, device=device)
-        self.batch_size = batch_size
+        self.buffer = torch.empty_like(data, device=device)
 
     def __iter__(self) -> Iterator[torch.Tensor]:
-        for start in range(0, len(self.host), self.batch_size):
-            rows = self.host[start : start + self.batch_size]
-            yield self.buffer[: len(rows)].copy_(rows, non_blocking=True)
+        yield self.buffer.copy_(self.host, non_blocking=True)
 
 
 def _identity(batch: Any) -> Any:
@@ -153,7 +151,7 @@ def device_rows(
     device = bench_device(str(device))
     data = torch.randn(samples, ROW_FLOATS)
     floor_name = COPY_FLOOR if device.type == "cuda" else PLAIN_COPY_FLOOR
-    copies: list[Case] = [(floor_name, partial(_CopyFloor, data, batch_size, device))]
+    copies: list[Case] = [(floor_name, partial(_CopyFloor, data, device))]
     copies += _loader_cases(data, batch_size, device)
     timed: list[Case] = [(name, partial(_timed, make, device, None)) for name, make in copies]
     rows = _rows("host-to-device", device, epoch_times(timed, epochs, progress), data.nbytes)
@@ -181,7 +179,7 @@ def _rows(suite: str, device: torch.device, measured: dict[str, tuple[float, int
     dataloader = next(seconds for name, (seconds, _) in measured.items() if name.startswith("DataLoader"))
     rows = []
     for name, (seconds, batches) in measured.items():
-        note = f"{batches:,} batches"
+        note = f"{batches:,} batch" + ("es" if batches != 1 else "")
         if nbytes is not None:
             note += f"; {nbytes / seconds / 1e9:.2f} GB/s, {floor / seconds:.0%} of the floor's"
         workload = f"{'size-aware' if 'Size' in name else 'seed loop'} on {device}"

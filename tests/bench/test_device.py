@@ -42,8 +42,9 @@ def test_device_rows_time_every_case_against_the_copy_and_the_step_alone() -> No
             assert row.ratio == pytest.approx(row.seconds / floor.seconds)
             if row is not floor:
                 assert row.speedup == pytest.approx(dataloader.seconds / row.seconds)
-    # the fixed-size cases move the 30 batches of 40 rows of one epoch; the notes give bytes per second
-    for row in copies[:3] + steps[:3]:
+    # the fixed-size cases move the 30 batches of 40 rows of one epoch (the copy: 1); the notes give bytes per second
+    assert copies[0].note.startswith("1 batch; ")
+    for row in copies[1:3] + steps[:3]:
         assert row.note.startswith("30 batches")
     nbytes = 1200 * device_suite.ROW_FLOATS * 4
     for row in copies:
@@ -52,16 +53,12 @@ def test_device_rows_time_every_case_against_the_copy_and_the_step_alone() -> No
         assert row.note.endswith(f"{copies[0].seconds / row.seconds:.0%} of the floor's")
 
 
-def test_the_copy_floor_moves_every_row_in_order_into_one_buffer() -> None:
+def test_the_copy_floor_moves_every_row_in_order_in_one_copy() -> None:
     data = torch.randn(23, 4)
-    floor = device_suite._CopyFloor(data, 5, CPU)
-    batches = list(floor)
-    assert [len(batch) for batch in batches] == [5, 5, 5, 5, 3]
-    assert all(batch.data_ptr() == floor.buffer.data_ptr() for batch in batches)  # no allocation per batch
-    seen = []
-    for batch in floor:
-        seen.append(batch.clone())
-    assert torch.equal(torch.cat(seen), data)
+    floor = device_suite._CopyFloor(data, CPU)
+    first, second = list(floor), list(floor)
+    assert len(first) == len(second) == 1 and torch.equal(first[0], data) and torch.equal(second[0], data)
+    assert first[0].data_ptr() == second[0].data_ptr() == floor.buffer.data_ptr()  # no allocation per epoch
     assert floor.host.data_ptr() != data.data_ptr()  # a copy of its own, like the pinned one on CUDA
 
 
