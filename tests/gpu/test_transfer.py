@@ -81,19 +81,27 @@ def test_pinned_non_blocking_batches_equal_the_plain_loop(
         assert torch.equal(batch.cpu(), plain)
 
 
-def test_batches_used_on_a_side_stream_equal_the_plain_loop(device: torch.device) -> None:
-    # NOTE: the batches are made in this thread (prefetch=0), so their copies are queued on the stream
-    # current here, the side stream, before the work that reads them
-    loader = _make("fixed", _samples(), device=device, pin_memory=True, prefetch=0)
+@pytest.mark.parametrize(("source", "prefetch"), [("tensor", 0), ("tensor", 2), ("fetched", None)])
+def test_batches_used_on_a_side_stream_equal_the_plain_loop(
+    source: str, prefetch: int | None, device: torch.device
+) -> None:
+    # NOTE: made in this thread (prefetch=0) or in a prefetch thread, the batches' copies are queued on
+    # the loop's stream, the side stream, before the work that reads them. What the side stream read is
+    # compared with the plain loop: a read before a copy ended, or of memory that the allocator gave to
+    # a later copy while the side stream had yet to read it, would show as wrong values
+    data = _samples() if source == "tensor" else Fetched(_samples())
+    loader = _make("fixed", data, device=device, pin_memory=True, prefetch=prefetch)
     side = torch.cuda.Stream(device)
-    sums = []
+    sums, kept = [], []
     with torch.cuda.stream(side):
         for batch in loader:
             sums.append(batch.sum(dim=1))
+            kept.append(batch * 1)
     side.synchronize()
-    expected = [batch.sum(dim=1) for _, batch in _plain_loop("fixed")]
+    expected = [batch for _, batch in _plain_loop("fixed")]
     assert len(sums) == len(expected)
-    assert all(torch.equal(got.cpu(), want) for got, want in zip(sums, expected))
+    assert all(torch.equal(got.cpu(), want.sum(dim=1)) for got, want in zip(sums, expected))
+    assert all(torch.equal(got.cpu(), want) for got, want in zip(kept, expected))
 
 
 def test_the_transfer_pins_where_a_gpu_is_available(device: torch.device) -> None:
