@@ -8,13 +8,18 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+import torch
+
 from fastsab import bench
 from fastsab._checks import positive_int_argument
+from fastsab.bench import fidelity
+from fastsab.bench.device import DEVICE_SAMPLES, bench_device, device_rows
 from fastsab.bench.end_to_end import END_TO_END_MAX_EPOCHS, END_TO_END_SAMPLES
 from fastsab.bench.loaders import PER_BATCH_SAMPLES, PER_BATCH_SIZES, per_batch_rows, scale_rows
 from fastsab.bench.varlen import VARLEN_SAMPLES
@@ -65,8 +70,16 @@ def build_parser() -> argparse.ArgumentParser:
         "suite (a dataset whose __getitems__ tokenizes texts in Python: one process, 2 worker processes started "
         "per epoch or persistent, and a DataLoader with 2 persistent workers over the same plan; a new loader's first "
         "epoch and the epochs after it), a few minutes in all. "
-        "'fidelity' (not in 'all') measures memory budgets on small CPU models: per kind, the "
+        "'fidelity' (not in 'all') measures memory budgets on small models (on the CPU, or on --device): per kind, the "
         "batches run, the batches over budget, and the mean and smallest use of the budget.",
+    )
+    run.add_argument(
+        "--device",
+        type=device_argument,
+        help="also run the device suite on DEVICE ('cuda', 'cuda:1' or 'cpu'): an epoch of the loaders' and "
+        "DataLoader(pin_memory=True)'s batches moved to the device against a pinned copy_ of the same bytes (on the "
+        "CPU a plain copy), and the same loaders feeding a small model's step there (200000 samples unless "
+        "--samples); the fidelity suite runs on DEVICE too. Without --suite: the device and fidelity suites alone",
     )
     run.add_argument("--markdown", action="store_true", help="print markdown tables instead of plain text")
     run.add_argument("--json", type=Path, metavar="PATH", help="also write the rows as JSON to PATH")
@@ -87,13 +100,25 @@ def batch_sizes_argument(text: str) -> tuple[int, ...]:
     return tuple(positive_int_argument(part.strip()) for part in text.split(","))
 
 
+def device_argument(text: str) -> torch.device:
+    """A command-line argument ``text`` as the device suite's device (an ``argparse`` type)."""
+    try:
+        return bench_device(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
 def run_bench(args: argparse.Namespace) -> list[bench.Row]:
-    suites = [suite for suite in args.suite or ["loaders"] if suite != "fidelity"]
+    # NOTE: --device alone asks for the device suite (and fidelity, run by main), not the default loaders suite
+    default = ["loaders"] if args.device is None else []
+    suites = [suite for suite in args.suite or default if suite != "fidelity"]
     if "all" in suites:
         suites = list(SUITES)
     from tqdm import tqdm
 
     rows: list[bench.Row] = []
+    if args.device is not None:
+        rows += device_rows(args.device, args.samples or DEVICE_SAMPLES, args.batch_size, args.epochs)
     # NOTE: a bar only on a terminal: redirected to a log, its redraws would fill it with lines
     shown = not args.quiet and sys.stderr.isatty()
     with tqdm(total=len(suites), desc="fastsab bench", disable=not shown, file=sys.stderr) as bar:
@@ -141,16 +166,14 @@ def run_bench(args: argparse.Namespace) -> list[bench.Row]:
     return rows
 
 
-def run_fidelity(args: argparse.Namespace) -> None:
-    """Print the fidelity suite's table (markdown with ``--markdown``)."""
-    from fastsab.bench.fidelity import fidelity_markdown, fidelity_results
-
-    results = fidelity_results()
+def run_fidelity(args: argparse.Namespace) -> list[fidelity.FidelityResult]:
+    """Run the fidelity suite on ``--device`` (default the CPU), print its table (markdown with ``--markdown``)."""
+    results = fidelity.fidelity_results(device=args.device or "cpu")
     if args.markdown:
-        print(f"Measured on {bench.machine_info()}.\n")
-        print(fidelity_markdown(results))
-        return
-    print(bench.machine_info())
+        print(f"Measured on {bench.machine_info(args.device)}.\n")
+        print(fidelity.fidelity_markdown(results))
+        return results
+    print(bench.machine_info(args.device))
     print("\nfidelity  (use = measured peak / budget; budget = 6 x the largest item's peak)")
     for r in results:
         print(
@@ -158,6 +181,7 @@ def run_fidelity(args: argparse.Namespace) -> None:
             f"mean use {r.mean_use:.2f}  min {r.min_use:.2f}  max {r.max_use:.2f}  margin {r.margin:.1%}  "
             f"{r.seconds:.0f} s"
         )
+    return results
 
 
 def plot_rows(rows: list[bench.Row], path: Path) -> None:
@@ -185,9 +209,9 @@ def plot_rows(rows: list[bench.Row], path: Path) -> None:
     plt.close(fig)
 
 
-def print_plain(rows: list[bench.Row]) -> None:
+def print_plain(rows: list[bench.Row], device: torch.device | None) -> None:
     width = max(len(row.method) for row in rows)
-    print(bench.machine_info())
+    print(bench.machine_info(device))
     suite = None
     for row in rows:
         if row.suite != suite:
@@ -206,18 +230,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "fit-memory":
         return run_fit_memory(args)
-    if args.suite and "fidelity" in args.suite:
-        run_fidelity(args)
-        if set(args.suite) == {"fidelity"}:
-            return 0
-    rows = run_bench(args)
-    if args.markdown:
-        print(f"Measured on {bench.machine_info()}.\n")
+    asked = args.suite or (["fidelity"] if args.device is not None else [])
+    results = run_fidelity(args) if "fidelity" in asked else []
+    rows = run_bench(args) if set(asked) != {"fidelity"} or args.device is not None else []
+    if rows and args.markdown:
+        print(f"Measured on {bench.machine_info(args.device)}.\n")
         print(bench.to_markdown(rows))
-    else:
-        print_plain(rows)
+    elif rows:
+        print_plain(rows, args.device)
     if args.json is not None:
-        payload = {"machine": bench.machine_info(), "rows": [row.as_dict() for row in rows]}
+        payload = {
+            "machine": bench.machine_info(args.device),
+            "rows": [row.as_dict() for row in rows],
+            "fidelity": [dataclasses.asdict(result) for result in results],
+        }
         args.json.write_text(json.dumps(payload, indent=2))
     if args.plot is not None:
         plot_all(rows, args.plot, args.samples or VARLEN_SAMPLES)

@@ -12,6 +12,8 @@ noisy shared machines.
   first batch of a huge epoch (time and memory, ``scale_rows``).
 - ``varlen``: variable-length batches: padded and packing efficiency, steps and time.
 - ``end_to_end``: the loaders feeding a small model's training step.
+- ``device``: batches moved to a device against a pinned ``copy_``, and a training step there.
+- ``fidelity``: memory budgets measured on small models (on the CPU or a CUDA device).
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """How well memory budgets hold on real models: the ``fastsab bench --suite fidelity`` workloads.
 
 For each kind of model (a CNN on images padded in 2-D, a GNN on graphs joined into one, a
-transformer encoder on padded sequences and on packed ones), the whole workflow runs on the CPU: measure the
+transformer encoder on padded sequences and on packed ones), the whole workflow runs on one device (the CPU
+by default, or a CUDA device: ``kinds(device=...)``): measure the
 peak of a few batches of several shapes (``measure_batches``), fit a
 ``BatchMemoryModel``, batch a dataset under a budget of
 ``budget_factor`` times the largest item's measured peak, and measure every planned batch's
@@ -25,6 +26,8 @@ from fastsab.memory.batch import BatchMemoryModel, fit_batch_memory, measure_bat
 
 __all__ = ["FidelityResult", "Kind", "fidelity_markdown", "fidelity_results", "kinds"]
 
+_CPU = torch.device("cpu")
+
 
 @dataclass(frozen=True)
 class Kind:
@@ -39,6 +42,7 @@ class Kind:
         step: ``step(rows)``: a training step on one batch of items with these features.
         calibration_items: The fewest and most items of a measured batch.
         sort_window: A ``sort_window`` the suite also runs this kind with (``None``: none).
+        device: Where ``step`` runs, and so whose allocator the peaks are read from.
     """
 
     name: str
@@ -49,6 +53,7 @@ class Kind:
     step: Callable[[np.ndarray], None]
     calibration_items: tuple[int, int] = (2, 8)
     sort_window: int | None = None
+    device: torch.device = _CPU
 
 
 @dataclass(frozen=True)
@@ -153,31 +158,32 @@ def _sequence_features(n: int, rng: np.random.Generator) -> np.ndarray:
     return rng.integers(16, 513, size=(n, 1))
 
 
-def kinds(seed: int = 0) -> list[Kind]:
-    """The four kinds of the fidelity suite, with their models (seeded)."""
+def kinds(seed: int = 0, device: torch.device | str = "cpu") -> list[Kind]:
+    """The four kinds of the fidelity suite, with their models (seeded) and steps on ``device``."""
+    on = torch.device(device)
     torch.manual_seed(seed)
-    cnn, gnn = _Cnn(), _Gnn()
-    encoder = torch.nn.TransformerEncoderLayer(32, 2, 64, dropout=0.0, batch_first=True)
-    packed = _PackedEncoder()
+    cnn, gnn = _Cnn().to(on), _Gnn().to(on)
+    encoder = torch.nn.TransformerEncoderLayer(32, 2, 64, dropout=0.0, batch_first=True).to(on)
+    packed = _PackedEncoder().to(on)
 
     def cnn_step(rows: np.ndarray) -> None:
         height, width = (int(v) for v in rows.max(axis=0))
-        cnn(torch.randn(len(rows), 3, height, width)).sum().backward()
+        cnn(torch.randn(len(rows), 3, height, width, device=on)).sum().backward()
         cnn.zero_grad(set_to_none=True)
 
     def gnn_step(rows: np.ndarray) -> None:
         nodes, edges = int(rows[:, 0].sum()), int(rows[:, 1].sum())
-        gnn(torch.randn(nodes, 8), torch.randint(0, nodes, (2, edges))).backward()
+        gnn(torch.randn(nodes, 8, device=on), torch.randint(0, nodes, (2, edges), device=on)).backward()
         gnn.zero_grad(set_to_none=True)
 
     def encoder_step(rows: np.ndarray) -> None:
         length = int(rows[:, 0].max())  # sequences padded to the batch's longest
-        encoder(torch.randn(len(rows), length, 32)).sum().backward()
+        encoder(torch.randn(len(rows), length, 32, device=on)).sum().backward()
         encoder.zero_grad(set_to_none=True)
 
     def packed_step(rows: np.ndarray) -> None:
         lengths = [int(v) for v in rows[:, 0]]
-        packed(torch.randn(sum(lengths), 32), lengths).sum().backward()
+        packed(torch.randn(sum(lengths), 32, device=on), lengths).sum().backward()
         packed.zero_grad(set_to_none=True)
 
     return [
@@ -191,6 +197,7 @@ def kinds(seed: int = 0) -> list[Kind]:
             # NOTE: windows sort by H, then W: a batch holds images of one height and padding
             # is in W alone; sorting by area first would batch tall images with wide ones
             sort_window=200,
+            device=on,
         ),
         Kind(
             "GNN, graphs of 10..2000 nodes joined into one",
@@ -199,6 +206,7 @@ def kinds(seed: int = 0) -> list[Kind]:
             1,
             _graph_features,
             gnn_step,
+            device=on,
         ),
         Kind(
             "transformer encoder, sequences 16..512",
@@ -208,6 +216,7 @@ def kinds(seed: int = 0) -> list[Kind]:
             _sequence_features,
             encoder_step,
             sort_window=200,
+            device=on,
         ),
         Kind(
             "transformer encoder, sequences 16..512 packed",
@@ -223,6 +232,7 @@ def kinds(seed: int = 0) -> list[Kind]:
             # of the kind the budget plans, and the fit is exact for them
             calibration_items=(8, 16),
             sort_window=200,
+            device=on,
         ),
     ]
 
@@ -273,14 +283,14 @@ def run_kind(
     for _ in range(2):  # warm up: lazily allocated buffers do not count in the first peaks
         kind.step(features[:2])
     calibrate, alone = _calibration_batches(features, calibration, rng, kind.calibration_items)
-    peaks = measure_batches(kind.step, calibrate)
+    peaks = measure_batches(kind.step, calibrate, kind.device)
     model = fit_batch_memory(calibrate, peaks, cost=kind.cost, degree=kind.degree)  # type: ignore[arg-type]
-    budget = budget_factor * max(measure_batches(kind.step, alone))  # the largest items, each alone
+    budget = budget_factor * max(measure_batches(kind.step, alone, kind.device))  # the largest items, each alone
     per_item = features[:, 0] if features.shape[1] == 1 else features  # a one-feature model takes 1-D features
     options = model.loader_options(budget)
     loader = FastSizeAwareLoader(np.arange(items), features=per_item, seed=seed, sort_window=sort_window, **options)
     planned = [features[np.asarray(batch)] for batch, _ in zip(loader, range(batches))]
-    use = np.array(measure_batches(kind.step, planned), dtype=np.float64) / budget
+    use = np.array(measure_batches(kind.step, planned, kind.device), dtype=np.float64) / budget
     result = FidelityResult(
         kind=kind.name,
         batching=kind.batching,
@@ -296,10 +306,10 @@ def run_kind(
     return result, model
 
 
-def fidelity_results(seed: int = 0, **options: Any) -> list[FidelityResult]:
-    """Every kind's ``run_kind`` result, then the same kind's in its ``sort_window`` if it has one."""
+def fidelity_results(seed: int = 0, device: torch.device | str = "cpu", **options: Any) -> list[FidelityResult]:
+    """Every kind's ``run_kind`` result on ``device``, then the same kind's in its ``sort_window`` if it has one."""
     results = []
-    for kind in kinds(seed):
+    for kind in kinds(seed, device):
         for window in (None, kind.sort_window) if kind.sort_window else (None,):
             results.append(run_kind(kind, sort_window=window, seed=seed, **options)[0])
     return results

@@ -62,11 +62,16 @@ def time_best(fn: Callable[[], Any], repeat: int = 3, warmup: int = 1) -> float:
     return best
 
 
-def machine_info() -> str:
-    """One line naming the machine and versions the numbers were measured on."""
+def machine_info(device: torch.device | None = None) -> str:
+    """One line naming the machine and versions the numbers were measured on (and the GPU, for a CUDA ``device``)."""
+    gpu = (
+        f", {torch.cuda.get_device_name(device)} (CUDA {torch.version.cuda})"
+        if device and device.type == "cuda"
+        else ""
+    )
     return (
         f"{platform.machine()}, {torch.get_num_threads()} threads, Python {platform.python_version()}, "
-        f"torch {torch.__version__}, numpy {np.__version__}"
+        f"torch {torch.__version__}, numpy {np.__version__}{gpu}"
     )
 
 

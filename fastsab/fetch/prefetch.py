@@ -2,16 +2,20 @@
 
 A loader with ``prefetch=k`` makes its batches (planning, fetching, collating, moving) in one
 thread, ``k`` batches ahead of the training loop, so that reading the next batch overlaps
-the work on the current one.
+the work on the current one. The thread queues its CUDA work (the batches' copies to the GPU)
+on the stream current where the items are taken, as a loop without a thread would.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import queue
 import threading
-from collections.abc import Generator
-from typing import Literal, TypeVar, Union
+from collections.abc import Callable, Generator
+from typing import Any, Literal, TypeVar, Union
+
+import torch
 
 __all__ = ["prefetched"]
 
@@ -42,6 +46,7 @@ def prefetched(source: Generator[T, None, None], depth: int) -> Generator[T, Non
     """
     items: queue.Queue[_Message[T]] = queue.Queue(maxsize=depth)
     stop = threading.Event()
+    stream = _consumer_stream()
 
     def put(message: _Message[T]) -> bool:
         while not stop.is_set():
@@ -54,9 +59,10 @@ def prefetched(source: Generator[T, None, None], depth: int) -> Generator[T, Non
 
     def produce() -> None:
         try:
-            for item in source:
-                if not put(("item", item)):
-                    return
+            with stream:
+                for item in source:
+                    if not put(("item", item)):
+                        return
             put(("end", None))
         except BaseException as err:  # forwarded to the consumer, which re-raises it
             put(("error", err))
@@ -81,6 +87,19 @@ def prefetched(source: Generator[T, None, None], depth: int) -> Generator[T, Non
         _drain(items)
         thread.join()
         _running.discard(running)
+
+
+def _consumer_stream() -> contextlib.AbstractContextManager[Any]:
+    """What makes the thread queue CUDA work on the stream current here, where the items are used."""
+    # NOTE: a thread starts on the default stream. A loop on a side stream (torch's streams do not
+    # wait for the default one) would read a batch before its copy ended, and the allocator would
+    # give a used batch's memory to a later copy while the side stream still reads it. The copies
+    # go on the loop's stream instead, ordered with its work, as they are without a thread. Where
+    # CUDA is not initialized yet, the loop has no stream but the default one: nothing to do.
+    initialized: Callable[[], bool] = torch.cuda.is_initialized  # NOTE: torch leaves it unannotated
+    if initialized():
+        return torch.cuda.stream(torch.cuda.current_stream())
+    return contextlib.nullcontext()
 
 
 @atexit.register

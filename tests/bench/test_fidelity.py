@@ -7,14 +7,16 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 
 from fastsab.bench import fidelity
 from fastsab.bench.fidelity import FidelityResult, Kind, fidelity_markdown, kinds, run_kind
 from fastsab.cli import main
 
 
-def _small(index: int) -> Kind:
-    kind = kinds()[index]
+def small_kind(index: int, device: torch.device | str = "cpu") -> Kind:
+    """Kind ``index`` of the suite on ``device``, with small items (a few seconds a run)."""
+    kind = kinds(device=device)[index]
     small = {
         0: lambda n, rng: rng.integers(8, 49, size=(n, 2)),  # images
         1: lambda n, rng: np.stack([(v := rng.integers(5, 120, size=n)), v * rng.integers(2, 9, size=n)], axis=1),
@@ -26,7 +28,7 @@ def _small(index: int) -> Kind:
 
 @pytest.mark.parametrize(("index", "window"), [(0, None), (1, None), (2, None), (3, None), (0, 32)])
 def test_every_planned_batch_stays_within_the_budget(index: int, window: int | None) -> None:
-    result, model = run_kind(_small(index), items=120, calibration=14, batches=8, sort_window=window)
+    result, model = run_kind(small_kind(index), items=120, calibration=14, batches=8, sort_window=window)
     assert result.batches == 8 and result.over_budget == 0 and result.sort_window == window
     assert 0.5 < result.mean_use <= result.max_use <= 1.0
     assert model.report is not None and model.report.num_batches == 3
@@ -34,7 +36,7 @@ def test_every_planned_batch_stays_within_the_budget(index: int, window: int | N
 
 def test_sorted_windows_order_images_by_height_then_width() -> None:
     seen: list[np.ndarray] = []
-    images = _small(0)
+    images = small_kind(0)
     recording = dataclasses.replace(images, step=lambda rows: (seen.append(rows), images.step(rows))[1])
     run_kind(recording, items=120, calibration=14, batches=8, sort_window=120)
     planned = seen[-8:]  # the planned batches are measured last
@@ -53,7 +55,7 @@ def test_calibration_batches_hold_the_kinds_numbers_of_items() -> None:
 
 @pytest.mark.parametrize("items", [(0, 4), (5, 4), (2.0, 8), [2, 8], (True, 3)])
 def test_calibration_items_out_of_range_are_refused(items: object) -> None:
-    kind = dataclasses.replace(_small(3), calibration_items=items)
+    kind = dataclasses.replace(small_kind(3), calibration_items=items)
     with pytest.raises(ValueError, match=r"calibration_items must be \(fewest, most\) integers .*, got "):
         run_kind(kind, items=20, calibration=4, batches=1)
 
@@ -92,8 +94,17 @@ def test_markdown_table() -> None:
 
 def test_cli_runs_the_fidelity_suite(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     row = FidelityResult("GNN", "summed", 40, 0, 0.95, 0.86, 0.99, 0.0, 27.0, 200)
-    monkeypatch.setattr("fastsab.bench.fidelity.fidelity_results", lambda: [row])
+    devices: list[object] = []
+    monkeypatch.setattr("fastsab.bench.fidelity.fidelity_results", lambda device: devices.append(device) or [row])
     assert main(["bench", "--suite", "fidelity", "--markdown"]) == 0
     assert "| GNN | summed | 200 | 40 | 0 | 0.95 | 0.86 | 0.99 | 0.0% | 27 |" in capsys.readouterr().out
     assert main(["bench", "--suite", "fidelity"]) == 0
     assert "window  200  batches  40  over budget  0  mean use 0.95" in capsys.readouterr().out
+    assert devices == ["cpu", "cpu"]  # without --device, the models run on the CPU
+
+
+def test_kinds_run_their_steps_on_the_device_they_are_made_for() -> None:
+    for kind in kinds(device="cpu"):
+        assert kind.device == torch.device("cpu")
+    result, _ = run_kind(small_kind(1, "cpu"), items=60, calibration=6, batches=3)
+    assert result.batches == 3 and result.over_budget == 0

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import textwrap
@@ -8,6 +9,7 @@ import time
 from collections.abc import Generator
 
 import pytest
+import torch
 
 from fastsab.fetch.prefetch import prefetched
 
@@ -88,3 +90,33 @@ def test_a_loop_left_unfinished_at_exit_stops_its_thread_before_the_interpreter_
     for _ in range(3):  # (the failure depended on timing: most runs showed it)
         done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
         assert done.returncode == 0 and done.stderr == "", done.stderr
+
+
+@pytest.mark.parametrize("initialized", [True, False])
+def test_the_thread_queues_cuda_work_on_the_stream_of_the_loop(monkeypatch, initialized):
+    # NOTE: CUDA is faked here, a stream being a name: what is checked is the stream the thread makes its
+    # items under (the loop's, taken where the loop runs), not a GPU; tests/gpu runs the copies on one
+    loop_stream = "the loop's stream"
+    entered: list[tuple[str, str]] = []
+    current: list[str] = []
+
+    @contextlib.contextmanager
+    def stream(chosen):
+        entered.append((threading.current_thread().name, chosen))
+        current.append(chosen)
+        yield
+        current.pop()
+
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: initialized)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: loop_stream)
+    monkeypatch.setattr(torch.cuda, "stream", stream)
+
+    def source() -> Generator[str | None, None, None]:
+        for _ in range(3):
+            yield current[-1] if current else None
+
+    made_under = list(prefetched(source(), depth=2))
+    if initialized:
+        assert entered == [("fastsab-prefetch", loop_stream)] and made_under == [loop_stream] * 3
+    else:  # CUDA not initialized: the loop has only the default stream, and nothing is entered
+        assert entered == [] and made_under == [None] * 3
