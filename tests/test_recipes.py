@@ -114,10 +114,20 @@ def test_resume(tmp_path, monkeypatch, capsys, save_every, crash_at):
     assert torch.equal(resumed.weight, ns["whole"].weight) and torch.equal(resumed.bias, ns["whole"].bias)
 
 
+def wait_for_children_to_end(seconds: float = 30) -> None:
+    """Wait until this process has no child process left (a hang guard: at most ``seconds``)."""
+    deadline = time.monotonic() + seconds
+    while multiprocessing.active_children() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 def test_workers(tmp_path, monkeypatch, capsys):
     page = "recipes/workers.md"
     ns, printed = run_page(page, tmp_path, monkeypatch, capsys)
     assert "same batches: True" in printed
+    # NOTE: the page's own workers were closed; a closed worker is reaped a moment later (longer on
+    # a loaded machine): wait for them, so that the count below is of this loader's workers
+    wait_for_children_to_end()
     # workers give, epoch by epoch, the batches of the loop's own process, and stop when closed
     workers = ns["FastLoader"](ns["SlowDataset"](), batch_size=32, seed=0, num_workers=2, persistent_workers=True)
     for epoch in range(2):
@@ -128,9 +138,7 @@ def test_workers(tmp_path, monkeypatch, capsys):
         assert got == [batch["index"].tolist() for batch in ns["in_process"]]
         assert sorted(i for batch in got for i in batch) == list(range(200))
     workers.close()
-    deadline = time.monotonic() + 30  # a hang guard: a terminated worker is reaped a moment later
-    while multiprocessing.active_children() and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_for_children_to_end()
     assert multiprocessing.active_children() == []
     # a RaggedDataset's batches are the same with and without workers
     ragged = [batch["input_ids"] for batch in ns["gather"]]
