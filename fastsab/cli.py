@@ -24,6 +24,8 @@ from fastsab.memory.cli import add_fit_memory_parser, run_fit_memory
 __all__ = ["main"]
 
 SUITES = ("loaders", "kernels", "permutation", "first-batch", "adaptive", "varlen", "end-to-end", "scale", "workers")
+#: The suites (not in 'all') that print a table of their own, with its own columns.
+TABLE_SUITES = ("fidelity", "shapes")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -55,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--epochs", type=positive_int_argument, default=5, help="timed epochs per method (default 5)")
     run.add_argument(
         "--suite",
-        choices=(*SUITES, "fidelity", "all"),
+        choices=(*SUITES, *TABLE_SUITES, "all"),
         action="append",
         help="what to run (repeatable; default: loaders). 'all' adds the kernel, permutation and "
         "first-batch suites at 10**6 to 10**8 items, the adaptive overhead and the varlen suite (padded and "
@@ -66,7 +68,10 @@ def build_parser() -> argparse.ArgumentParser:
         "per epoch or persistent, and a DataLoader with 2 persistent workers over the same plan; a new loader's first "
         "epoch and the epochs after it), a few minutes in all. "
         "'fidelity' (not in 'all') measures memory budgets on small CPU models: per kind, the "
-        "batches run, the batches over budget, and the mean and smallest use of the budget.",
+        "batches run, the batches over budget, and the mean and smallest use of the budget. "
+        "'shapes' (not in 'all') counts the batch shapes of variable-length batches (DataLoader, sort_window, shape "
+        "buckets), their padded efficiency, and the graphs a model compiled for static shapes builds over two "
+        "epochs, with its epoch times (50000 sequences, 8000 and 3000 for the compiled epochs; about two minutes).",
     )
     run.add_argument("--markdown", action="store_true", help="print markdown tables instead of plain text")
     run.add_argument("--json", type=Path, metavar="PATH", help="also write the rows as JSON to PATH")
@@ -88,7 +93,7 @@ def batch_sizes_argument(text: str) -> tuple[int, ...]:
 
 
 def run_bench(args: argparse.Namespace) -> list[bench.Row]:
-    suites = [suite for suite in args.suite or ["loaders"] if suite != "fidelity"]
+    suites = [suite for suite in args.suite or ["loaders"] if suite not in TABLE_SUITES]
     if "all" in suites:
         suites = list(SUITES)
     from tqdm import tqdm
@@ -160,6 +165,15 @@ def run_fidelity(args: argparse.Namespace) -> None:
         )
 
 
+def run_shapes(args: argparse.Namespace) -> None:
+    """Print the shapes suite's table (the same markdown table with or without ``--markdown``)."""
+    from fastsab.bench.shapes import SHAPES_SAMPLES, shapes_markdown, shapes_results
+
+    results = shapes_results(args.samples or SHAPES_SAMPLES)
+    print(f"Measured on {bench.machine_info()}.\n")
+    print(shapes_markdown(results))
+
+
 def plot_rows(rows: list[bench.Row], path: Path) -> None:
     """Bar chart of ms per epoch (log scale) for the loader rows, one bar per method."""
     try:
@@ -206,10 +220,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "fit-memory":
         return run_fit_memory(args)
-    if args.suite and "fidelity" in args.suite:
-        run_fidelity(args)
-        if set(args.suite) == {"fidelity"}:
-            return 0
+    table_suites = {"fidelity": run_fidelity, "shapes": run_shapes}
+    for suite in TABLE_SUITES:
+        if args.suite and suite in args.suite:
+            table_suites[suite](args)
+    if args.suite and set(args.suite) <= set(TABLE_SUITES):
+        return 0
     rows = run_bench(args)
     if args.markdown:
         print(f"Measured on {bench.machine_info()}.\n")
