@@ -167,9 +167,13 @@ def run_fidelity(args: argparse.Namespace) -> None:
 
 def run_shapes(args: argparse.Namespace) -> None:
     """Print the shapes suite's table (the same markdown table with or without ``--markdown``)."""
+    from tqdm import tqdm
+
     from fastsab.bench.shapes import SHAPES_SAMPLES, shapes_markdown, shapes_results
 
-    results = shapes_results(args.samples or SHAPES_SAMPLES)
+    shown = not args.quiet and sys.stderr.isatty()
+    with tqdm(desc="fastsab bench shapes", disable=not shown, file=sys.stderr) as bar:
+        results = shapes_results(args.samples or SHAPES_SAMPLES, progress=bar.set_postfix_str)
     print(f"Measured on {bench.machine_info()}.\n")
     print(shapes_markdown(results))
 
