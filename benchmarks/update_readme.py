@@ -3,10 +3,12 @@
 Usage: ``python benchmarks/update_readme.py`` (takes a few minutes: it runs every suite of
 ``--suite all``, the end-to-end suite and the scale suite's rank of a 10**9-item epoch included), or
 with ``--varlen-only`` (under a minute: the "Padding and packing" table alone),
-``--fidelity-only`` (the memory fidelity table alone) or ``--headline-only`` (no run: README's
+``--fidelity-only`` (the memory fidelity table alone), ``--shapes-only`` (about two minutes: the batch
+shapes table of ``fastsab bench --suite shapes`` alone) or ``--headline-only`` (no run: README's
 headline table from the tables of docs/benchmarks.md). The sections of docs/benchmarks.md between the
 ``<!-- bench:start -->`` / ``<!-- bench:end -->``, ``<!-- varlen:start -->`` /
-``<!-- varlen:end -->`` and ``<!-- fidelity:start -->`` / ``<!-- fidelity:end -->`` markers are
+``<!-- varlen:end -->``, ``<!-- fidelity:start -->`` / ``<!-- fidelity:end -->`` and
+``<!-- shapes:start -->`` / ``<!-- shapes:end -->`` markers are
 replaced by what the bench prints, and README's ``<!-- headline:start -->`` / ``<!-- headline:end -->``
 section by the machine line and the loaders table of the bench section; nothing in them is typed
 by hand. The plot of padded efficiency against window size is drawn by
@@ -31,6 +33,7 @@ HEADLINE = ("<!-- headline:start -->", "<!-- headline:end -->")
 BENCH = ("<!-- bench:start -->", "<!-- bench:end -->")
 VARLEN = ("<!-- varlen:start -->", "<!-- varlen:end -->")
 FIDELITY = ("<!-- fidelity:start -->", "<!-- fidelity:end -->")
+SHAPES = ("<!-- shapes:start -->", "<!-- shapes:end -->")
 
 
 def section(text: str, markers: tuple[str, str], name: str) -> str:
@@ -102,15 +105,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     only = parser.add_mutually_exclusive_group()
     only.add_argument("--varlen-only", action="store_true", help="regenerate only the varlen table")
     only.add_argument("--fidelity-only", action="store_true", help="regenerate only the memory fidelity table")
+    only.add_argument("--shapes-only", action="store_true", help="regenerate only the batch shapes table")
     only.add_argument("--headline-only", action="store_true", help="regenerate README's table from the docs page")
     args = parser.parse_args(argv)
-    runs_all = not (args.varlen_only or args.fidelity_only or args.headline_only)
+    runs_all = not (args.varlen_only or args.fidelity_only or args.shapes_only or args.headline_only)
     if runs_all or args.varlen_only:
         update(PAGE, VARLEN, varlen_section())
     if runs_all:
         update(PAGE, BENCH, bench("--suite", "all", "--epochs", "10", "--batch-sizes", "64,256,1024"))
     if runs_all or args.fidelity_only:
         update(PAGE, FIDELITY, bench("--suite", "fidelity"))
+    if runs_all or args.shapes_only:
+        update(PAGE, SHAPES, bench("--suite", "shapes"))
     if runs_all or args.headline_only:
         update_headline()
     return 0

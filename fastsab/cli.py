@@ -29,6 +29,8 @@ from fastsab.memory.cli import add_fit_memory_parser, run_fit_memory
 __all__ = ["main"]
 
 SUITES = ("loaders", "kernels", "permutation", "first-batch", "adaptive", "varlen", "end-to-end", "scale", "workers")
+#: The suites (not in 'all') that print a table of their own, with its own columns.
+TABLE_SUITES = ("fidelity", "shapes")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -60,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--epochs", type=positive_int_argument, default=5, help="timed epochs per method (default 5)")
     run.add_argument(
         "--suite",
-        choices=(*SUITES, "fidelity", "all"),
+        choices=(*SUITES, *TABLE_SUITES, "all"),
         action="append",
         help="what to run (repeatable; default: loaders). 'all' adds the kernel, permutation and "
         "first-batch suites at 10**6 to 10**8 items, the adaptive overhead and the varlen suite (padded and "
@@ -71,7 +73,10 @@ def build_parser() -> argparse.ArgumentParser:
         "per epoch or persistent, and a DataLoader with 2 persistent workers over the same plan; a new loader's first "
         "epoch and the epochs after it), a few minutes in all. "
         "'fidelity' (not in 'all') measures memory budgets on small models (on the CPU, or on --device): per kind, the "
-        "batches run, the batches over budget, and the mean and smallest use of the budget.",
+        "batches run, the batches over budget, and the mean and smallest use of the budget. "
+        "'shapes' (not in 'all') counts the batch shapes of variable-length batches (DataLoader, sort_window, shape "
+        "buckets), their padded efficiency, and the graphs a model compiled for static shapes builds over two "
+        "epochs, with its epoch times (50000 sequences, 8000 and 3000 for the compiled epochs; about two minutes).",
     )
     run.add_argument(
         "--device",
@@ -111,7 +116,7 @@ def device_argument(text: str) -> torch.device:
 def run_bench(args: argparse.Namespace) -> list[bench.Row]:
     # NOTE: --device alone asks for the device suite (and fidelity, run by main), not the default loaders suite
     default = ["loaders"] if args.device is None else []
-    suites = [suite for suite in args.suite or default if suite != "fidelity"]
+    suites = [suite for suite in args.suite or default if suite not in TABLE_SUITES]
     if "all" in suites:
         suites = list(SUITES)
     from tqdm import tqdm
@@ -184,6 +189,19 @@ def run_fidelity(args: argparse.Namespace) -> list[fidelity.FidelityResult]:
     return results
 
 
+def run_shapes(args: argparse.Namespace) -> None:
+    """Print the shapes suite's table (the same markdown table with or without ``--markdown``)."""
+    from tqdm import tqdm
+
+    from fastsab.bench.shapes import SHAPES_SAMPLES, shapes_markdown, shapes_results
+
+    shown = not args.quiet and sys.stderr.isatty()
+    with tqdm(desc="fastsab bench shapes", disable=not shown, file=sys.stderr) as bar:
+        results = shapes_results(args.samples or SHAPES_SAMPLES, progress=bar.set_postfix_str)
+    print(f"Measured on {bench.machine_info()}.\n")
+    print(shapes_markdown(results))
+
+
 def plot_rows(rows: list[bench.Row], path: Path) -> None:
     """Bar chart of ms per epoch (log scale) for the loader rows, one bar per method."""
     try:
@@ -232,7 +250,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_fit_memory(args)
     asked = args.suite or (["fidelity"] if args.device is not None else [])
     results = run_fidelity(args) if "fidelity" in asked else []
-    rows = run_bench(args) if set(asked) != {"fidelity"} or args.device is not None else []
+    if "shapes" in asked:
+        run_shapes(args)
+    # NOTE: the suites printing tables of their own run alone, unless --device asks for the device suite too
+    alone = bool(asked) and set(asked) <= set(TABLE_SUITES) and args.device is None
+    rows = [] if alone else run_bench(args)
     if rows and args.markdown:
         print(f"Measured on {bench.machine_info(args.device)}.\n")
         print(bench.to_markdown(rows))
