@@ -116,3 +116,18 @@ def test_the_docs_page_gives_the_commands_of_the_check_and_the_bench(monkeypatch
         (torch.device("cuda"), 200_000, 3),
         (torch.device("cpu"), 20_000, 1),
     ]
+
+
+def test_the_shapes_suite_is_reported_not_judged(rows: list[dict[str, object]]) -> None:
+    from tools.gpu_check import run_shapes
+
+    tests = {"passed": 28, "failed": 0, "skipped": 0, "failures": [], "exit_code": 0, "seconds": 40.0}
+    summary = summarize(GPU, tests, {"ok": True, "seconds": 60.0, "machine": "m", "rows": rows, "fidelity": []})
+    if not torch.cuda.is_available():
+        # without a GPU the suite's command refuses --device cuda: the check says so and stays OK
+        shapes = run_shapes()
+        assert shapes["ok"] is False and shapes["error"] == "exit code 2"
+        summary["shapes"] = shapes
+        assert summary["ok"] and "fastsab bench --suite shapes --device cuda:\n  exit code 2 after" in render(summary)
+    summary["shapes"] = {"ok": True, "seconds": 90.0, "table": "| workload | method |"}
+    assert render(summary).endswith("fastsab bench --suite shapes --device cuda:\n| workload | method |")

@@ -53,9 +53,9 @@ class CompiledEpochs:
         eager_steps: Steps of a shape no graph was built for (past the recompile limit), run eagerly.
         steps: Steps of both compiled epochs.
         shapes: Distinct ``(B, L)`` shapes of both compiled epochs.
-        epoch_seconds: The second compiled epoch's CPU time.
-        total_seconds: Both compiled epochs' CPU time, the compiles included.
-        eager_seconds: The CPU time of an epoch of the model not compiled (the second epoch's batches again,
+        epoch_seconds: The second compiled epoch's CPU time (on a GPU: its wall time, the device synchronized).
+        total_seconds: Both compiled epochs' time, the compiles included.
+        eager_seconds: The time of an epoch of the model not compiled (the second epoch's batches again,
             where the loader has ``set_epoch``).
     """
 
@@ -86,32 +86,54 @@ def _train_epoch(
     optimizer: torch.optim.Optimizer,
     epoch: int,
     step_done: Callable[[tuple[int, int]], None],
+    device: torch.device,
 ) -> float:
-    """CPU seconds of an epoch of SGD steps of ``model`` on ``loader``'s batches, ``step_done`` told each shape."""
+    """Seconds of an epoch of SGD steps of ``model`` on ``loader``'s batches (moved to ``device``), each shape told."""
     if isinstance(loader, FastSizeAwareLoader):
         loader.set_epoch(epoch)
-    # NOTE: CPU time of this process, as in the end-to-end suite: the loader, the compiles and the steps run in it
-    # (one thread), so a shared machine's waits for a core are left out
-    start = time.process_time()
+    # NOTE: on the CPU, CPU time of this process, as in the end-to-end suite: the loader, the compiles and the steps
+    # run in it (one thread), so a shared machine's waits for a core are left out; on a GPU, wall time from a
+    # synchronized device to a synchronized device (its work is not this process's CPU time)
+    cuda = device.type == "cuda"
+    clock = time.perf_counter if cuda else time.process_time
+    if cuda:
+        torch.cuda.synchronize(device)
+    start = clock()
     for batch in loader:
-        ids = batch["input_ids"]
+        ids = batch["input_ids"].to(device, non_blocking=True)
         keep = batch["sample_mask"] if "sample_mask" in batch else torch.ones(len(ids), dtype=torch.bool)
-        model(ids, batch["attention_mask"], keep).backward()
+        model(ids, batch["attention_mask"].to(device, non_blocking=True), keep.to(device)).backward()
         optimizer.step()
         optimizer.zero_grad()
         step_done((len(ids), ids.shape[1]))
-    return time.process_time() - start
+    if cuda:
+        torch.cuda.synchronize(device)
+    return clock() - start
 
 
-def compiled_epochs(loader: Iterable[Mapping[str, Any]], epochs: int = 2) -> CompiledEpochs:
-    """Train a fresh ``MaskedTokenModel``, compiled for static shapes, ``epochs`` epochs on ``loader``'s batches."""
+def compiled_epochs(
+    loader: Iterable[Mapping[str, Any]], epochs: int = 2, device: torch.device | None = None, backend: str | None = None
+) -> CompiledEpochs:
+    """Train a fresh ``MaskedTokenModel``, compiled for static shapes, ``epochs`` epochs on ``loader``'s batches.
+
+    Args:
+        loader: The batches (dicts of ``input_ids``, ``attention_mask`` and maybe ``sample_mask``).
+        epochs: Compiled epochs; one more runs the model not compiled.
+        device: Where the model trains (default the CPU).
+        backend: ``torch.compile``'s backend: by default ``"aot_eager"`` on the CPU (graphs are built and
+            counted, no code is generated: a compiled step costs what an eager one does) and ``"cudagraphs"``
+            on a GPU (each shape's step recorded once as a CUDA graph and replayed: the launch costs of a small
+            model's many kernels paid once per shape).
+    """
     from torch._dynamo.utils import counters
 
+    device = torch.device("cpu") if device is None else device
+    backend = backend or ("cudagraphs" if device.type == "cuda" else "aot_eager")
     torch._dynamo.reset()
     counters.clear()
     torch.manual_seed(0)
-    model = MaskedTokenModel()
-    compiled = torch.compile(model, dynamic=False, backend="aot_eager")
+    model = MaskedTokenModel().to(device)
+    compiled = torch.compile(model, dynamic=False, backend=backend)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     seen: list[tuple[int, int]] = []
     built: set[tuple[int, int]] = set()
@@ -123,8 +145,8 @@ def compiled_epochs(loader: Iterable[Mapping[str, Any]], epochs: int = 2) -> Com
         seen.append(shape)
 
     with one_thread(), _dynamo_quiet():
-        times = [_train_epoch(loader, compiled, optimizer, epoch, step_done) for epoch in range(epochs)]
-        eager = _train_epoch(loader, model, optimizer, epochs - 1, lambda shape: None)
+        times = [_train_epoch(loader, compiled, optimizer, epoch, step_done, device) for epoch in range(epochs)]
+        eager = _train_epoch(loader, model, optimizer, epochs - 1, lambda shape: None, device)
     graphs = counters["stats"]["unique_graphs"]
     torch._dynamo.reset()
     eager_steps = sum(shape not in built for shape in seen)

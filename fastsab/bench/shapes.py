@@ -233,9 +233,10 @@ def shapes_results(
     compile_samples: int | None = None,
     bucket_counts: Sequence[int] = BUCKET_COUNTS,
     progress: Progress | None = None,
+    device: torch.device | None = None,
 ) -> list[ShapesResult]:
-    """Every method on every workload of ``shapes_workloads(n, compile_samples)``."""
-    _warm_up()
+    """Every method on every workload of ``shapes_workloads(n, compile_samples)``, the model trained on ``device``."""
+    _warm_up(device)
     results = []
     for workload in shapes_workloads(n, compile_samples):
         data = TokenSequences(workload.lengths)
@@ -246,16 +247,16 @@ def shapes_results(
             loader = make(data)
             figures = epoch_shapes(loader, workload.budget)
             stats = loader.stats if isinstance(loader, FastSizeAwareLoader) else None
-            compiled = compiled_epochs(make(compile_data))
+            compiled = compiled_epochs(make(compile_data), device=device)
             efficiency = None if stats is None else stats.padding_efficiency
             results.append(ShapesResult(workload.name, method, figures, efficiency, compiled))
     return results
 
 
-def _warm_up() -> None:
+def _warm_up(device: torch.device | None = None) -> None:
     """Compile once beforehand, so that the first method does not pay dynamo's own start-up."""
     batch = {"input_ids": torch.zeros(2, 3, dtype=torch.int64), "attention_mask": torch.ones(2, 3, dtype=torch.int64)}
-    compiled_epochs([batch], epochs=1)
+    compiled_epochs([batch], epochs=1, device=device)
 
 
 def shapes_markdown(results: Sequence[ShapesResult]) -> str:
