@@ -54,7 +54,19 @@ def examples(count: int) -> int:
 
 
 @dataclass(frozen=True)
-class Case:
+class Options:
+    """The options of a loader's epoch order and ranks, which every case draws."""
+
+    shuffle: bool
+    seed: int
+    group_size: int | None
+    prefetch: int | None
+    world_size: int
+    even_batches: str
+
+
+@dataclass(frozen=True)
+class Case(Options):
     """One loader configuration, with everything the reference loops need."""
 
     kind: str  # "fixed" (FastLoader) or "sized" (FastSizeAwareLoader)
@@ -70,12 +82,6 @@ class Case:
     oversize: str
     batch_size: int  # (fixed)
     drop_last: bool  # (fixed)
-    shuffle: bool
-    seed: int
-    group_size: int | None
-    prefetch: int | None
-    world_size: int
-    even_batches: str
     balance: bool
     sort_window: int | None = None  # (sized)
 

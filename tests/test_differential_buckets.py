@@ -24,13 +24,13 @@ from hypothesis import strategies as st
 from fastsab import FastSizeAwareLoader, PadCollator, adaptive
 from fastsab.plan.shape_buckets import ShapeBuckets
 from tests.reference import bucket_loop, largest_batch
-from tests.test_differential import examples, flat
+from tests.test_differential import Options, examples, flat
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*longer than the longest bucket:UserWarning")
 
 
 @dataclass(frozen=True)
-class BucketCase:
+class BucketCase(Options):
     """One loader with shape buckets, with what the reference loop needs."""
 
     lengths: tuple[int, ...]
@@ -45,12 +45,6 @@ class BucketCase:
     partial: str
     oversize: str
     dataset: str  # "dicts" (PadCollator batches) or "tensor" (a tensor of indices: partial="keep")
-    shuffle: bool
-    seed: int
-    group_size: int | None
-    prefetch: int | None
-    world_size: int
-    even_batches: str
 
     @property
     def n(self) -> int:
