@@ -78,6 +78,7 @@ class Case:
     even_batches: str
     balance: bool
     sort_window: int | None = None  # (sized)
+    last_batch: str = "keep"  # (sized)
 
     @property
     def rows(self) -> Sequence[Row]:
@@ -240,6 +241,7 @@ def make_loader(
         batch_size_multiple=case.multiple,
         oversize=case.oversize,
         sort_window=case.sort_window,
+        last_batch=case.last_batch,
         **common,
     )
 
