@@ -236,10 +236,10 @@ def split_with(
         ends, open_start = _padded_split(c, caps, cap_values, max_items, multiple, over, final)
     dropped = np.empty(0, dtype=skipped.dtype)
     if final and rule.last_batch == "round_down" and ends:
-        kept = _round_down_last(ends, multiple, over)
-        if kept < open_start:
-            dropped = np.arange(start + kept, start + open_start) if item_ids is None else item_ids[kept:open_start]
-            open_start = kept
+        cut = _round_down_last(ends, multiple, over)
+        if cut < open_start:
+            dropped = np.arange(start + cut, start + open_start) if item_ids is None else item_ids[cut:open_start]
+            open_start = cut
     offsets = np.zeros(len(ends) + 1, dtype=np.int64)
     offsets[1:] = ends
     next_carry = None
