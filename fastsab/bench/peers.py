@@ -1,10 +1,12 @@
 """The ``peers`` suite of ``fastsab bench``: fastsab's padded split beside fairseq's and lhotse's samplers.
 
-Every peer batches the same log-normal lengths, in the same order (unshuffled), under the same
-padded budget (300 x the mean length): fairseq's ``batch_by_size_vec`` (its compiled kernel),
-lhotse's ``SimpleCutSampler`` and ``DynamicBucketingSampler`` (cuts whose duration is the
-length, ``max_duration`` the budget). A peer that is not importable has no row. Each row's
-note says whether its batches are identical to fastsab's.
+fastsab's split is timed with its numpy walk (the default) and, where numba is installed, its
+compiled walk (``fastsab.plan.compiled``). Every peer batches the same log-normal lengths, in the
+same order (unshuffled), under the same padded budget (300 x the mean length): fairseq's
+``batch_by_size_vec`` (its compiled kernel), lhotse's ``SimpleCutSampler`` and
+``DynamicBucketingSampler`` (cuts whose duration is the length, ``max_duration`` the budget). A
+peer that is not importable has no row. Each row's note says whether its batches are identical to
+fastsab's.
 
 fairseq's kernel is found by ``fastsab.bench.workloads.fairseq_kernel``.
 """
@@ -18,8 +20,9 @@ from typing import Any
 import numpy as np
 
 from fastsab.bench.report import Row, time_best
-from fastsab.bench.workloads import fairseq_batches, fairseq_kernel, lognormal_lengths
+from fastsab.bench.workloads import compiled_split, fairseq_batches, fairseq_kernel, lognormal_lengths
 from fastsab.plan.batching import split_batches
+from fastsab.plan.compiled import use_compiled
 
 __all__ = ["PEERS_SAMPLES", "peer_rows"]
 
@@ -45,6 +48,11 @@ def peer_rows(n: int, repeat: int = 3) -> list[Row]:
     floor = time_best(partial(split_batches, lengths, budget, cost="padded"), repeat)
     rows = [Row("peers", work, base, floor, base, 1.0, f"{ours.num_batches:,} batches")]
     expected = [b.tolist() for b in ours.batches()]
+    if use_compiled(wait=True):
+        use_compiled(False)
+        seconds = time_best(partial(compiled_split, lengths, budget), repeat)
+        same = compiled_split(lengths, budget).offsets.tolist() == ours.offsets.tolist()
+        rows.append(Row("peers", work, f"{base}, compiled", seconds, base, seconds / floor, _same(same)))
     kernel = fairseq_kernel()
     if kernel is not None:
         seconds = time_best(partial(fairseq_batches, kernel, lengths, budget), repeat)

@@ -16,10 +16,12 @@ import torch
 from fastsab import adaptive
 from fastsab.bench.report import Row, time_best
 from fastsab.plan.batching import split_batches
+from fastsab.plan.compiled import use_compiled
 from fastsab.plan.shuffle import GroupedPermutation
 
 __all__ = [
     "adaptive_rows",
+    "compiled_split",
     "fairseq_batches",
     "fairseq_kernel",
     "kernel_cases",
@@ -63,6 +65,15 @@ def fairseq_batches(kernel: Callable[..., list[np.ndarray]], lengths: np.ndarray
     """fairseq's padded batches of ``lengths`` (in order) under ``budget`` tokens, no cap on sentences."""
     # NOTE: -1 is fairseq's "no max_sentences"; a multiple of 1 leaves every batch whole
     return kernel(np.arange(len(lengths), dtype=np.int64), lengths.astype(np.int64, copy=False), budget, -1, 1)
+
+
+def compiled_split(costs: np.ndarray, cap: Any) -> Any:
+    """``split_batches(costs, cap, cost="padded")`` by the compiled walk (``use_compiled``); the numpy walk after."""
+    use_compiled(True)
+    try:
+        return split_batches(costs, cap, cost="padded")
+    finally:
+        use_compiled(False)
 
 
 def kernel_rows(sizes: Iterable[int], repeat: int = 5) -> list[Row]:
@@ -114,6 +125,9 @@ def _kernel_case(work: str, kind: str, costs: np.ndarray, cap: Any, repeat: int)
     modes: tuple[Literal["sum", "padded"], ...] = ("sum", "padded")
     for mode in modes:
         methods[f"split_batches {kind} {mode}"] = partial(split_batches, costs, cap, cost=mode)
+    if kind == "int" and use_compiled(wait=True):
+        methods[f"split_batches {kind} padded, compiled"] = partial(compiled_split, costs, cap)
+        use_compiled(False)
     kernel = fairseq_kernel() if kind == "int" else None
     if kernel is not None:
         methods["fairseq batch_by_size_vec int padded"] = partial(fairseq_batches, kernel, costs, cap)

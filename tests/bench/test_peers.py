@@ -6,6 +6,7 @@ fairseq itself where it is installed); lhotse is the installed package.
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from fastsab import split_batches
 from fastsab.bench.peers import peer_rows
 from fastsab.bench.workloads import fairseq_batches, fairseq_kernel, kernel_rows, lognormal_lengths
 from fastsab.cli import main
+from fastsab.plan.compiled import compiled_walk
 
 BUILD = Path(__file__).resolve().parents[2] / "benchmarks" / "_build"
 
@@ -50,9 +52,19 @@ def test_the_kernels_suite_has_a_fairseq_row_that_checks_the_batches(fairseq):
     assert not [row for row in rows if row.method.startswith("fairseq") and "float" in row.method]
 
 
+def test_the_kernels_suite_has_a_row_of_the_compiled_walk():
+    pytest.importorskip("numba")
+    rows = kernel_rows([3000], repeat=1)
+    row = next(row for row in rows if row.method == "split_batches int padded, compiled")
+    padded = next(row for row in rows if row.method == "split_batches int padded")
+    assert row.note == padded.note and row.seconds > 0
+    # invariant: the numpy walk is back after the suite
+    assert compiled_walk() is None
+
+
 def test_the_peers_suite_without_its_peers_has_fastsabs_row_alone(monkeypatch):
     # the peers are absent: importing them fails
-    for name in ("fairseq.data.data_utils_fast", "fairseq_data_utils_fast", "lhotse"):
+    for name in ("fairseq.data.data_utils_fast", "fairseq_data_utils_fast", "lhotse", "numba"):
         monkeypatch.setitem(sys.modules, name, None)
     rows = peer_rows(500, repeat=1)
     lengths = lognormal_lengths(500)
@@ -64,14 +76,17 @@ def test_the_peers_suite_without_its_peers_has_fastsabs_row_alone(monkeypatch):
 def test_the_peers_suite_compares_the_batches_of_each_peer(fairseq):
     pytest.importorskip("lhotse")
     rows = {row.method: row for row in peer_rows(2000, repeat=1)}
+    compiled = ["fastsab split_batches padded, compiled"] if importlib.util.find_spec("numba") else []
     assert list(rows) == [
         "fastsab split_batches padded",
+        *compiled,
         "fairseq batch_by_size_vec",
         "lhotse SimpleCutSampler",
         "lhotse DynamicBucketingSampler",
     ]
     # fairseq's kernel and lhotse's SimpleCutSampler follow the padded greedy rule: the same batches
     assert rows["fairseq batch_by_size_vec"].note == "identical batches"
+    assert all(rows[name].note == "identical batches" for name in compiled)
     assert rows["lhotse SimpleCutSampler"].note == "identical batches"
     # lhotse's bucketing sampler groups cuts of similar durations: other batches, said so
     assert rows["lhotse DynamicBucketingSampler"].note == "other batches (another rule)"
