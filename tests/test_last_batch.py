@@ -7,7 +7,6 @@ The split and the loaders against the plain loop of :mod:`tests.reference` follo
 
 from __future__ import annotations
 
-import itertools
 from contextlib import ExitStack
 from dataclasses import replace
 from typing import Any
@@ -45,28 +44,14 @@ def expected_plan(case: differential.Case, order: list[int]) -> tuple[list[list[
 def test_split_round_down_is_the_plain_loop_then_fairseqs_last_batch(case: differential.Case, cuts: list[int]) -> None:
     # invariant: the split's batches are the plain loop's, but the last one cut down to a
     # multiple; what it leaves out is in .dropped, in one call or chunk by chunk
-    costs = differential.sizes_array(case)
-    caps = case.caps[0] if len(case.caps) == 1 else list(case.caps)
-    options = {
-        "cost": case.cost,
-        "max_batch_size": case.max_batch_size,
-        "batch_size_multiple": case.multiple,
-        "oversize": case.oversize,
-        "last_batch": "round_down",
-    }
+    costs, caps, options = differential.split_arguments(case)
     expected, skipped, dropped = expected_plan(case, list(range(case.n)))
     split = split_batches(costs, caps, **options)
     assert [b.tolist() for b in split.batches()] == expected
     assert split.skipped.tolist() == skipped and split.dropped.tolist() == dropped
-    bounds = sorted({0, case.n, *[c for c in cuts if c <= case.n]})
-    carry, batches, chunk_dropped = None, [], []
-    for lo, hi in itertools.pairwise(bounds):
-        part = split_batches(costs[lo:hi], caps, ids=np.arange(lo, hi), carry=carry, final=hi == case.n, **options)
-        carry = part.carry
-        batches += [b.tolist() for b in part.batches()]
-        chunk_dropped += part.dropped.tolist()
+    batches, chunk_skipped, chunk_dropped = differential.split_in_chunks(costs, caps, cuts, options)
     if case.n:
-        assert batches == expected and chunk_dropped == dropped
+        assert (batches, chunk_skipped, chunk_dropped) == (expected, skipped, dropped)
 
 
 @settings(max_examples=differential.examples(60))

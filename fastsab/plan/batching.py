@@ -121,6 +121,7 @@ def split_batches(
         >>> [b.tolist() for b in first.batches() + rest.batches()]
         [[0, 1], [2, 3], [4]]
     """
+    # NOTE: keyword arguments named as the rule's; alike only in shape to the loader's call
     rule = BatchCost(
         max_total_size,
         cost=cost,
