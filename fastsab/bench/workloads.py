@@ -21,6 +21,7 @@ from fastsab.plan.shuffle import GroupedPermutation
 
 __all__ = [
     "adaptive_rows",
+    "best_interleaved",
     "compiled_split",
     "fairseq_batches",
     "fairseq_kernel",
@@ -131,7 +132,7 @@ def _kernel_case(work: str, kind: str, costs: np.ndarray, cap: Any, repeat: int)
     kernel = fairseq_kernel() if kind == "int" else None
     if kernel is not None:
         methods["fairseq batch_by_size_vec int padded"] = partial(fairseq_batches, kernel, costs, cap)
-    best = _best_interleaved(methods, repeat)
+    best = best_interleaved(methods, repeat)
     floor = best[base]
     rows = [Row("split kernel", work, base, floor, base, 1.0)]
     sizes = np.diff(methods[f"split_batches {kind} padded"]().offsets).tolist()
@@ -147,7 +148,7 @@ def _kernel_case(work: str, kind: str, costs: np.ndarray, cap: Any, repeat: int)
     return rows
 
 
-def _best_interleaved(methods: dict[str, Callable[[], Any]], repeat: int) -> dict[str, float]:
+def best_interleaved(methods: dict[str, Callable[[], Any]], repeat: int) -> dict[str, float]:
     """Best wall time of each method over ``repeat`` rounds (after one warm-up), the methods run in turn each round."""
     for fn in methods.values():
         fn()
