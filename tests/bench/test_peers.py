@@ -10,6 +10,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from fastsab import split_batches
@@ -97,3 +98,28 @@ def test_the_cli_runs_the_peers_suite(capsys):
     assert main(["bench", "--suite", "peers", "--samples", "800", "--markdown", "--quiet"]) == 0
     printed = capsys.readouterr().out
     assert "**peers**" in printed and "| n=800, budget" in printed and "fastsab split_batches padded" in printed
+
+
+@pytest.mark.parametrize("multiple", [1, 2, 3, 8])
+@pytest.mark.parametrize("max_sentences", [None, 40])
+def test_round_down_is_fairseqs_kernel_and_last_batch_rule(fairseq, multiple, max_sentences):
+    # fairseq's batch_by_size (fairseq/data/data_utils.py, main branch and fairseq-fixed 0.12.3.1):
+    # the kernel's batches, the last one left out when its length is not a multiple
+    rng = np.random.default_rng(multiple)
+    lengths = rng.integers(1, 300, 4000)
+    order = rng.permutation(len(lengths))
+    theirs = fairseq(order, lengths[order], 6000, -1 if max_sentences is None else max_sentences, multiple)
+    if multiple > 1 and len(theirs[-1]) % multiple != 0:
+        theirs = theirs[:-1]
+    ours = split_batches(
+        lengths[order],
+        6000,
+        cost="padded",
+        max_batch_size=max_sentences,
+        batch_size_multiple=multiple,
+        last_batch="round_down",
+        ids=order,
+    )
+    assert [b.tolist() for b in ours.batches()] == [b.tolist() for b in theirs]
+    # what fastsab counts as dropped is what fairseq leaves out
+    assert sorted(ours.dropped.tolist()) == sorted(set(order.tolist()) - {i for b in theirs for i in b.tolist()})
