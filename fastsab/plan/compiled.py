@@ -78,12 +78,12 @@ def compiled_walk() -> Walk | None:
 
 def _compile() -> None:
     numba = importlib.import_module("numba")
-    # NOTE: cache=True keeps the machine code on disk, so later processes load it instead of
-    # compiling; nogil lets another thread run while a split walks
-    walk = numba.njit(cache=True, nogil=True)(_walk_lengths)
-    ends = np.empty(2, dtype=np.int64)
-    walk(np.ones(2, dtype=np.int64), np.zeros(2, dtype=np.bool_), 1, ends)
-    _State.walk = walk
+    # NOTE: one signature, compiled here and now (the arrays _padded_split passes are contiguous):
+    # a call of other types raises instead of compiling while a split waits. cache=True keeps the
+    # machine code on disk, so later processes load it instead of compiling; nogil lets another
+    # thread run while a split walks
+    signature = "int64(int64[::1], boolean[::1], int64, int64[::1])"
+    _State.walk = numba.njit(signature, cache=True, nogil=True)(_walk_lengths)
 
 
 def _walk_lengths(lengths: np.ndarray, is_over: np.ndarray, multiple: int, ends: np.ndarray) -> int:
