@@ -1,14 +1,16 @@
 """Regenerate the benchmark tables of docs/benchmarks.md and README.md from runs of ``fastsab bench``.
 
 Usage: ``python benchmarks/update_readme.py`` (takes a few minutes: it runs every suite of
-``--suite all``, the end-to-end suite and the scale suite's rank of a 10**9-item epoch included), or
-with ``--varlen-only`` (under a minute: the "Padding and packing" table alone),
+``--suite all``, the end-to-end suite and the scale suite's rank of a 10**9-item epoch included, and
+the peers suite), or with ``--varlen-only`` (under a minute: the "Padding and packing" table alone),
 ``--fidelity-only`` (the memory fidelity table alone), ``--shapes-only`` (about two minutes: the batch
-shapes table of ``fastsab bench --suite shapes`` alone) or ``--headline-only`` (no run: README's
-headline table from the tables of docs/benchmarks.md). The sections of docs/benchmarks.md between the
-``<!-- bench:start -->`` / ``<!-- bench:end -->``, ``<!-- varlen:start -->`` /
-``<!-- varlen:end -->``, ``<!-- fidelity:start -->`` / ``<!-- fidelity:end -->`` and
-``<!-- shapes:start -->`` / ``<!-- shapes:end -->`` markers are
+shapes table of ``fastsab bench --suite shapes`` alone), ``--peers-only`` (a minute or two: fastsab's
+padded split beside fairseq's kernel, built by ``fairseq_kernel.py``, and lhotse's samplers) or
+``--headline-only`` (no run: README's headline table from the tables of docs/benchmarks.md). The
+sections of docs/benchmarks.md between the ``<!-- bench:start -->`` / ``<!-- bench:end -->``,
+``<!-- varlen:start -->`` / ``<!-- varlen:end -->``, ``<!-- fidelity:start -->`` /
+``<!-- fidelity:end -->``, ``<!-- shapes:start -->`` / ``<!-- shapes:end -->`` and
+``<!-- peers:start -->`` / ``<!-- peers:end -->`` markers are
 replaced by what the bench prints, and README's ``<!-- headline:start -->`` / ``<!-- headline:end -->``
 section by the machine line and the loaders table of the bench section; nothing in them is typed
 by hand. The plot of padded efficiency against window size is drawn by
@@ -18,6 +20,7 @@ by hand. The plot of padded efficiency against window size is drawn by
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import subprocess
 import sys
@@ -34,6 +37,7 @@ BENCH = ("<!-- bench:start -->", "<!-- bench:end -->")
 VARLEN = ("<!-- varlen:start -->", "<!-- varlen:end -->")
 FIDELITY = ("<!-- fidelity:start -->", "<!-- fidelity:end -->")
 SHAPES = ("<!-- shapes:start -->", "<!-- shapes:end -->")
+PEERS = ("<!-- peers:start -->", "<!-- peers:end -->")
 
 
 def section(text: str, markers: tuple[str, str], name: str) -> str:
@@ -53,9 +57,23 @@ def replace_section(text: str, markers: tuple[str, str], content: str, name: str
 
 
 def bench(*options: str) -> str:
-    """The markdown ``fastsab bench`` prints with ``options``, run on this checkout."""
+    """The markdown ``fastsab bench`` prints with ``options``, run on this checkout (fairseq's kernel on the path)."""
     command = [sys.executable, "-m", "fastsab", "bench", *options, "--markdown", "--quiet"]
-    return subprocess.run(command, check=True, capture_output=True, text=True, cwd=ROOT).stdout.strip()
+    path = os.pathsep.join(filter(None, [fairseq_build(), os.environ.get("PYTHONPATH")]))
+    env = os.environ | {"PYTHONPATH": path}
+    done = subprocess.run(command, check=True, capture_output=True, text=True, cwd=ROOT, env=env)
+    return done.stdout.strip()
+
+
+def fairseq_build() -> str | None:
+    """The folder of fairseq's kernel built by ``fairseq_kernel.py`` (built now if need be), or None if it cannot be."""
+    from fairseq_kernel import build  # (the script's own folder is on the path)
+
+    try:
+        return str(build())
+    except RuntimeError as error:
+        print(f"no fairseq rows: {error}", file=sys.stderr)
+        return None
 
 
 def varlen_section() -> str:
@@ -106,9 +124,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     only.add_argument("--varlen-only", action="store_true", help="regenerate only the varlen table")
     only.add_argument("--fidelity-only", action="store_true", help="regenerate only the memory fidelity table")
     only.add_argument("--shapes-only", action="store_true", help="regenerate only the batch shapes table")
+    only.add_argument("--peers-only", action="store_true", help="regenerate only the peers table (fairseq, lhotse)")
     only.add_argument("--headline-only", action="store_true", help="regenerate README's table from the docs page")
     args = parser.parse_args(argv)
-    runs_all = not (args.varlen_only or args.fidelity_only or args.shapes_only or args.headline_only)
+    runs_all = not (args.varlen_only or args.fidelity_only or args.shapes_only or args.headline_only or args.peers_only)
     if runs_all or args.varlen_only:
         update(PAGE, VARLEN, varlen_section())
     if runs_all:
@@ -117,6 +136,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         update(PAGE, FIDELITY, bench("--suite", "fidelity"))
     if runs_all or args.shapes_only:
         update(PAGE, SHAPES, bench("--suite", "shapes"))
+    if runs_all or args.peers_only:
+        update(PAGE, PEERS, bench("--suite", "peers"))
     if runs_all or args.headline_only:
         update_headline()
     return 0

@@ -22,6 +22,7 @@ from fastsab.bench import fidelity
 from fastsab.bench.device import DEVICE_SAMPLES, bench_device, device_rows
 from fastsab.bench.end_to_end import END_TO_END_MAX_EPOCHS, END_TO_END_SAMPLES
 from fastsab.bench.loaders import PER_BATCH_SAMPLES, PER_BATCH_SIZES, per_batch_rows, scale_rows
+from fastsab.bench.peers import PEERS_SAMPLES, peer_rows
 from fastsab.bench.varlen import VARLEN_SAMPLES
 from fastsab.bench.workers import WORKERS_SAMPLES, workers_rows
 from fastsab.memory.cli import add_fit_memory_parser, run_fit_memory
@@ -48,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--samples",
         type=positive_int_argument,
         help="samples per epoch (default 300000; the varlen suite: 50000 sequences; the end-to-end suite: 60000; "
-        "the scale suite: 10**9 items; the workers suite: 10000 texts)",
+        "the scale suite: 10**9 items; the workers suite: 10000 texts; the peers suite: 10**6 lengths)",
     )
     run.add_argument("--batch-size", type=positive_int_argument, default=300, help="batch size (default 300)")
     run.add_argument(
@@ -62,16 +63,19 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--epochs", type=positive_int_argument, default=5, help="timed epochs per method (default 5)")
     run.add_argument(
         "--suite",
-        choices=(*SUITES, *TABLE_SUITES, "all"),
+        choices=(*SUITES, "peers", *TABLE_SUITES, "all"),
         action="append",
         help="what to run (repeatable; default: loaders). 'all' adds the kernel, permutation and "
-        "first-batch suites at 10**6 to 10**8 items, the adaptive overhead and the varlen suite (padded and "
+        "first-batch suites at 10**6 to 10**8 items (the kernels with fairseq's compiled kernel where it imports), "
+        "the adaptive overhead and the varlen suite (padded and "
         "packing efficiency of variable-length batches with and without sort_window), the end-to-end suite (the "
         "loaders feeding a small model's training step on one thread, at most 3 timed epochs), the scale suite "
         "(rank 7 of 8 over 10**9 items: time and peak memory to the first batch of each loader) and the workers "
         "suite (a dataset whose __getitems__ tokenizes texts in Python: one process, 2 worker processes started "
         "per epoch or persistent, and a DataLoader with 2 persistent workers over the same plan; a new loader's first "
         "epoch and the epochs after it), a few minutes in all. "
+        "'peers' (not in 'all') times fastsab's padded split beside fairseq's kernel and lhotse's SimpleCutSampler "
+        "and DynamicBucketingSampler (where they import) on the same lengths, order and budget. "
         "'fidelity' (not in 'all') measures memory budgets on small models (on the CPU, or on --device): per kind, the "
         "batches run, the batches over budget, and the mean and smallest use of the budget. "
         "'shapes' (not in 'all') counts the batch shapes of variable-length batches (DataLoader, sort_window, shape "
@@ -119,7 +123,7 @@ def run_bench(args: argparse.Namespace) -> list[bench.Row]:
     default = ["loaders"] if args.device is None else []
     suites = [suite for suite in args.suite or default if suite not in TABLE_SUITES]
     if "all" in suites:
-        suites = list(SUITES)
+        suites = list(SUITES) + [suite for suite in suites if suite == "peers"]
     from tqdm import tqdm
 
     rows: list[bench.Row] = []
@@ -149,6 +153,8 @@ def run_bench(args: argparse.Namespace) -> list[bench.Row]:
                 )
             elif suite == "kernels":
                 rows += bench.kernel_rows([10**6, 10**7])
+            elif suite == "peers":
+                rows += peer_rows(args.samples or PEERS_SAMPLES)
             elif suite == "permutation":
                 rows += bench.permutation_rows([10**6, 10**8])
             elif suite == "adaptive":

@@ -184,6 +184,21 @@ def fixed_size_loop(order: Sequence[int], batch_size: int, drop_last: bool) -> t
     return batches, []
 
 
+def round_down_last(
+    batches: list[list[int]], multiple: int, own_batch: bool = False
+) -> tuple[list[list[int]], list[int]]:
+    """fairseq's last batch: the last of ``batches`` cut down to a multiple of ``multiple``, the rest dropped.
+
+    ``own_batch``: the last batch is an oversize item's own batch, kept whole. Returns the
+    batches and the dropped indices.
+    """
+    if not batches or own_batch:
+        return batches, []
+    last = batches[-1]
+    kept = len(last) // multiple * multiple
+    return batches[:-1] + ([last[:kept]] if kept else []), last[kept:]
+
+
 def seed_dataset() -> list[torch.Tensor]:
     """The five two-element tensors of the bionemo documentation examples."""
     return [torch.tensor([2 * i + 1, 2 * i + 2]) for i in range(5)]

@@ -146,7 +146,9 @@ def test_kernel_suite_times_sum_and_padded_splits_of_one_to_three_columns():
         for kind in kinds
         for m in (f"np.cumsum {kind} (floor)", *(f"split_batches {kind} {x}" for x in ("sum", "padded")))
     ]
-    assert [row.method for row in rows] == expected
+    # (fairseq's kernel and the compiled walk, where they import, add rows of their own: tests/bench/test_peers.py)
+    optional = [row for row in rows if row.method.startswith("fairseq") or row.method.endswith(", compiled")]
+    assert [row.method for row in rows if row not in optional] == expected
     assert all(row.workload == "n=3,000" and row.seconds > 0 and row.ratio > 0 for row in rows)
     assert all(row.note.endswith(" batches") for row in rows if row.method.startswith("split_batches"))
 

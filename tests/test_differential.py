@@ -84,6 +84,7 @@ class Case(Options):
     drop_last: bool  # (fixed)
     balance: bool
     sort_window: int | None = None  # (sized)
+    last_batch: str = "keep"  # (sized)
 
     @property
     def rows(self) -> Sequence[Row]:
@@ -246,6 +247,7 @@ def make_loader(
         batch_size_multiple=case.multiple,
         oversize=case.oversize,
         sort_window=case.sort_window,
+        last_batch=case.last_batch,
         **common,
     )
 
@@ -482,14 +484,7 @@ def check_limits(batches: Sequence[Sequence[int]], case: Case, limit: Sequence[A
 def test_split_batches_chunk_by_chunk_is_the_plain_loop(case: Case, cuts: list[int]) -> None:
     # invariant: split_batches gives the plain loop's batches and skipped items, in one call
     # or chunk by chunk with a carry (chunks cut anywhere)
-    costs = sizes_array(case)
-    caps = case.caps[0] if len(case.caps) == 1 else list(case.caps)
-    options = {
-        "cost": case.cost,
-        "max_batch_size": case.max_batch_size,
-        "batch_size_multiple": case.multiple,
-        "oversize": case.oversize,
-    }
+    costs, caps, options = split_arguments(case)
     try:
         expected, skipped = reference(case, range(case.n))
     except ValueError:
@@ -499,15 +494,38 @@ def test_split_batches_chunk_by_chunk_is_the_plain_loop(case: Case, cuts: list[i
     split = split_batches(costs, caps, **options)
     assert [b.tolist() for b in split.batches()] == expected
     assert split.skipped.tolist() == skipped
-    bounds = sorted({0, case.n, *[c for c in cuts if c <= case.n]})
-    carry, batches, chunk_skipped = None, [], []
-    for lo, hi in itertools.pairwise(bounds):
-        part = split_batches(costs[lo:hi], caps, ids=np.arange(lo, hi), carry=carry, final=hi == case.n, **options)
-        carry = part.carry
-        batches += [b.tolist() for b in part.batches()]
-        chunk_skipped += part.skipped.tolist()
+    batches, chunk_skipped, _ = split_in_chunks(costs, caps, cuts, options)
     if case.n:
         assert batches == expected and chunk_skipped == skipped
+
+
+def split_arguments(case: Case) -> tuple[np.ndarray, Any, dict[str, Any]]:
+    """The costs, caps and options of ``split_batches`` for a size-aware ``case``."""
+    caps = case.caps[0] if len(case.caps) == 1 else list(case.caps)
+    options = {
+        "cost": case.cost,
+        "max_batch_size": case.max_batch_size,
+        "batch_size_multiple": case.multiple,
+        "oversize": case.oversize,
+        "last_batch": case.last_batch,
+    }
+    return sizes_array(case), caps, options
+
+
+def split_in_chunks(
+    costs: np.ndarray, caps: Any, cuts: list[int], options: dict[str, Any]
+) -> tuple[list[list[int]], list[int], list[int]]:
+    """``split_batches`` chunk by chunk with a carry, the chunks cut at ``cuts``: batches, skipped, dropped."""
+    n = len(costs)
+    bounds = sorted({0, n, *[c for c in cuts if c <= n]})
+    carry, batches, skipped, dropped = None, [], [], []
+    for lo, hi in itertools.pairwise(bounds):
+        part = split_batches(costs[lo:hi], caps, ids=np.arange(lo, hi), carry=carry, final=hi == n, **options)
+        carry = part.carry
+        batches += [b.tolist() for b in part.batches()]
+        skipped += part.skipped.tolist()
+        dropped += part.dropped.tolist()
+    return batches, skipped, dropped
 
 
 # -- one process ------------------------------------------------------------------------------

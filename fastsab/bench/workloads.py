@@ -4,6 +4,7 @@ decorator's overhead, and the log-normal lengths every size-aware workload uses.
 from __future__ import annotations
 
 import gc
+import importlib
 import time
 from collections.abc import Callable, Iterable
 from functools import partial
@@ -15,9 +16,20 @@ import torch
 from fastsab import adaptive
 from fastsab.bench.report import Row, time_best
 from fastsab.plan.batching import split_batches
+from fastsab.plan.compiled import use_compiled
 from fastsab.plan.shuffle import GroupedPermutation
 
-__all__ = ["adaptive_rows", "kernel_cases", "kernel_rows", "lognormal_lengths", "permutation_rows"]
+__all__ = [
+    "adaptive_rows",
+    "best_interleaved",
+    "compiled_split",
+    "fairseq_batches",
+    "fairseq_kernel",
+    "kernel_cases",
+    "kernel_rows",
+    "lognormal_lengths",
+    "permutation_rows",
+]
 
 
 def lognormal_lengths(n: int, seed: int = 0, mean: float = 150.0, sigma: float = 1.0) -> np.ndarray:
@@ -31,6 +43,38 @@ def lognormal_lengths(n: int, seed: int = 0, mean: float = 150.0, sigma: float =
     rng = np.random.default_rng(seed)
     mu = np.log(mean) - sigma**2 / 2
     return np.clip(rng.lognormal(mu, sigma, n), 8, 4000).astype(np.int64)
+
+
+#: Where fairseq's ``batch_by_size_vec`` is looked for: fairseq itself, then the module that
+#: ``benchmarks/fairseq_kernel.py`` compiles from fairseq's source (on the path).
+FAIRSEQ_MODULES = ("fairseq.data.data_utils_fast", "fairseq_data_utils_fast")
+
+
+def fairseq_kernel() -> Callable[..., list[np.ndarray]] | None:
+    """fairseq's compiled ``batch_by_size_vec``, or ``None`` where neither module of ``FAIRSEQ_MODULES`` imports."""
+    for name in FAIRSEQ_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ImportError:
+            continue
+        kernel: Callable[..., list[np.ndarray]] = module.batch_by_size_vec
+        return kernel
+    return None
+
+
+def fairseq_batches(kernel: Callable[..., list[np.ndarray]], lengths: np.ndarray, budget: int) -> list[np.ndarray]:
+    """fairseq's padded batches of ``lengths`` (in order) under ``budget`` tokens, no cap on sentences."""
+    # NOTE: -1 is fairseq's "no max_sentences"; a multiple of 1 leaves every batch whole
+    return kernel(np.arange(len(lengths), dtype=np.int64), lengths.astype(np.int64, copy=False), budget, -1, 1)
+
+
+def compiled_split(costs: np.ndarray, cap: Any) -> Any:
+    """``split_batches(costs, cap, cost="padded")`` by the compiled walk (``use_compiled``); the numpy walk after."""
+    use_compiled(True)
+    try:
+        return split_batches(costs, cap, cost="padded")
+    finally:
+        use_compiled(False)
 
 
 def kernel_rows(sizes: Iterable[int], repeat: int = 5) -> list[Row]:
@@ -82,16 +126,29 @@ def _kernel_case(work: str, kind: str, costs: np.ndarray, cap: Any, repeat: int)
     modes: tuple[Literal["sum", "padded"], ...] = ("sum", "padded")
     for mode in modes:
         methods[f"split_batches {kind} {mode}"] = partial(split_batches, costs, cap, cost=mode)
-    best = _best_interleaved(methods, repeat)
+    if kind == "int" and use_compiled(wait=True):
+        methods[f"split_batches {kind} padded, compiled"] = partial(compiled_split, costs, cap)
+        use_compiled(False)
+    kernel = fairseq_kernel() if kind == "int" else None
+    if kernel is not None:
+        methods["fairseq batch_by_size_vec int padded"] = partial(fairseq_batches, kernel, costs, cap)
+    best = best_interleaved(methods, repeat)
     floor = best[base]
     rows = [Row("split kernel", work, base, floor, base, 1.0)]
+    sizes = np.diff(methods[f"split_batches {kind} padded"]().offsets).tolist()
     for name, fn in list(methods.items())[1:]:
-        note = f"{fn().num_batches:,} batches"
+        result = fn()
+        if isinstance(result, list):
+            # NOTE: both split the positions 0..n-1 in order: equal batch sizes are equal batches
+            same = [len(b) for b in result] == sizes
+            note = f"{len(result):,} batches, {'identical to' if same else 'not'} split_batches padded"
+        else:
+            note = f"{result.num_batches:,} batches"
         rows.append(Row("split kernel", work, name, best[name], base, best[name] / floor, note))
     return rows
 
 
-def _best_interleaved(methods: dict[str, Callable[[], Any]], repeat: int) -> dict[str, float]:
+def best_interleaved(methods: dict[str, Callable[[], Any]], repeat: int) -> dict[str, float]:
     """Best wall time of each method over ``repeat`` rounds (after one warm-up), the methods run in turn each round."""
     for fn in methods.values():
         fn()

@@ -34,7 +34,7 @@ from fastsab.loaders.options import (
 from fastsab.plan.batching import CostMode, OversizePolicy
 from fastsab.plan.bucket_planner import BucketPlanner, Partial
 from fastsab.plan.cost_sources import feature_rows
-from fastsab.plan.costs import BatchCost, CostSource, make_cost_source
+from fastsab.plan.costs import BatchCost, CostSource, LastBatch, make_cost_source
 from fastsab.plan.fixed_size import FixedSizePlanner
 from fastsab.plan.planners import SizeAwarePlanner
 from fastsab.plan.shape_buckets import ShapeBuckets
@@ -145,6 +145,8 @@ class FastSizeAwareLoader(LoaderBase[T]):
             ``max_total_size``. A fitted ``BatchMemoryModel`` gives it.
         max_batch_size: Optional cap on items per batch.
         batch_size_multiple: Cut full batches down to a multiple of this.
+        last_batch: ``"keep"`` (default) or ``"round_down"``: the epoch's last batch cut down to a
+            multiple of ``batch_size_multiple``, the rest dropped (``stats.dropped``), as fairseq does.
         oversize: ``"skip"`` (counted in ``stats`` and warned once per epoch),
             ``"own_batch"`` or ``"error"``.
         pad_to_multiple_of: With ``cost="padded"`` and ``sizeof`` of lengths, charge each item its
@@ -199,6 +201,7 @@ class FastSizeAwareLoader(LoaderBase[T]):
         cost: CostMode | None = None,
         max_batch_size: int | None = None,
         batch_size_multiple: int = 1,
+        last_batch: LastBatch = "keep",
         oversize: OversizePolicy = "skip",
         padding: Padding | None = None,
         fixed_cost: float | Sequence[float] = 0,
@@ -250,6 +253,7 @@ class FastSizeAwareLoader(LoaderBase[T]):
             cost=cost,
             max_batch_size=max_batch_size,
             batch_size_multiple=batch_size_multiple,
+            last_batch=last_batch,
             fixed_cost=fixed_cost,
             feature_cost=feature_cost,
             pad_to_multiple_of=pad_to_multiple_of,

@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from fastsab.plan.compiled import compiled_walk
 from fastsab.plan.exact_caps import _INT64_MAX
 
 _FLOAT_EXACT = 2**53  # float64 holds every integer below this exactly
@@ -33,7 +34,8 @@ def _padded_split(
     """Batch ends and the open start for ``cost="padded"``, the rules of ``_greedy_ends`` vectorized.
 
     Every position gets the end of a batch that would start there (``_padded_ends``), then
-    the batches are walked from position 0, one list lookup per batch.
+    the batches are walked from position 0, one list lookup per batch; or, once
+    ``fastsab.plan.compiled.use_compiled`` has compiled it, one compiled loop over the items walks them.
     """
     m = len(c)
     lengths = _padded_lengths(c, caps, exact_caps)
@@ -53,10 +55,15 @@ def _padded_split(
         # NOTE: a bound of 1 for an oversize item gives it a batch of its own and leaves every
         # other batch as a bound of 0 would (they stop before it either way)
         np.maximum(lengths, 1, out=lengths)
-    ends = _padded_ends(lengths)
-    if multiple > 1:
-        _cut_to_multiple(ends, is_over, multiple)
-    walked = _walk(ends)
+    compiled = compiled_walk()
+    if compiled is not None:
+        ends = np.empty(m, dtype=np.int64)
+        walked = ends[: compiled(lengths, is_over, multiple, ends)].tolist()
+    else:
+        ends = _padded_ends(lengths)
+        if multiple > 1:
+            _cut_to_multiple(ends, is_over, multiple)
+        walked = _walk(ends)
     open_start = m
     if not final and walked and not is_over[walked[-2] if len(walked) > 1 else 0]:
         walked.pop()

@@ -30,7 +30,7 @@ from fastsab._checks import as_cost_array, as_numeric_array, check_choice
 from fastsab.plan._greedy_walk import _greedy_ends
 from fastsab.plan._padded_kernel import _padded_feature_counter, _padded_split
 from fastsab.plan._sum_kernel import _sum_split
-from fastsab.plan.costs import BatchCost
+from fastsab.plan.costs import BatchCost, LastBatch
 from fastsab.plan.costs import CostMode as CostMode
 from fastsab.plan.plans import Carry, PlanChunk
 
@@ -50,6 +50,7 @@ def split_batches(
     max_batch_size: int | None = None,
     cost: CostMode = "sum",
     batch_size_multiple: int = 1,
+    last_batch: LastBatch = "keep",
     oversize: OversizePolicy = "skip",
     ids: Any = None,
     carry: Carry | None = None,
@@ -79,6 +80,10 @@ def split_batches(
             longer than this multiple is cut down to a multiple of it; the remainder opens
             the next batch (fairseq's ``required_batch_size_multiple``). The last batch and
             batches closed by an ``own_batch`` item are kept whole.
+        last_batch: ``"keep"`` (default) the last batch whole, or ``"round_down"``: cut the last
+            batch of a final split down to a multiple of ``batch_size_multiple`` and drop the
+            rest (the whole batch when it is shorter), returned in ``PlanChunk.dropped``, as
+            fairseq's ``batch_by_size`` does. An own batch of an oversize item is never cut.
         oversize: What to do with an item whose cost alone exceeds the cap: ``"skip"`` it
             (returned in ``PlanChunk.skipped``; callers warn), give it a batch of its
             ``"own_batch"``, or raise ``ValueError`` (``"error"``).
@@ -103,6 +108,9 @@ def split_batches(
         ([[0, 1], [3, 4], [5]], [2])
         >>> split_batches([1, 1, 1, 1, 1], 10, batch_size_multiple=2, max_batch_size=3).batches()
         [array([0, 1]), array([2, 3, 4])]
+        >>> split = split_batches([1] * 7, 3, batch_size_multiple=2, last_batch="round_down")
+        >>> [b.tolist() for b in split.batches()], split.dropped.tolist()
+        ([[0, 1], [2, 3], [4, 5]], [6])
         >>> split_batches([1, 3, 1, 1], 6, cost="padded").batches()  # 2 * 3 <= 6 < 3 * 3
         [array([0, 1]), array([2, 3])]
 
@@ -113,7 +121,14 @@ def split_batches(
         >>> [b.tolist() for b in first.batches() + rest.batches()]
         [[0, 1], [2, 3], [4]]
     """
-    rule = BatchCost(max_total_size, cost=cost, max_batch_size=max_batch_size, batch_size_multiple=batch_size_multiple)
+    # NOTE: keyword arguments named as the rule's; alike only in shape to the loader's call
+    rule = BatchCost(
+        max_total_size,
+        cost=cost,
+        max_batch_size=max_batch_size,
+        batch_size_multiple=batch_size_multiple,
+        last_batch=last_batch,
+    )
     return split_with(rule, costs, oversize=oversize, ids=ids, carry=carry, final=final)
 
 
@@ -220,6 +235,12 @@ def split_with(
         ends, open_start = _greedy_ends(len(c), count, max_items, multiple, over, final)
     else:
         ends, open_start = _padded_split(c, caps, cap_values, max_items, multiple, over, final)
+    dropped = np.empty(0, dtype=skipped.dtype)
+    if final and rule.last_batch == "round_down" and ends:
+        cut = _round_down_last(ends, multiple, over)
+        if cut < open_start:
+            dropped = np.arange(start + cut, start + open_start) if item_ids is None else item_ids[cut:open_start]
+            open_start = cut
     offsets = np.zeros(len(ends) + 1, dtype=np.int64)
     offsets[1:] = ends
     next_carry = None
@@ -230,7 +251,25 @@ def split_with(
         # whole chunk's ids and costs it is a view of
         next_carry = Carry(rest.copy(), kept[open_start:].copy(), start + n)
     batched = range(start, start + open_start) if item_ids is None else item_ids[:open_start]
-    return PlanChunk(batched, offsets, skipped, carry=next_carry)  # type: ignore[arg-type]
+    return PlanChunk(batched, offsets, skipped, dropped, carry=next_carry)  # type: ignore[arg-type]
+
+
+def _round_down_last(ends: list[int], multiple: int, over: np.ndarray | None) -> int:
+    """Cut the last of the batches ending at ``ends`` down to a multiple of ``multiple``, in place.
+
+    Returns the new end of the batched items; a batch cut to nothing is removed. The own batch
+    of an oversize item (``over``) stays whole.
+    """
+    begin = ends[-2] if len(ends) > 1 else 0
+    size = ends[-1] - begin
+    if over is not None and over[begin]:
+        return ends[-1]
+    kept = begin + size - size % multiple
+    if kept == begin:
+        ends.pop()
+    else:
+        ends[-1] = kept
+    return kept
 
 
 def _may_pass(c: np.ndarray, caps: np.ndarray, bound: int | None) -> bool:

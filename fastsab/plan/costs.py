@@ -29,9 +29,10 @@ from fastsab._checks import (
 from fastsab.plan.cost_sources import CostSource, PaddedLengths, make_cost_source
 from fastsab.plan.exact_caps import dtype_caps, threshold
 
-__all__ = ["BatchCost", "CostMode", "CostSource", "make_cost_source"]
+__all__ = ["BatchCost", "CostMode", "CostSource", "LastBatch", "make_cost_source"]
 
 CostMode = Literal["sum", "padded"]
+LastBatch = Literal["keep", "round_down"]
 Caps = list[int | float]
 
 #: A loader's limit: a batch size (fixed-size batching) or caps (size-aware batching).
@@ -48,6 +49,10 @@ class BatchCost:
             times its largest item, per column).
         max_batch_size: Optional cap on the number of items of a batch.
         batch_size_multiple: Full batches are cut down to a multiple of this.
+        last_batch: ``"keep"`` (default): the last batch of a final split stays whole.
+            ``"round_down"``: it is cut down to a multiple of ``batch_size_multiple`` and the
+            rest is dropped (all of it when it holds fewer items), fairseq's ``batch_by_size``
+            rule; an own batch of an oversize item is never cut.
         fixed_cost: The cost every batch pays once, whatever its items (e.g. a step's
             gradient buffers and workspace): one number, or one per column; finite and >= 0.
             A batch costs ``fixed_cost + sum`` or ``fixed_cost + len * max``, and only that
@@ -83,6 +88,7 @@ class BatchCost:
         "cost",
         "feature_cost",
         "fixed",
+        "last_batch",
         "max_batch_size",
         "pad_to_multiple_of",
         "per_column",
@@ -95,6 +101,7 @@ class BatchCost:
         cost: CostMode = "sum",
         max_batch_size: int | None = None,
         batch_size_multiple: int = 1,
+        last_batch: LastBatch = "keep",
         fixed_cost: Any = 0,
         feature_cost: Callable[[np.ndarray], np.ndarray] | None = None,
         pad_to_multiple_of: int | None = None,
@@ -102,6 +109,7 @@ class BatchCost:
         self.cost: CostMode = check_choice("cost", cost, ("sum", "padded"))  # type: ignore[assignment]
         self.max_batch_size = check_optional_positive_int("max_batch_size", max_batch_size)
         self.batch_size_multiple = check_positive_int("batch_size_multiple", batch_size_multiple)
+        self.last_batch: LastBatch = check_choice("last_batch", last_batch, ("keep", "round_down"))  # type: ignore[assignment]
         self.per_column = _several(max_total_size)
         self.caps: Caps = _numbers("max_total_size", max_total_size, self.per_column)
         self.fixed: Caps = _numbers("fixed_cost", fixed_cost, _several(fixed_cost))
@@ -334,6 +342,8 @@ class BatchCost:
             options["padding"] = "features"
         if self.pad_to_multiple_of is not None:
             options["pad_to_multiple_of"] = self.pad_to_multiple_of
+        if self.last_batch != "keep":
+            options["last_batch"] = self.last_batch
         return options
 
     def fingerprint_options(self, oversize: str | None = None) -> dict[str, Any]:

@@ -220,7 +220,8 @@ class SizeAwareEpoch:
         if batched.base is not None and batched.base.nbytes > 2 * batched.nbytes + 4096:
             batched = batched.copy()  # a small view would keep the whole joined chunk alive
         figures = planner.figures.of_split(split, carry, ids, costs)
-        return PlanChunk(batched, split.offsets, np.concatenate([skipped, split.skipped]), figures=figures)
+        skipped = np.concatenate([skipped, split.skipped])
+        return PlanChunk(batched, split.offsets, skipped, split.dropped, figures=figures)
 
     def _empty_costs(self) -> np.ndarray:
         if self._carry is not None:

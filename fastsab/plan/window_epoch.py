@@ -211,7 +211,7 @@ class SortedWindowEpoch:
         order = batch_order(self._labels(split, ids, bounds, carry, carried), self._rng(first))
         figures = self.planner.figures.of_split(split, open_batch, ids, costs)
         chunk = PlanChunk(split.ids, split.offsets, figures=figures).select(order)
-        return PlanChunk(chunk.ids, chunk.offsets, skipped, figures=chunk.figures)
+        return PlanChunk(chunk.ids, chunk.offsets, skipped, split.dropped, figures=chunk.figures)
 
     @staticmethod
     def _labels(split: PlanChunk, ids: np.ndarray, bounds: np.ndarray, carry: int, carried: int) -> np.ndarray:

@@ -20,6 +20,7 @@ OWN_PARAMETERS = {
         "cost",
         "max_batch_size",
         "batch_size_multiple",
+        "last_batch",
         "oversize",
         "padding",
         "fixed_cost",
