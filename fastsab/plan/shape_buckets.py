@@ -112,6 +112,8 @@ class ShapeBuckets:
         if not isinstance(table, dict) or table.get("format") != FORMAT:
             shown = table.get("format") if isinstance(table, dict) else type(table).__name__
             raise ValueError(f"not a ShapeBuckets table: its format is {shown!r}, expected {FORMAT!r}.")
+        if "lengths" not in table:
+            raise ValueError(f"not a ShapeBuckets table: it has no 'lengths', only {sorted(table)!r}.")
         return cls(table["lengths"], table.get("batch_sizes"), table.get("source", ""))
 
     def save(self, path: str | os.PathLike[str]) -> None:
@@ -155,14 +157,29 @@ def choose_lengths(
     values = as_numpy("lengths", lengths, "a sequence of lengths").reshape(-1)
     if not len(values):
         raise ValueError("lengths is empty: bucket lengths are chosen from at least one item's length.")
-    if values.dtype.kind not in "iu" or int(values.min()) < 0:
-        raise ValueError(f"lengths must be non-negative integers to choose bucket lengths, got dtype {values.dtype}.")
+    if values.dtype.kind not in "iu":
+        raise ValueError(
+            f"lengths must be non-negative integers to choose bucket lengths, got dtype {values.dtype}: round them up "
+            "(np.ceil) to the tokens they pad to, and cast them to integers."
+        )
+    if int(values.min()) < 0:
+        least = values.min().item()
+        raise ValueError(f"lengths must be non-negative integers to choose bucket lengths, got {least!r}.")
     if pad_to_multiple_of is not None:
         multiple = check_positive_int("pad_to_multiple_of", pad_to_multiple_of)
         values = -(-values.astype(np.int64) // multiple) * multiple
     weights = None if counts is None else as_numpy("counts", counts).reshape(-1)
     if weights is not None and len(weights) != len(values):
         raise ValueError(f"counts must give one count per length ({len(values)}), got {len(weights)}.")
+    if weights is not None:
+        numbers = weights.dtype.kind in "iuf"
+        bad = ~((weights >= 0) & (weights % 1 == 0)) if numbers else np.ones(len(weights), dtype=bool)
+        if bad.any():
+            at = int(np.argmax(bad))
+            raise ValueError(
+                f"counts must be non-negative integers (how many items have each length), got {weights[at].item()!r} "
+                f"at position {at}."
+            )
     distinct, where = np.unique(np.maximum(values.astype(np.int64), 1), return_inverse=True)
     counts = np.bincount(where.reshape(-1), weights=weights).astype(np.int64)
     if len(distinct) > MAX_CANDIDATES:

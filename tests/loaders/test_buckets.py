@@ -166,5 +166,5 @@ def test_a_state_is_refused_by_other_buckets_naming_the_setting() -> None:
     for other in ({"buckets": [150, 300]}, {"buckets": [100, 300], "max_total_size": 2048}):
         arguments: dict[str, Any] = {"max_total_size": 4096, "partial": "keep"} | other
         changed = FastSizeAwareLoader(torch.arange(2000), LENGTHS, **arguments)
-        with pytest.raises(ValueError, match="bucket_lengths|bucket_batch_sizes|limit"):
+        with pytest.raises(ValueError, match=r"bucket_lengths|bucket_batch_sizes|limit"):
             changed.load_state_dict(state)

@@ -1,0 +1,94 @@
+"""Shape buckets given what users pass them: numpy numbers, float lengths, several columns, empty data."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from fastsab import FastSizeAwareLoader, PadCollator
+from fastsab.plan.shape_buckets import ShapeBuckets, choose_lengths
+
+
+class Texts:
+    """Sample ``i`` is ``{"index": i, "input_ids": [i] * ceil(lengths[i])}``."""
+
+    def __init__(self, lengths: np.ndarray) -> None:
+        self.lengths = lengths
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def __getitems__(self, indices: list[int]) -> list[dict[str, Any]]:
+        return [{"index": i, "input_ids": torch.full((int(np.ceil(self.lengths[i])),), i)} for i in indices]
+
+
+LENGTHS = np.random.default_rng(7).integers(1, 120, 300)
+
+
+def epoch(loader: FastSizeAwareLoader[Any]) -> tuple[list[list[int]], set[tuple[int, ...]]]:
+    """The real items of each batch (``sample_mask``), and the batch shapes."""
+    batches, shapes = [], set()
+    for batch in loader:
+        shapes.add(tuple(batch["input_ids"].shape))
+        batches.append(batch["index"][batch["sample_mask"]].tolist())
+    return batches, shapes
+
+
+def test_a_numpy_integer_is_a_number_of_buckets() -> None:
+    given = FastSizeAwareLoader(Texts(LENGTHS), LENGTHS, 2048, buckets=np.int64(3), collate_fn=PadCollator(), seed=1)
+    plain = FastSizeAwareLoader(Texts(LENGTHS), LENGTHS, 2048, buckets=3, collate_fn=PadCollator(), seed=1)
+    assert given.buckets == plain.buckets and epoch(given) == epoch(plain)
+
+
+@pytest.mark.parametrize("kind", ["sizeof", "features"])
+def test_float_lengths_choose_the_buckets_of_their_rounded_up_lengths(kind: str) -> None:
+    # a length of 40.5 pads to 41 tokens: chosen buckets hold it exactly as given ones do
+    fractional = LENGTHS - 0.5
+    if kind == "sizeof":
+        loader = FastSizeAwareLoader(Texts(fractional), fractional, 2048, buckets=3, collate_fn=PadCollator(), seed=2)
+    else:
+        loader = FastSizeAwareLoader(
+            Texts(fractional), lambda x: np.asarray(x, dtype=np.float64).reshape(-1), 2048, features=fractional,
+            buckets=3, collate_fn=PadCollator(), seed=2,
+        )  # fmt: skip
+    expected = choose_lengths(LENGTHS, 3)
+    assert loader.buckets.lengths == expected
+    batches, shapes = epoch(loader)
+    # invariant: every item once, in at most K shapes, each within the budget
+    assert sorted(i for batch in batches for i in batch) == list(range(len(LENGTHS)))
+    assert len(batches) == len(loader) and len(shapes) <= 3
+    assert all(rows * width <= 2048 and width in expected for rows, width in shapes)
+
+
+@pytest.mark.parametrize("sizeof", [np.stack([LENGTHS, LENGTHS], 1), lambda ids: np.stack([LENGTHS[ids]] * 2, 1)])
+@pytest.mark.parametrize("buckets", [3, [40, 80, 119]])
+def test_lengths_of_several_columns_are_refused_when_made(sizeof: Any, buckets: Any) -> None:
+    with pytest.raises(ValueError, match=r"buckets pad one length per item, but sizeof gives 2 per item"):
+        FastSizeAwareLoader(Texts(LENGTHS), sizeof, 2048, buckets=buckets, collate_fn=PadCollator())
+
+
+def test_an_empty_dataset_has_no_lengths_to_choose_buckets_from() -> None:
+    empty = np.zeros(0, dtype=np.int64)
+    with pytest.raises(ValueError, match=r"the dataset is empty.*give the bucket lengths"):
+        FastSizeAwareLoader(Texts(empty), empty, 2048, buckets=3, collate_fn=PadCollator())
+    given = FastSizeAwareLoader(Texts(empty), empty, 2048, buckets=[40, 80], collate_fn=PadCollator())
+    assert len(given) == 0 and list(given) == []
+
+
+def test_a_table_without_lengths_is_not_a_table() -> None:
+    with pytest.raises(ValueError, match=r"not a ShapeBuckets table: it has no 'lengths'"):
+        ShapeBuckets.from_json('{"format": "fastsab.ShapeBuckets/1", "batch_sizes": [4]}')
+
+
+@pytest.mark.parametrize("counts", [[1, -5, 1], [0.5, 0.5, 1]])
+def test_counts_must_be_non_negative_integers(counts: list[float]) -> None:
+    with pytest.raises(ValueError, match=r"counts must be non-negative integers \(how many items have each length\)"):
+        choose_lengths([1, 2, 3], 2, counts=counts)
+
+
+def test_fractional_lengths_say_how_to_choose_from_them() -> None:
+    with pytest.raises(ValueError, match=r"got dtype float64: round them up \(np.ceil\)"):
+        choose_lengths([1.5, 2.0], 2)
