@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from fastsab import FastSizeAwareLoader, PadCollator
+from fastsab.memory.batch import fit_batch_memory
 from fastsab.plan.shape_buckets import ShapeBuckets, choose_lengths
 
 
@@ -92,3 +93,25 @@ def test_counts_must_be_non_negative_integers(counts: list[float]) -> None:
 def test_fractional_lengths_say_how_to_choose_from_them() -> None:
     with pytest.raises(ValueError, match=r"got dtype float64: round them up \(np.ceil\)"):
         choose_lengths([1.5, 2.0], 2)
+
+
+@pytest.mark.parametrize("cost", ["sum", "padded"])
+def test_a_memory_model_of_either_cost_gives_its_loader_options_to_buckets(cost: str) -> None:
+    # as the recipe says: features=lengths, buckets=K, **model.loader_options(budget), whatever the model's cost
+    rng = np.random.default_rng(0)
+    batches = [rng.integers(1, 120, rng.integers(1, 30)) for _ in range(40)]
+    row = lambda x: 50 * x + 0.1 * x**2  # noqa: E731
+    peaks = [1000 + (len(b) * row(b.max()) if cost == "padded" else row(b).sum()) for b in batches]
+    model = fit_batch_memory(batches, peaks, cost=cost)  # type: ignore[arg-type]
+    budget = 150_000
+    options = model.loader_options(budget)
+    options.pop("sizeof")
+    loader = FastSizeAwareLoader(
+        Texts(LENGTHS), model.per_item, features=LENGTHS, buckets=3, collate_fn=PadCollator(), seed=4, **options
+    )
+    batches_seen, shapes = epoch(loader)
+    assert sorted(i for batch in batches_seen for i in batch) == list(range(len(LENGTHS)))
+    # invariant: the model's peak of every padded (B, L) batch, its rows of length L, is within the budget
+    for rows, width in shapes:
+        assert model.predict([np.full(rows, width)])[0] <= budget
+        assert model.predict([np.full(rows + 1, width)])[0] > budget  # the largest count that fits
