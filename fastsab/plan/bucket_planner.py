@@ -24,7 +24,7 @@ from fastsab.plan.costs import BatchCost
 from fastsab.plan.epochs import EpochOrder
 from fastsab.plan.figures import FILL, FILLER, PADDED, REAL
 from fastsab.plan.plans import _EMPTY_IDS, PlanChunk, PlanInputs
-from fastsab.plan.shape_buckets import ShapeBuckets, choose_lengths
+from fastsab.plan.shape_buckets import ShapeBuckets, bucket_lengths, choose_lengths
 
 __all__ = ["BucketPlanner", "Partial"]
 
@@ -77,7 +77,7 @@ class BucketPlanner:
         if isinstance(buckets, Integral):
             buckets = ShapeBuckets(self._chosen_lengths(check_positive_int("buckets", buckets)))
         elif not isinstance(buckets, ShapeBuckets):
-            buckets = ShapeBuckets(buckets)
+            buckets = ShapeBuckets(bucket_lengths("buckets", buckets))
         if (buckets.batch_sizes is None) == (rule is None):
             raise ValueError(
                 "give each bucket's batch size one way: max_total_size (the largest batches its budget holds) or a "

@@ -60,9 +60,7 @@ class ShapeBuckets:
     source: str = field(default="", compare=False)
 
     def __init__(self, lengths: Sequence[int], batch_sizes: Sequence[int] | None = None, source: str = "") -> None:
-        checked = _positive_ints("lengths", lengths)
-        if any(b <= a for a, b in itertools.pairwise(checked)):
-            raise ValueError(f"lengths must be strictly increasing, got {list(checked)!r}: sort them and drop repeats.")
+        checked = bucket_lengths("lengths", lengths)
         sizes = None if batch_sizes is None else _positive_ints("batch_sizes", batch_sizes)
         if sizes is not None and len(sizes) != len(checked):
             raise ValueError(
@@ -217,6 +215,19 @@ def _best_boundaries(values: np.ndarray, counts: np.ndarray, k: int) -> np.ndarr
     for choice in reversed(choices):
         ends.append(int(choice[ends[-1]]))
     return np.asarray(sorted(ends), dtype=np.int64) - 1
+
+
+def bucket_lengths(name: str, lengths: Sequence[int]) -> tuple[int, ...]:
+    """``lengths`` checked as bucket lengths (strictly increasing positive integers), errors naming ``name``.
+
+    Raises:
+        TypeError: If ``lengths`` is not a sequence of integers.
+        ValueError: If it is empty, or not of strictly increasing positive integers.
+    """
+    checked = _positive_ints(name, lengths)
+    if any(b <= a for a, b in itertools.pairwise(checked)):
+        raise ValueError(f"{name} must be strictly increasing, got {list(checked)!r}: sort them and drop repeats.")
+    return checked
 
 
 def _positive_ints(name: str, values: Sequence[int]) -> tuple[int, ...]:

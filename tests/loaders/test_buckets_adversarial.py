@@ -115,3 +115,23 @@ def test_a_memory_model_of_either_cost_gives_its_loader_options_to_buckets(cost:
     for rows, width in shapes:
         assert model.predict([np.full(rows, width)])[0] <= budget
         assert model.predict([np.full(rows + 1, width)])[0] > budget  # the largest count that fits
+
+
+@pytest.mark.parametrize(
+    ("make", "error", "message"),
+    [
+        (lambda: FastSizeAwareLoader(Texts(LENGTHS), LENGTHS, 2048, buckets=[119, 40]), ValueError,
+         r"buckets must be strictly increasing, got \[119, 40\]"),
+        (lambda: FastSizeAwareLoader(Texts(LENGTHS), LENGTHS, 2048, buckets=[]), ValueError,
+         r"buckets must hold at least one positive integer, got \[\]"),
+        (lambda: FastSizeAwareLoader(Texts(LENGTHS), LENGTHS, 2048, buckets=[40.0, 119.0]), TypeError,
+         r"buckets must be an integer, got 40.0"),
+        (lambda: FastSizeAwareLoader(Texts(LENGTHS), LENGTHS, 2048, buckets=[0, 119]), ValueError,
+         r"buckets must be a positive integer, got 0"),
+        (lambda: PadCollator(bucket_lengths=[119, 40]), ValueError, r"bucket_lengths must be strictly increasing"),
+    ],
+)  # fmt: skip
+def test_bad_bucket_lengths_are_named_as_the_argument_given(make: Any, error: type, message: str) -> None:
+    # the sizeof lengths are "lengths" too: an error about the bucket lengths names the argument they came in
+    with pytest.raises(error, match=message):
+        make()
