@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from fastsab import FastSizeAwareLoader, PadCollator
+from fastsab import FastSizeAwareLoader, PadCollator, RaggedDataset
 from fastsab.memory.batch import fit_batch_memory
 from fastsab.plan.shape_buckets import ShapeBuckets, choose_lengths
 
@@ -135,3 +135,17 @@ def test_bad_bucket_lengths_are_named_as_the_argument_given(make: Any, error: ty
     # the sizeof lengths are "lengths" too: an error about the bucket lengths names the argument they came in
     with pytest.raises(error, match=message):
         make()
+
+
+def test_data_loader_of_a_ragged_dataset_keeps_the_default_collate() -> None:
+    # the dataset pads to the buckets itself: DataLoader's batches are the loader's own, with no collate_fn given
+    collator = PadCollator(bucket_lengths=[40, 80, 119])
+    ragged = RaggedDataset.from_sequences(
+        [np.arange(n) for n in LENGTHS], per_sequence={"index": np.arange(len(LENGTHS))}, collator=collator
+    )
+    loader = FastSizeAwareLoader(ragged, ragged.lengths, 2048, buckets=[40, 80, 119], partial="keep", seed=5)
+    data_loader = loader.data_loader()  # (at the loader's next epoch: the one iterated here)
+    expected = [batch["index"].tolist() for batch in loader]
+    batches = list(data_loader)
+    assert [batch["index"].tolist() for batch in batches] == expected
+    assert {batch["input_ids"].shape[1] for batch in batches} <= {40, 80, 119}
