@@ -149,3 +149,8 @@ def test_data_loader_of_a_ragged_dataset_keeps_the_default_collate() -> None:
     batches = list(data_loader)
     assert [batch["index"].tolist() for batch in batches] == expected
     assert {batch["input_ids"].shape[1] for batch in batches} <= {40, 80, 119}
+
+
+def test_a_fixed_cost_over_the_budget_is_named_as_the_fix() -> None:
+    with pytest.raises(ValueError, match=r"plus fixed_cost 2000: not even one row fits .* lower fixed_cost"):
+        FastSizeAwareLoader(Texts(LENGTHS), LENGTHS, 1024, buckets=[30, 119], fixed_cost=2000)
