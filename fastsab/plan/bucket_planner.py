@@ -175,8 +175,8 @@ class BucketPlanner:
                 raise ValueError(
                     f"a batch of bucket length {length} costs {unit!r} per row"
                     f"{f' plus fixed_cost {fixed!r}' if fixed else ''}: not even one row fits max_total_size "
-                    f"{rule.shown()!r}. Lower the bucket lengths that long{', lower fixed_cost' if fixed else ''}, or "
-                    "raise max_total_size."
+                    f"{rule.shown()!r}. Lower the bucket lengths from {length} on"
+                    f"{', lower fixed_cost' if fixed else ''}, or raise max_total_size."
                 )
             sizes.append(size)
         return sizes
