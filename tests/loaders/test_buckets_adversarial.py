@@ -6,25 +6,11 @@ from typing import Any
 
 import numpy as np
 import pytest
-import torch
 
 from fastsab import FastSizeAwareLoader, PadCollator, RaggedDataset
 from fastsab.memory.batch import fit_batch_memory
 from fastsab.plan.shape_buckets import ShapeBuckets, choose_lengths
-
-
-class Texts:
-    """Sample ``i`` is ``{"index": i, "input_ids": [i] * ceil(lengths[i])}``."""
-
-    def __init__(self, lengths: np.ndarray) -> None:
-        self.lengths = lengths
-
-    def __len__(self) -> int:
-        return len(self.lengths)
-
-    def __getitems__(self, indices: list[int]) -> list[dict[str, Any]]:
-        return [{"index": i, "input_ids": torch.full((int(np.ceil(self.lengths[i])),), i)} for i in indices]
-
+from tests.loaders.test_buckets import Texts
 
 LENGTHS = np.random.default_rng(7).integers(1, 120, 300)
 
