@@ -152,7 +152,12 @@ def choose_lengths(
         (8, 24, 32)
     """
     check_positive_int("num_buckets", num_buckets)
-    values = as_numpy("lengths", lengths, "a sequence of lengths").reshape(-1)
+    values = as_numpy("lengths", lengths, "a sequence of lengths")
+    if values.ndim > 1 and values.shape[1:] != (1,):
+        raise ValueError(
+            f"lengths must be 1-D (one length per item), got shape {values.shape}: pass the column of lengths."
+        )
+    values = values.reshape(-1)
     if not len(values):
         raise ValueError("lengths is empty: bucket lengths are chosen from at least one item's length.")
     if values.dtype.kind not in "iu":

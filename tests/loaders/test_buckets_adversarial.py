@@ -140,3 +140,10 @@ def test_data_loader_of_a_ragged_dataset_keeps_the_default_collate() -> None:
 def test_a_fixed_cost_over_the_budget_is_named_as_the_fix() -> None:
     with pytest.raises(ValueError, match=r"plus fixed_cost 2000: not even one row fits .* lower fixed_cost"):
         FastSizeAwareLoader(Texts(LENGTHS), LENGTHS, 1024, buckets=[30, 119], fixed_cost=2000)
+
+
+def test_lengths_of_several_columns_choose_no_buckets() -> None:
+    # a (length, label) table is not lengths: choosing from both columns at once would be silent nonsense
+    with pytest.raises(ValueError, match=r"lengths must be 1-D \(one length per item\), got shape \(300, 2\)"):
+        choose_lengths(np.stack([LENGTHS, LENGTHS % 2], 1), 3)
+    assert choose_lengths(LENGTHS[:, None], 3) == choose_lengths(LENGTHS, 3)
