@@ -156,7 +156,8 @@ class FastSizeAwareLoader(LoaderBase[T]):
         buckets: Shape buckets, for compiled models: every batch is padded to one of ``K``
             lengths and a batch of bucket ``k`` holds a fixed ``B_k`` items, so that an epoch has
             at most ``K`` batch shapes (see ``fastsab.plan.shape_buckets``). ``K`` (the lengths
-            that pad the fewest tokens, chosen from ``sizeof``), the bucket lengths, or a
+            that pad the fewest tokens, chosen from ``sizeof``, fractional lengths rounded up), the
+            bucket lengths, or a
             ``ShapeBuckets`` (with ``batch_sizes``, e.g. measured: then without
             ``max_total_size``). ``sizeof`` gives the lengths (or a callable over ``features`` of
             lengths gives a row's cost, as a memory model does, of ``cost="sum"`` or ``"padded"``
