@@ -15,6 +15,7 @@ from numbers import Integral
 from typing import Literal
 
 import numpy as np
+import torch
 
 from fastsab._checks import check_choice, check_positive_int
 from fastsab.plan.batching import OversizePolicy
@@ -67,7 +68,7 @@ class BucketPlanner:
         self.partial: Partial = check_choice("partial", partial, ("fill", "keep"))  # type: ignore[assignment]
         self._histogram: tuple[np.ndarray, np.ndarray] | None = None
         if isinstance(buckets, (bool, str, bytes)) or not isinstance(
-            buckets, (Integral, ShapeBuckets, Sequence, np.ndarray)
+            buckets, (Integral, ShapeBuckets, Sequence, np.ndarray, torch.Tensor)
         ):
             raise TypeError(
                 f"buckets must be a number of buckets, a sequence of bucket lengths or a ShapeBuckets, got {buckets!r}."

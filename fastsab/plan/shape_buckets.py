@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import torch
 
 from fastsab._arrays import as_numpy
 from fastsab._checks import check_positive_int
@@ -237,6 +238,8 @@ def bucket_lengths(name: str, lengths: Sequence[int]) -> tuple[int, ...]:
 
 def _positive_ints(name: str, values: Sequence[int]) -> tuple[int, ...]:
     """``values`` as a non-empty tuple of positive integers, or a ``TypeError`` / ``ValueError`` naming ``name``."""
+    if isinstance(values, torch.Tensor) and values.ndim == 1:  # (as lengths may be a tensor)
+        values = values.tolist()
     if isinstance(values, (str, bytes)) or not isinstance(values, (Sequence, np.ndarray)):
         raise TypeError(f"{name} must be a sequence of positive integers, got {values!r}.")
     if not len(values):

@@ -147,3 +147,20 @@ def test_lengths_of_several_columns_choose_no_buckets() -> None:
     with pytest.raises(ValueError, match=r"lengths must be 1-D \(one length per item\), got shape \(300, 2\)"):
         choose_lengths(np.stack([LENGTHS, LENGTHS % 2], 1), 3)
     assert choose_lengths(LENGTHS[:, None], 3) == choose_lengths(LENGTHS, 3)
+
+
+def test_bucket_lengths_may_be_a_tensor_as_lengths_may() -> None:
+    import torch
+
+    lengths = torch.tensor([40, 80, 119])
+    loader = FastSizeAwareLoader(
+        Texts(LENGTHS), torch.from_numpy(LENGTHS), 2048, buckets=lengths, collate_fn=PadCollator()
+    )
+    assert loader.buckets.lengths == (40, 80, 119) == ShapeBuckets(lengths).lengths
+    assert PadCollator(bucket_lengths=lengths).bucket_lengths == (40, 80, 119)
+    _, shapes = epoch(loader)
+    assert {width for _, width in shapes} <= {40, 80, 119}
+    with pytest.raises(
+        TypeError, match=r"buckets must be a sequence of positive integers, got tensor\(\[\[40, 80\]\]\)"
+    ):
+        FastSizeAwareLoader(Texts(LENGTHS), LENGTHS, 2048, buckets=torch.tensor([[40, 80]]))
