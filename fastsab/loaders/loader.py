@@ -158,10 +158,12 @@ class FastSizeAwareLoader(LoaderBase[T]):
         buckets: Shape buckets, for compiled models: every batch is padded to one of ``K``
             lengths and a batch of bucket ``k`` holds a fixed ``B_k`` items, so that an epoch has
             at most ``K`` batch shapes (see ``fastsab.plan.shape_buckets``). ``K`` (the lengths
-            that pad the fewest tokens, chosen from ``sizeof``), the bucket lengths, or a
+            that pad the fewest tokens, chosen from ``sizeof``, fractional lengths rounded up), the
+            bucket lengths, or a
             ``ShapeBuckets`` (with ``batch_sizes``, e.g. measured: then without
             ``max_total_size``). ``sizeof`` gives the lengths (or a callable over ``features`` of
-            lengths gives a row's cost, as a memory model does); ``B_k`` is the largest count
+            lengths gives a row's cost, as a memory model does, of ``cost="sum"`` or ``"padded"``
+            alike: every row is padded to ``L_k``); ``B_k`` is the largest count
             with ``fixed_cost + B_k * cost(L_k) <= max_total_size``, capped by
             ``max_batch_size`` and cut to ``batch_size_multiple``. Items are shuffled within
             each bucket and each chunk's batches are yielded in a seeded random order; an item
@@ -222,6 +224,10 @@ class FastSizeAwareLoader(LoaderBase[T]):
                 "batch_size_multiple": batch_size_multiple,
                 "pad_to_multiple_of": pad_to_multiple_of,
             }
+            if cost == "sum" and features is not None:
+                # NOTE: a memory model's sum over a bucket batch's rows, each padded to L_k, is its padded
+                # cost B_k * sizeof(L_k): its loader_options (cost="sum") size the buckets as cost="padded"
+                cost = "padded"
             padded = resolve_padding(padding, cost or "padded", features)
             bucketed = bucket_planner(
                 self.order,

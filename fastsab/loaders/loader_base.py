@@ -138,9 +138,10 @@ class LoaderBase(LoaderIteration[T], metaclass=TakesDataLoaderKeywords):
                     "a DataLoader cannot add the sample_mask of the filler rows that partial='fill' makes: iterate the "
                     "loader itself (num_workers= runs worker processes), or pass partial='keep'."
                 )
-            options["collate_fn"] = bucket_collators(
-                {"data_loader's collate_fn": options.get("collate_fn")}, self.planner
-            )["data_loader's collate_fn"]
+            if "collate_fn" in options:  # (else PlannedDataLoader's default, collate_batch)
+                options["collate_fn"] = bucket_collators(
+                    {"data_loader's collate_fn": options["collate_fn"]}, self.planner
+                )["data_loader's collate_fn"]
         return PlannedDataLoader(self.dataset, self.batch_sampler(), **options)
 
     def __len__(self) -> int:

@@ -11,9 +11,11 @@ one bucket's batches smaller. The epochs are ``BucketEpoch`` (``fastsab.plan.buc
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from numbers import Integral
 from typing import Literal
 
 import numpy as np
+import torch
 
 from fastsab._checks import check_choice, check_positive_int
 from fastsab.plan.batching import OversizePolicy
@@ -23,7 +25,7 @@ from fastsab.plan.costs import BatchCost
 from fastsab.plan.epochs import EpochOrder
 from fastsab.plan.figures import FILL, FILLER, PADDED, REAL
 from fastsab.plan.plans import _EMPTY_IDS, PlanChunk, PlanInputs
-from fastsab.plan.shape_buckets import ShapeBuckets, choose_lengths
+from fastsab.plan.shape_buckets import ShapeBuckets, bucket_lengths, choose_lengths
 
 __all__ = ["BucketPlanner", "Partial"]
 
@@ -66,15 +68,17 @@ class BucketPlanner:
         self.partial: Partial = check_choice("partial", partial, ("fill", "keep"))  # type: ignore[assignment]
         self._histogram: tuple[np.ndarray, np.ndarray] | None = None
         if isinstance(buckets, (bool, str, bytes)) or not isinstance(
-            buckets, (int, ShapeBuckets, Sequence, np.ndarray)
+            buckets, (Integral, ShapeBuckets, Sequence, np.ndarray, torch.Tensor)
         ):
             raise TypeError(
                 f"buckets must be a number of buckets, a sequence of bucket lengths or a ShapeBuckets, got {buckets!r}."
             )
-        if isinstance(buckets, int):
+        # NOTE: one item's length read now, so that lengths of several columns fail here, not at len()
+        self.lengths_of(np.arange(min(order.n, 1), dtype=np.int64))
+        if isinstance(buckets, Integral):
             buckets = ShapeBuckets(self._chosen_lengths(check_positive_int("buckets", buckets)))
         elif not isinstance(buckets, ShapeBuckets):
-            buckets = ShapeBuckets(buckets)
+            buckets = ShapeBuckets(bucket_lengths("buckets", buckets))
         if (buckets.batch_sizes is None) == (rule is None):
             raise ValueError(
                 "give each bucket's batch size one way: max_total_size (the largest batches its budget holds) or a "
@@ -95,8 +99,18 @@ class BucketPlanner:
     # -- the buckets ----------------------------------------------------------------------------
 
     def lengths_of(self, ids: np.ndarray) -> np.ndarray:
-        """The lengths of ``ids``, one per item."""
-        return np.asarray(self.lengths(ids)).reshape(len(ids))
+        """The lengths of ``ids``, one per item.
+
+        Raises:
+            ValueError: If the lengths have several columns.
+        """
+        values = np.asarray(self.lengths(ids))
+        if values.size != len(ids):
+            raise ValueError(
+                f"buckets pad one length per item, but sizeof gives {values.size // len(ids)} per item (shape "
+                f"{values.shape}): give one length per item, e.g. sizeof=lengths of shape (n,)."
+            )
+        return values.reshape(len(ids))
 
     def histogram(self) -> tuple[np.ndarray, np.ndarray]:
         """The distinct lengths of the epoch's items and how many have each (read once, in blocks)."""
@@ -115,7 +129,12 @@ class BucketPlanner:
     def _chosen_lengths(self, k: int) -> tuple[int, ...]:
         """The ``k`` bucket lengths that pad the items the budget holds the least."""
         distinct, counts = self.histogram()
-        if self.rule is not None and len(distinct):
+        if not len(distinct):
+            raise ValueError(
+                f"buckets={k!r} chooses bucket lengths from the items' lengths, but the dataset is empty: give the "
+                "bucket lengths (buckets=[...]) instead."
+            )
+        if self.rule is not None:
             fits = self.rule.fixed[0] + np.asarray(self.unit_cost(distinct), dtype=np.float64) <= self.rule.caps[0]
             distinct, counts = distinct[fits], counts[fits]
         if not len(distinct):
@@ -124,7 +143,10 @@ class BucketPlanner:
                 "raise max_total_size, or give the bucket lengths."
             )
         multiple = None if self.rule is None else self.rule.pad_to_multiple_of
-        return choose_lengths(distinct, k, pad_to_multiple_of=multiple, counts=counts.astype(np.int64))
+        # NOTE: a fractional length l pads to ceil(l) tokens, and goes to the first bucket length
+        # >= l, which is the first >= ceil(l): rounded up, it chooses exactly as given lengths hold it
+        whole = np.ceil(distinct).astype(np.int64) if distinct.dtype.kind == "f" else distinct
+        return choose_lengths(whole, k, pad_to_multiple_of=multiple, counts=counts.astype(np.int64))
 
     def _budget_sizes(self, rule: BatchCost | None) -> list[int]:
         """Each bucket's largest batch whose padded cost ``rule`` holds (there is a rule where there is no table)."""
@@ -154,7 +176,8 @@ class BucketPlanner:
                 raise ValueError(
                     f"a batch of bucket length {length} costs {unit!r} per row"
                     f"{f' plus fixed_cost {fixed!r}' if fixed else ''}: not even one row fits max_total_size "
-                    f"{rule.shown()!r}. Lower the longest bucket length or raise max_total_size."
+                    f"{rule.shown()!r}. Lower the bucket lengths from {length} on"
+                    f"{', lower fixed_cost' if fixed else ''}, or raise max_total_size."
                 )
             sizes.append(size)
         return sizes

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import torch
 
 from fastsab._arrays import as_numpy
 from fastsab._checks import check_positive_int
@@ -60,9 +61,7 @@ class ShapeBuckets:
     source: str = field(default="", compare=False)
 
     def __init__(self, lengths: Sequence[int], batch_sizes: Sequence[int] | None = None, source: str = "") -> None:
-        checked = _positive_ints("lengths", lengths)
-        if any(b <= a for a, b in itertools.pairwise(checked)):
-            raise ValueError(f"lengths must be strictly increasing, got {list(checked)!r}: sort them and drop repeats.")
+        checked = bucket_lengths("lengths", lengths)
         sizes = None if batch_sizes is None else _positive_ints("batch_sizes", batch_sizes)
         if sizes is not None and len(sizes) != len(checked):
             raise ValueError(
@@ -112,6 +111,8 @@ class ShapeBuckets:
         if not isinstance(table, dict) or table.get("format") != FORMAT:
             shown = table.get("format") if isinstance(table, dict) else type(table).__name__
             raise ValueError(f"not a ShapeBuckets table: its format is {shown!r}, expected {FORMAT!r}.")
+        if "lengths" not in table:
+            raise ValueError(f"not a ShapeBuckets table: it has no 'lengths', only {sorted(table)!r}.")
         return cls(table["lengths"], table.get("batch_sizes"), table.get("source", ""))
 
     def save(self, path: str | os.PathLike[str]) -> None:
@@ -152,17 +153,37 @@ def choose_lengths(
         (8, 24, 32)
     """
     check_positive_int("num_buckets", num_buckets)
-    values = as_numpy("lengths", lengths, "a sequence of lengths").reshape(-1)
+    values = as_numpy("lengths", lengths, "a sequence of lengths")
+    if values.ndim > 1 and values.shape[1:] != (1,):
+        raise ValueError(
+            f"lengths must be 1-D (one length per item), got shape {values.shape}: pass the column of lengths."
+        )
+    values = values.reshape(-1)
     if not len(values):
         raise ValueError("lengths is empty: bucket lengths are chosen from at least one item's length.")
-    if values.dtype.kind not in "iu" or int(values.min()) < 0:
-        raise ValueError(f"lengths must be non-negative integers to choose bucket lengths, got dtype {values.dtype}.")
+    if values.dtype.kind not in "iu":
+        raise ValueError(
+            f"lengths must be non-negative integers to choose bucket lengths, got dtype {values.dtype}: round them up "
+            "(np.ceil) to the tokens they pad to, and cast them to integers."
+        )
+    if int(values.min()) < 0:
+        least = values.min().item()
+        raise ValueError(f"lengths must be non-negative integers to choose bucket lengths, got {least!r}.")
     if pad_to_multiple_of is not None:
         multiple = check_positive_int("pad_to_multiple_of", pad_to_multiple_of)
         values = -(-values.astype(np.int64) // multiple) * multiple
     weights = None if counts is None else as_numpy("counts", counts).reshape(-1)
     if weights is not None and len(weights) != len(values):
         raise ValueError(f"counts must give one count per length ({len(values)}), got {len(weights)}.")
+    if weights is not None:
+        numbers = weights.dtype.kind in "iuf"
+        bad = ~((weights >= 0) & (weights % 1 == 0)) if numbers else np.ones(len(weights), dtype=bool)
+        if bad.any():
+            at = int(np.argmax(bad))
+            raise ValueError(
+                f"counts must be non-negative integers (how many items have each length), got {weights[at].item()!r} "
+                f"at position {at}."
+            )
     distinct, where = np.unique(np.maximum(values.astype(np.int64), 1), return_inverse=True)
     counts = np.bincount(where.reshape(-1), weights=weights).astype(np.int64)
     if len(distinct) > MAX_CANDIDATES:
@@ -202,8 +223,23 @@ def _best_boundaries(values: np.ndarray, counts: np.ndarray, k: int) -> np.ndarr
     return np.asarray(sorted(ends), dtype=np.int64) - 1
 
 
+def bucket_lengths(name: str, lengths: Sequence[int]) -> tuple[int, ...]:
+    """``lengths`` checked as bucket lengths (strictly increasing positive integers), errors naming ``name``.
+
+    Raises:
+        TypeError: If ``lengths`` is not a sequence of integers.
+        ValueError: If it is empty, or not of strictly increasing positive integers.
+    """
+    checked = _positive_ints(name, lengths)
+    if any(b <= a for a, b in itertools.pairwise(checked)):
+        raise ValueError(f"{name} must be strictly increasing, got {list(checked)!r}: sort them and drop repeats.")
+    return checked
+
+
 def _positive_ints(name: str, values: Sequence[int]) -> tuple[int, ...]:
     """``values`` as a non-empty tuple of positive integers, or a ``TypeError`` / ``ValueError`` naming ``name``."""
+    if isinstance(values, torch.Tensor) and values.ndim == 1:  # (as lengths may be a tensor)
+        values = values.tolist()
     if isinstance(values, (str, bytes)) or not isinstance(values, (Sequence, np.ndarray)):
         raise TypeError(f"{name} must be a sequence of positive integers, got {values!r}.")
     if not len(values):

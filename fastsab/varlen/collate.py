@@ -33,7 +33,7 @@ from numpy.lib.stride_tricks import as_strided
 
 from fastsab._checks import check_optional_positive_int, short_repr
 from fastsab.plan.cost_sources import padded_length
-from fastsab.plan.shape_buckets import ShapeBuckets
+from fastsab.plan.shape_buckets import bucket_lengths as bucket_lengths_of
 from fastsab.varlen.collator import Collator, as_numpy_if_possible, as_tensor, pack_positions
 from fastsab.varlen.sample_columns import Flat
 
@@ -89,7 +89,7 @@ class PadCollator(Collator):
     ) -> None:
         self.pad_value = _check_pad_value(pad_value)
         self.pad_to_multiple_of = check_optional_positive_int("pad_to_multiple_of", pad_to_multiple_of)
-        self.bucket_lengths = None if bucket_lengths is None else ShapeBuckets(bucket_lengths).lengths
+        self.bucket_lengths = None if bucket_lengths is None else bucket_lengths_of("bucket_lengths", bucket_lengths)
 
     def __repr__(self) -> str:
         buckets = "" if self.bucket_lengths is None else f", bucket_lengths={list(self.bucket_lengths)!r}"
