@@ -126,7 +126,9 @@ def make_loader(case: BucketCase, rank: int = 0, world_size: int | None = None, 
 def expected_sizes(case: BucketCase, ladder: Sequence[int]) -> list[int]:
     if case.spec == "table":
         return list(case.table_sizes)
-    return [largest_batch(case.cap, case.fixed, length, case.max_batch_size, case.multiple) for length in ladder]
+    # (no batch holds more rows than the dataset has items)
+    rows = max(case.n, 1) if case.max_batch_size is None else min(case.max_batch_size, max(case.n, 1))
+    return [largest_batch(case.cap, case.fixed, length, rows, case.multiple) for length in ladder]
 
 
 def valid(case: BucketCase) -> bool:

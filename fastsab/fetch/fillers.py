@@ -20,10 +20,19 @@ from fastsab.fetch.batch_maker import IndexArray, Run
 from fastsab.fetch.transfer import Transfer
 from fastsab.plan.plans import PlanChunk
 
-__all__ = ["MASK_KEY", "masked", "with_sample_mask"]
+__all__ = ["MASK_KEY", "masked", "not_a_mapping", "with_sample_mask"]
 
 #: The key of the boolean mask of real rows (``False`` on filler rows).
 MASK_KEY = "sample_mask"
+
+
+def not_a_mapping(batch_type: str) -> TypeError:
+    """The error for batches of ``batch_type``, which cannot hold the ``sample_mask`` key."""
+    return TypeError(
+        f"partial='fill' marks the filler rows of a bucket's last batch in a {MASK_KEY!r} key, so batches must "
+        f"be dicts (got {batch_type}): return a dict from collate_fn (PadCollator does), or pass "
+        "partial='keep' (the last batch of each bucket is then an extra, smaller shape)."
+    )
 
 
 def masked(batch: Any, ids: IndexArray, transfer: Transfer) -> Any:
@@ -34,11 +43,7 @@ def masked(batch: Any, ids: IndexArray, transfer: Transfer) -> Any:
         ValueError: If ``batch`` already has a ``sample_mask``.
     """
     if not isinstance(batch, Mapping):
-        raise TypeError(
-            f"partial='fill' marks the filler rows of a bucket's last batch in a {MASK_KEY!r} key, so batches must "
-            f"be dicts (got {type(batch).__name__}): return a dict from collate_fn (PadCollator does), or pass "
-            "partial='keep' (the last batch of each bucket is then an extra, smaller shape)."
-        )
+        raise not_a_mapping(type(batch).__name__)
     if MASK_KEY in batch:
         raise ValueError(
             f"the batch already has a {MASK_KEY!r} key, where partial='fill' puts the mask of its filler rows: "

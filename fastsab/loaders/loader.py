@@ -13,7 +13,7 @@ the given ``collate_fn``, which a type checker infers.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -21,6 +21,7 @@ import torch
 from typing_extensions import Unpack
 
 from fastsab._checks import check_choice, check_positive_int
+from fastsab.fetch.fillers import not_a_mapping
 from fastsab.loaders.bucketed import DATASET_COLLATOR, bucket_collators, bucket_planner
 from fastsab.loaders.loader_base import LoaderBase
 from fastsab.loaders.options import (
@@ -276,7 +277,15 @@ class FastSizeAwareLoader(LoaderBase[T]):
         self._use_planner(planner)
 
     def _use_buckets(self, planner: BucketPlanner) -> None:
-        """Plan with ``planner``, padding with collators that pad to its buckets' lengths."""
+        """Plan with ``planner``, padding with collators that pad to its buckets' lengths.
+
+        Raises:
+            TypeError: With ``partial="fill"``, if the batches are gathered rows of a tensor (or a
+                sequence of them): they cannot hold the ``sample_mask`` key.
+        """
+        gathered = self.maker.fetcher.kind == "gather" and self.options.collate_fn is None
+        if planner.partial == "fill" and gathered and not isinstance(self.dataset, Mapping):
+            raise not_a_mapping(type(self.dataset).__name__)
         collators = bucket_collators(
             {"collate_fn": self.options.collate_fn, DATASET_COLLATOR: getattr(self.dataset, "collator", None)},
             planner,

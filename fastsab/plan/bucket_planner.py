@@ -149,7 +149,7 @@ class BucketPlanner:
         return choose_lengths(whole, k, pad_to_multiple_of=multiple, counts=counts.astype(np.int64))
 
     def _budget_sizes(self, rule: BatchCost | None) -> list[int]:
-        """Each bucket's largest batch whose padded cost ``rule`` holds (there is a rule where there is no table)."""
+        """Each bucket's largest batch whose padded cost ``rule`` holds, at most the dataset's items (if a rule)."""
         if rule is None:
             return []
         cap, fixed = rule.caps[0], rule.fixed[0]
@@ -170,6 +170,9 @@ class BucketPlanner:
                     size += 1
                 if rule.max_batch_size is not None:
                     size = min(size, rule.max_batch_size)
+            # NOTE: no batch holds more rows than the dataset has items: a budget far above the data would
+            # otherwise fill a bucket's last batch with a number of rows memory cannot hold
+            size = min(size, max(self.order.n, 1))
             multiple = rule.batch_size_multiple
             size = size - size % multiple if size >= multiple else size
             if size < 1:

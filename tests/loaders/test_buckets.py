@@ -65,9 +65,11 @@ def test_the_longest_items_follow_oversize() -> None:
         kept = torch.cat(list(skipping)).tolist()
     assert sorted(kept) == sorted(np.flatnonzero(LENGTHS <= 200).tolist())
     assert sorted(skipping.stats.skipped) == np.flatnonzero(LENGTHS > 200).tolist()
-    own = FastSizeAwareLoader(torch.arange(2000), LENGTHS, 4096, buckets=[100, 200], oversize="own_batch")
-    with pytest.raises(TypeError, match="must be dicts"):
-        list(own)
+    with pytest.raises(TypeError, match=r"must be dicts \(got Tensor\)"):  # (refused when made: a tensor's rows)
+        FastSizeAwareLoader(torch.arange(2000), LENGTHS, 4096, buckets=[100, 200], oversize="own_batch")
+    rows = {"index": torch.arange(2000)}  # (a dict of tensors: its batches are dicts, which take the mask)
+    masked = list(FastSizeAwareLoader(rows, LENGTHS, 4096, buckets=[100, 200], oversize="own_batch"))
+    assert sorted(torch.cat([b["index"][b["sample_mask"]] for b in masked]).tolist()) == list(range(2000))
     own = FastSizeAwareLoader(
         torch.arange(2000), LENGTHS, 4096, buckets=[100, 200], oversize="own_batch", partial="keep"
     )
@@ -168,3 +170,10 @@ def test_a_state_is_refused_by_other_buckets_naming_the_setting() -> None:
         changed = FastSizeAwareLoader(torch.arange(2000), LENGTHS, **arguments)
         with pytest.raises(ValueError, match=r"bucket_lengths|bucket_batch_sizes|limit"):
             changed.load_state_dict(state)
+
+
+def test_a_budget_far_above_the_data_makes_batches_of_at_most_every_item() -> None:
+    loader = FastSizeAwareLoader(Texts(LENGTHS[:50]), LENGTHS[:50], 10**18, buckets=2, collate_fn=PadCollator())
+    assert loader.buckets.batch_sizes == (50, 50)
+    rows = [len(batch["index"]) for batch in loader]
+    assert rows == [50] * len(rows) and len(rows) == 2

@@ -111,7 +111,8 @@ def test_each_bucket_holds_the_largest_batch_its_budget_allows(
         torch.arange(len(lengths)), lengths, cap, buckets=ladder, fixed_cost=fixed,
         max_batch_size=max_batch_size, batch_size_multiple=multiple, partial="keep",
     )  # fmt: skip
-    expected = [largest_batch(cap, fixed, length, max_batch_size, multiple) for length in ladder]
+    rows = len(lengths) if max_batch_size is None else min(max_batch_size, len(lengths))  # (at most the items)
+    expected = [largest_batch(cap, fixed, length, rows, multiple) for length in ladder]
     assert list(loader.buckets.batch_sizes) == expected
 
 
