@@ -251,6 +251,7 @@ def bucket_loop(
     *,
     partial: str = "fill",
     oversize: str = "skip",
+    per_group: bool = False,
 ) -> tuple[list[list[list[int]]], list[int]]:
     """Shape buckets item by item: per group, the batches completed in it; the skipped indices.
 
@@ -263,7 +264,8 @@ def bucket_loop(
     Returns:
         One list of batches per group (those of bucket 0 first, then bucket 1, ..., then the own
         batches), then one more list with the last batches if any bucket had an open batch; and
-        the skipped indices.
+        the skipped indices. With ``per_group``, each group's last batches are made at its end (after
+        its own batches), and no list follows.
     """
     open_batches: list[list[int]] = [[] for _ in bucket_lengths]
     chunks: list[list[list[int]]] = []
@@ -285,16 +287,26 @@ def bucket_loop(
             if len(open_batches[bucket]) == batch_sizes[bucket]:
                 done[bucket].append(open_batches[bucket])
                 open_batches[bucket] = []
+        if per_group:
+            for bucket, size in enumerate(batch_sizes):
+                done[bucket] += _last_batches(open_batches[bucket : bucket + 1], [size], partial)
+                open_batches[bucket] = []
         chunks.append([batch for batches in done for batch in batches] + own)
+    last = _last_batches(open_batches, batch_sizes, partial)
+    if last:
+        chunks.append(last)
+    return chunks, skipped
+
+
+def _last_batches(open_batches: Sequence[list[int]], batch_sizes: Sequence[int], partial: str) -> list[list[int]]:
+    """The open batches made: filled up to their batch size with their own items again, cycled, or kept."""
     last = []
     for batch, size in zip(open_batches, batch_sizes):
         if batch and partial == "fill":
             last.append([batch[j % len(batch)] for j in range(size)])
         elif batch:
             last.append(batch)
-    if last:
-        chunks.append(last)
-    return chunks, skipped
+    return last
 
 
 def largest_batch(cap: Any, fixed: Any, unit: Any, max_batch_size: int | None, multiple: int) -> int:

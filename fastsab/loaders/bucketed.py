@@ -64,6 +64,7 @@ def bucket_planner(
     sort_window: int | None,
     oversize: OversizePolicy,
     partial: Partial,
+    per_group: bool = False,
 ) -> BucketPlanner:
     """The planner of a loader with ``buckets``.
 
@@ -78,6 +79,7 @@ def bucket_planner(
         sort_window: Must be ``None``: buckets group items by length themselves.
         oversize: The loader's ``oversize``.
         partial: The loader's ``partial``.
+        per_group: Close the buckets at the end of each group (a dataset read in chunks: ``BucketPlanner``).
 
     Raises:
         ValueError: If an argument does not fit shape buckets (see the messages).
@@ -125,7 +127,9 @@ def bucket_planner(
     rule = BatchCost(cost="padded", feature_cost=feature_cost, **rule_options)
     if rule.num_columns != 1 or len(rule.fixed) != 1:
         raise ValueError(f"buckets take one cap and one fixed_cost, got max_total_size={rule.shown()!r}.")
-    return BucketPlanner(order, lengths, buckets, rule=rule, unit_cost=unit_cost, oversize=oversize, partial=partial)
+    return BucketPlanner(
+        order, lengths, buckets, rule=rule, unit_cost=unit_cost, oversize=oversize, partial=partial, per_group=per_group
+    )
 
 
 def bucket_collators(collators: Mapping[str, object], planner: BucketPlanner) -> dict[str, object]:

@@ -168,7 +168,9 @@ class FastSizeAwareLoader(LoaderBase[T]):
             with ``fixed_cost + B_k * cost(L_k) <= max_total_size``, capped by
             ``max_batch_size`` and cut to ``batch_size_multiple``. Items are shuffled within
             each bucket and each chunk's batches are yielded in a seeded random order; an item
-            longer than every bucket follows ``oversize``. A ``PadCollator`` given as
+            longer than every bucket follows ``oversize``. With a dataset read in chunks
+            (``OutOfCoreDataset``), every bucket's last batch is made at the end of each chunk, so
+            that each chunk is read once an epoch. A ``PadCollator`` given as
             ``collate_fn`` pads to the bucket lengths (``loader.options.collate_fn`` is that copy).
             ``loader.limit`` is then the batch size of each bucket.
         partial: With ``buckets``, what completes a bucket's last, partial batch of the epoch:
@@ -240,6 +242,7 @@ class FastSizeAwareLoader(LoaderBase[T]):
                 sort_window=sort_window,
                 oversize=oversize,
                 partial=partial or "fill",
+                per_group=self._chunked,  # (a chunk read once an epoch: no batch holds items of two)
             )
             self._use_buckets(bucketed)
             return

@@ -48,6 +48,9 @@ class BucketRule(Protocol):
     def partial(self) -> str: ...
 
     @property
+    def per_group(self) -> bool: ...
+
+    @property
     def figures(self) -> _Figures: ...
 
     def lengths_of(self, ids: np.ndarray) -> np.ndarray: ...
@@ -148,18 +151,25 @@ class BucketEpoch:
         self._reported = 0  # groups whose skipped items were reported
         self._groups: Iterator[np.ndarray] = planner.order.chunks(epoch)
         self._done = False
+        self._taken_back = False  # items a lowering took back wait in the buckets
 
     def __iter__(self) -> BucketEpoch:
         return self
 
     def __next__(self) -> PlanChunk:
         first = self._next_group
+        per_group = self.planner.per_group
+        if per_group and self._taken_back:
+            # NOTE: the items a lowering took back are batched alone, not with the next group's (a group
+            # is a chunk read alone)
+            self._taken_back = False
+            return self._plan(_EMPTY_IDS, first, final=True, report=False)
         ids = next(self._groups, None)
         if ids is not None:
             self._next_group += 1
             reported = first < self._reported
             self._reported = max(self._reported, self._next_group)
-            return self._plan(ids, first, final=False, report=not reported)
+            return self._plan(ids, first, final=per_group, report=not reported)
         if self._done:
             raise StopIteration
         self._done = True
@@ -214,3 +224,4 @@ class BucketEpoch:
         self._own = np.concatenate([own, state.own])
         self.sizes = list(sizes)
         self._done = False
+        self._taken_back = any(len(queue) for queue in self._queues) or bool(len(self._own))

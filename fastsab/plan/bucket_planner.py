@@ -50,6 +50,10 @@ class BucketPlanner:
         oversize: What happens to an item longer than the longest bucket: ``"skip"``,
             ``"own_batch"`` or ``"error"``.
         partial: ``"fill"`` or ``"keep"`` (see ``Partial``).
+        per_group: Make every bucket's last batch at the end of each shuffle group, not of the epoch,
+            so that no batch holds items of two groups: a dataset read in chunks (the groups, which
+            then do not rotate) reads each chunk once an epoch, for up to ``K`` more filled (or kept)
+            batches per group.
     """
 
     def __init__(
@@ -62,8 +66,12 @@ class BucketPlanner:
         unit_cost: Callable[[np.ndarray], np.ndarray],
         oversize: OversizePolicy = "skip",
         partial: Partial = "fill",
+        per_group: bool = False,
     ) -> None:
         self.order, self.lengths, self.rule, self.unit_cost = order, lengths, rule, unit_cost
+        if per_group and order.rotate:
+            raise ValueError("per_group closes the buckets of each shuffle group: it needs groups that do not rotate.")
+        self.per_group = per_group
         self.oversize: OversizePolicy = check_choice("oversize", oversize, ("skip", "own_batch", "error"))  # type: ignore[assignment]
         self.partial: Partial = check_choice("partial", partial, ("fill", "keep"))  # type: ignore[assignment]
         self._histogram: tuple[np.ndarray, np.ndarray] | None = None
@@ -217,13 +225,29 @@ class BucketPlanner:
 
     def num_batches(self, epoch: int) -> int:
         """Exact number of batches of an epoch, counted from the lengths (the same in every epoch)."""
-        distinct, counts = self.histogram()
-        bucket = self.buckets.bucket_of(distinct)
-        per_bucket = np.bincount(bucket, weights=counts, minlength=len(self.batch_sizes) + 1).astype(np.int64)
-        if per_bucket[-1] and self.oversize == "error":
+        per_bucket = self._counts()
+        if per_bucket[:, -1].any() and self.oversize == "error":
             self.set_oversize_aside(np.arange(self.order.n, dtype=np.int64))
-        batches = -(-per_bucket[:-1] // np.asarray(self.batch_sizes, dtype=np.int64))
-        return int(batches.sum()) + (int(per_bucket[-1]) if self.oversize == "own_batch" else 0)
+        batches = -(-per_bucket[:, :-1] // np.asarray(self.batch_sizes, dtype=np.int64))
+        return int(batches.sum()) + (int(per_bucket[:, -1].sum()) if self.oversize == "own_batch" else 0)
+
+    def _counts(self) -> np.ndarray:
+        """Items per bucket (the last column: longer than every bucket), one row per group with ``per_group``."""
+        columns = len(self.batch_sizes) + 1
+        if not self.per_group:
+            distinct, counts = self.histogram()
+            return np.bincount(self.buckets.bucket_of(distinct), weights=counts, minlength=columns)[None, :].astype(
+                np.int64
+            )
+        # NOTE: groups that do not rotate are the same blocks of indices in every epoch, whatever their order
+        size, n = self.order.group_size, self.order.n
+        rows = np.zeros(max(-(-n // size), 1) * columns, dtype=np.int64)
+        step = max(_BLOCK // size, 1) * size
+        for start in range(0, n, step):
+            ids = np.arange(start, min(start + step, n), dtype=np.int64)
+            cells = ids // size * columns + self.buckets.bucket_of(self.lengths_of(ids))
+            rows += np.bincount(cells, minlength=len(rows))
+        return rows.reshape(-1, columns)
 
     def chunks(self, epoch: int) -> BucketEpoch:
         return BucketEpoch(self, epoch)
@@ -278,6 +302,8 @@ class BucketPlanner:
             "bucket_batch_sizes": list(self.batch_sizes),
             "partial": self.partial,
         }
+        if self.per_group:  # (absent when unset, as the options of other planners)
+            options["per_group"] = True
         return PlanInputs("BucketPlanner", options, self.lengths.fingerprint(self.order.n))
 
     def skipped_warning(self, skipped: list[int], epoch: int) -> str:

@@ -9,9 +9,12 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from fastsab import FastSizeAwareLoader, PadCollator, RaggedDataset
+from fastsab import FastSizeAwareLoader, OutOfCoreDataset, PadCollator, RaggedDataset
 from fastsab.plan.shape_buckets import ShapeBuckets
+from tests.reference import bucket_loop
 
 
 class Texts:
@@ -177,3 +180,67 @@ def test_a_budget_far_above_the_data_makes_batches_of_at_most_every_item() -> No
     assert loader.buckets.batch_sizes == (50, 50)
     rows = [len(batch["index"]) for batch in loader]
     assert rows == [50] * len(rows) and len(rows) == 2
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    n=st.integers(0, 300),
+    chunk=st.integers(1, 60),
+    shuffle=st.booleans(),
+    seed=st.integers(0, 2**31 - 1),
+    partial=st.sampled_from(["fill", "keep"]),
+)
+def test_a_dataset_read_in_chunks_reads_each_chunk_once_and_closes_its_buckets(
+    n: int, chunk: int, shuffle: bool, seed: int, partial: str
+) -> None:
+    lengths = np.random.default_rng(seed).integers(1, 300, n)
+    reads: list[int] = []
+
+    def read(i: int) -> dict[str, Any]:
+        reads.append(i)
+        return {"index": np.array(i)}
+
+    dataset = OutOfCoreDataset(range(n), read, cpu_memory_limit=16 * chunk)
+    reads.clear()  # (the dataset reads a first sample when made, to know its rows)
+    loader = FastSizeAwareLoader(
+        dataset, lengths, 4096, buckets=[100, 200, 300], partial=partial, shuffle=shuffle, seed=seed
+    )
+    batches = [batch["index"].tolist() for batch in loader]
+    # invariant: each item read once an epoch (its chunk read once), every item once in the batches
+    assert sorted(reads) == list(range(n))
+    real = [i for batch in batches for i in dict.fromkeys(batch)]
+    assert sorted(real) == list(range(n)) and len(loader) == len(batches)
+    groups = [group.tolist() for group in loader.order.chunks(0)]
+    chunks, _ = bucket_loop(
+        groups, lengths.tolist(), [100, 200, 300], loader.buckets.batch_sizes, partial=partial, per_group=True
+    )
+    # invariant: the batches are the plain loop's closing every bucket at the end of each chunk
+    position = 0
+    for planned in chunks:
+        got = batches[position : position + len(planned)]
+        assert sorted(got) == sorted(planned)
+        position += len(planned)
+    assert position == len(batches)
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_a_dataset_read_in_chunks_lowers_and_resumes_exactly(shuffle: bool) -> None:
+    lengths = np.random.default_rng(5).integers(1, 300, 400)
+
+    def loader() -> FastSizeAwareLoader:
+        rows = OutOfCoreDataset(range(400), lambda i: {"index": np.array(i)}, cpu_memory_limit=16 * 50)
+        return FastSizeAwareLoader(rows, lengths, 4096, buckets=[100, 300], shuffle=shuffle, seed=2)
+
+    first = loader()
+    iterator = iter(first)
+    done = [next(iterator)["index"].tolist() for _ in range(3)]
+    first.lower_limit([max(size // 2, 1) for size in first.buckets.batch_sizes])
+    done.append(next(iterator)["index"].tolist())
+    state = first.state_dict()
+    rest = [batch["index"].tolist() for batch in iterator]
+    # invariant: every item once over the lowered epoch, and the lowered batches at most half as large
+    assert sorted(i for batch in done + rest for i in dict.fromkeys(batch)) == list(range(400))
+    assert all(len(batch) <= max(first.buckets.batch_sizes) // 2 for batch in done[3:] + rest)
+    resumed = loader()
+    resumed.load_state_dict(state)
+    assert [batch["index"].tolist() for batch in resumed] == rest
