@@ -42,6 +42,16 @@ def masked(batch: Any, ids: IndexArray, transfer: Transfer) -> Any:
         TypeError: If ``batch`` is not a mapping (a dict of tensors), which the mask is added to.
         ValueError: If ``batch`` already has a ``sample_mask``.
     """
+    return _with_mask(batch, _first_places(ids), transfer)
+
+
+def _first_places(ids: IndexArray) -> np.ndarray:
+    """Whether each row of a batch of ``ids`` is the first place of its id (a real row, not a filler)."""
+    return PlanChunk(ids, np.array([0, len(ids)], dtype=np.int64)).first_places()
+
+
+def _with_mask(batch: Any, mask: np.ndarray, transfer: Transfer) -> Any:
+    """``batch`` with ``mask`` as its ``sample_mask``, checked as ``masked`` checks it."""
     if not isinstance(batch, Mapping):
         raise not_a_mapping(type(batch).__name__)
     if MASK_KEY in batch:
@@ -49,7 +59,6 @@ def masked(batch: Any, ids: IndexArray, transfer: Transfer) -> Any:
             f"the batch already has a {MASK_KEY!r} key, where partial='fill' puts the mask of its filler rows: "
             "rename that key, or pass partial='keep'."
         )
-    mask = PlanChunk(ids, np.array([0, len(ids)], dtype=np.int64)).first_places()
     return {**batch, MASK_KEY: transfer(torch.from_numpy(mask))}
 
 
@@ -59,9 +68,11 @@ def with_sample_mask(
     """The batches of ``runs`` (made with their ids) with their ``sample_mask``; sizes count real rows."""
     try:
         for run in runs:
-            ids = run.ids or []
-            reals = [len(np.unique(part)) for part in ids]
-            batches = (masked(batch, part, transfer) for batch, part in zip(run.batches, ids))
-            yield Run(reals, ids if with_indices else None, batches)
+            if run.ids is None:
+                raise RuntimeError("with_sample_mask reads the filler rows from the ids: make the runs with their ids.")
+            # NOTE: one mask per batch gives both its real rows (for the counts) and its sample_mask
+            masks = [_first_places(part) for part in run.ids]
+            batches = (_with_mask(batch, mask, transfer) for batch, mask in zip(run.batches, masks))
+            yield Run([int(mask.sum()) for mask in masks], run.ids if with_indices else None, batches)
     finally:
         runs.close()
