@@ -497,3 +497,18 @@ def test_data_module_without_reloading_resumed_at_the_end_of_the_first_epoch_goe
     resumed = Recorder()
     trainer(tmp_path / "resumed", **options).fit(resumed, datamodule=data(), ckpt_path=saved)
     assert crashing.train_batches[:13] + resumed.train_batches == whole.train_batches
+
+
+@pytest.mark.parametrize("reload", [0, 1])
+def test_bare_bucket_loader_resumes_every_epoch_exactly(tmp_path, reload):
+    def buckets():
+        return FastSizeAwareLoader(torch.arange(60), SIZES, 20, buckets=[3, 7], partial="keep", seed=4)
+
+    whole, resumed = interrupted_and_resumed(
+        tmp_path, buckets, crash_at_step=30, every=7, reload_dataloaders_every_n_epochs=reload
+    )
+    # invariant: each epoch's batches hold every item once in at most 2 bucket shapes (and 2 kept last batches)
+    for batches in epochs_of(whole):
+        assert sorted(i for batch in batches for i in batch) == list(range(60))
+        assert all(max(SIZES[batch]) <= (3 if len(batch) > 2 else 7) for batch in batches)
+    assert resumed == whole  # 22 steps an epoch: resumed at step 28, in the second epoch, step by step
