@@ -220,6 +220,11 @@ class FastSizeAwareLoader(LoaderBase[T]):
         self._max_total_size = max_total_size
         costs: CostSource = make_cost_source(sizeof, self.order.n, features)
         if buckets is not None:
+            if last_batch != "keep":
+                raise ValueError(
+                    f"last_batch={last_batch!r} cuts the epoch's last batch, but with buckets each bucket has a last "
+                    "batch, which partial decides: pass partial='fill' or 'keep' and leave last_batch unset."
+                )
             rule_options = {
                 "max_total_size": max_total_size,
                 "fixed_cost": fixed_cost,

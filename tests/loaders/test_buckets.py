@@ -102,6 +102,7 @@ def test_a_table_gives_the_batch_sizes_without_a_budget() -> None:
         ({"buckets": "8"}, TypeError, "buckets must be"),
         ({"buckets": 0}, ValueError, "buckets must be a positive integer, got 0"),
         ({"partial": "keep"}, ValueError, "it needs buckets="),
+        ({"buckets": 4, "last_batch": "round_down"}, ValueError, "which partial decides"),
         ({"buckets": 4, "partial": "drop"}, ValueError, "partial"),
         ({"buckets": ShapeBuckets([100, 300], [4, 2]), "max_total_size": 4096}, ValueError, "not both"),
         ({"buckets": [100, 300], "max_total_size": None}, TypeError, "needs max_total_size"),
