@@ -258,14 +258,18 @@ class BucketPlanner:
         return fill
 
     def check_limit(self, limit: object) -> list[int]:
-        """``limit`` checked as one positive batch size per bucket."""
-        if (
-            isinstance(limit, (str, bytes))
-            or not isinstance(limit, (Sequence, np.ndarray))
-            or len(limit) != len(self.batch_sizes)
-        ):
-            raise ValueError(f"limit must give one batch size per bucket ({len(self.batch_sizes)}), got {limit!r}.")
-        return [check_positive_int("limit", int(v) if isinstance(v, np.integer) else v) for v in limit]
+        """``limit`` checked as one positive batch size per bucket (a sequence, array or 1-d tensor)."""
+        count = len(self.batch_sizes)
+        # NOTE: arrays and tensors by their values (a 0-d one is a scalar, refused below)
+        values = limit.tolist() if hasattr(limit, "tolist") and hasattr(limit, "ndim") else limit
+        if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
+            raise TypeError(
+                f"limit must be a sequence of {count} batch sizes, one per bucket (a list, numpy array or "
+                f"1-d tensor), got {limit!r} of type {type(limit).__name__}."
+            )
+        if len(values) != count:
+            raise ValueError(f"limit must give one batch size per bucket ({count}), got {limit!r}.")
+        return [check_positive_int("limit", v) for v in values]
 
     def check_lowered_limit(self, limit: object) -> list[int]:
         """``limit`` checked as batch sizes, none above the configured ones."""

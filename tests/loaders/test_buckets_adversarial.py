@@ -164,3 +164,26 @@ def test_bucket_lengths_may_be_a_tensor_as_lengths_may() -> None:
         TypeError, match=r"buckets must be a sequence of positive integers, got tensor\(\[\[40, 80\]\]\)"
     ):
         FastSizeAwareLoader(Texts(LENGTHS), LENGTHS, 2048, buckets=torch.tensor([[40, 80]]))
+
+
+def test_a_lowered_limit_may_be_a_tensor_and_a_scalar_is_the_wrong_type() -> None:
+    import torch
+
+    def lowered(limit: Any) -> list[list[int]]:
+        loader = FastSizeAwareLoader(Texts(LENGTHS), LENGTHS, 2048, buckets=[40, 80, 119], collate_fn=PadCollator())
+        iterator = iter(loader)
+        first = next(iterator)["index"].tolist()
+        loader.lower_limit(limit)
+        return [first] + [batch["index"].tolist() for batch in iterator]
+
+    sizes = FastSizeAwareLoader(Texts(LENGTHS), LENGTHS, 2048, buckets=[40, 80, 119]).buckets.batch_sizes
+    half = [max(size // 2, 1) for size in sizes]
+    # invariant: a 1-d tensor of batch sizes lowers as the same list does, batch for batch
+    assert lowered(torch.tensor(half)) == lowered(half) == lowered(np.array(half))
+    for scalar in (torch.tensor(5), 5.0, None):
+        with pytest.raises(TypeError, match=r"limit must be a sequence of 3 batch sizes, one per bucket"):
+            lowered(scalar)
+    with pytest.raises(TypeError, match=r"limit must be an integer, got 5.0"):
+        lowered(torch.tensor([5.0, 3.0, 2.0]))
+    with pytest.raises(ValueError, match=r"limit must give one batch size per bucket \(3\), got \[5, 3\]"):
+        lowered([5, 3])
