@@ -24,6 +24,7 @@ from fastsab.loaders.dataloader_keywords import without_dataloader_defaults
 from fastsab.loaders.loader import FastLoader, FastSizeAwareLoader
 from fastsab.plan.cost_sources import size_array
 from fastsab.plan.costs import BatchCost
+from fastsab.plan.shape_buckets import ShapeBuckets
 from fastsab.position.consumed import ConsumedCount
 from fastsab.position.distributed import resolve_rank
 
@@ -91,7 +92,8 @@ class FastDataModule(pl.LightningDataModule):
         batch_size: Items per batch, for fixed-size batches.
         sizeof: Per-split sizes for size-aware batches: a mapping from split name to what
             ``FastSizeAwareLoader`` accepts as ``sizeof``.
-        max_total_size: The budget of a size-aware batch.
+        max_total_size: The budget of a size-aware batch (not needed with ``buckets=`` a
+            ``ShapeBuckets`` table with batch sizes).
         seed: Seed of the training order (evaluation splits are not shuffled).
         **loader_options: Further options for the loaders (``cost``, ``group_size``,
             ``collate_fn``, ``even_batches``, ...); ``device`` is left to Lightning.
@@ -130,9 +132,14 @@ class FastDataModule(pl.LightningDataModule):
             unknown = sorted(set(sizeof) - set(SPLITS))
             if unknown:
                 raise ValueError(f"sizeof names unknown splits {unknown!r}; splits are {SPLITS!r}.")
-            if max_total_size is None:
-                raise ValueError("max_total_size is needed with sizeof.")
-            _check_caps(max_total_size, sizeof)
+            table = loader_options.get("buckets")
+            if max_total_size is not None:
+                _check_caps(max_total_size, sizeof)
+            elif not (isinstance(table, ShapeBuckets) and table.batch_sizes is not None):
+                raise ValueError(
+                    "max_total_size is needed with sizeof, unless buckets= is a ShapeBuckets table with "
+                    "batch sizes (which then bound every split's batches)."
+                )
         elif batch_size is None:
             raise ValueError("give batch_size, or sizeof and max_total_size.")
         if "device" in loader_options:

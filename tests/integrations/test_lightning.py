@@ -167,6 +167,37 @@ def test_data_module_arguments():
         FastDataModule(train=torch.arange(3), batch_size=2).test_dataloader()
 
 
+class _Texts:
+    def __init__(self, lengths: np.ndarray) -> None:
+        self.lengths = lengths
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def __getitems__(self, ids):
+        return [
+            {"input_ids": torch.ones(int(self.lengths[i]), dtype=torch.long), "index": torch.tensor(i)} for i in ids
+        ]
+
+
+def test_data_module_gives_every_split_the_shapes_of_one_table():
+    from fastsab import PadCollator, ShapeBuckets
+
+    rng = np.random.default_rng(3)
+    train, val = rng.integers(1, 100, 300), rng.integers(1, 100, 70)
+    table = ShapeBuckets([40, 80, 100], batch_sizes=[50, 25, 16])
+    sizes = {"train": train, "val": val}
+    with pytest.raises(ValueError, match="max_total_size is needed with sizeof, unless buckets= is a ShapeBuckets"):
+        FastDataModule(train=_Texts(train), sizeof=sizes, buckets=ShapeBuckets([40, 80, 100]))
+    module = FastDataModule(train=_Texts(train), val=_Texts(val), sizeof=sizes, buckets=table, collate_fn=PadCollator())
+    for split, lengths in sizes.items():
+        batches = list(getattr(module, f"{split}_dataloader")())
+        # invariant: every batch has one of the table's shapes, and every item of the split comes once
+        assert {tuple(b["input_ids"].shape) for b in batches} <= {(50, 40), (25, 80), (16, 100)}
+        real = [i for b in batches for i in b["index"][b["sample_mask"]].tolist()]
+        assert sorted(real) == list(range(len(lengths)))
+
+
 def test_data_module_refuses_a_dataloader_keyword_when_made():
     # refused at construction, not later when the trainer asks for a loader
     with pytest.raises(TypeError, match=r"FastLoader does not take DataLoader's keyword timeout \(got timeout=5\)"):
