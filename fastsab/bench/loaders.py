@@ -17,11 +17,12 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, RandomSampler
 
-from fastsab.bench.epochs import Case, Progress, epoch_times, floor_rows
+from fastsab.bench.epochs import Case, Progress, epoch_times, floor_rows, one_thread
 from fastsab.bench.report import Row, time_best
 from fastsab.bench.workloads import lognormal_lengths
 from fastsab.bionemo.samplers import SizeAwareBatchSampler
 from fastsab.loaders.loader import FastLoader, FastSizeAwareLoader
+from fastsab.plan.compiled import compiled_walk, use_compiled
 
 __all__ = [
     "PER_BATCH_SAMPLES",
@@ -186,20 +187,95 @@ def _loader_workload(name: str) -> str:
 
 
 def first_batch_rows(n: int = 10**8, repeat: int = 3) -> list[Row]:
-    """Time to the first batch of a FastLoader over ``n`` items vs one numpy permutation of ``n``."""
+    """Time to the first batch of the loaders over ``n`` items vs one numpy permutation of ``n``.
+
+    ``FastLoader`` over ``torch.arange(n)`` (batches of 300) and ``FastSizeAwareLoader`` over the
+    same data, sizes 1 to 97 read from the indices (``index_sizes``) under a budget of 4096, with
+    ``cost="sum"`` and ``cost="padded"``. Each loader is made beforehand; its time is the best of
+    ``5 * repeat`` first batches, in one torch thread. Where numba is installed, two more sets of
+    rows: the padded loader once its split is compiled (``use_compiled``), and the three loaders'
+    first batches right after ``use_compiled()``, while it compiles in its thread (in ``repeat``
+    fresh processes, the best of them). The ratio is the time over the permutation's, measured in
+    this run; the note says how many times sooner the first batch comes.
+    """
     data = torch.arange(n)
-    loader = FastLoader(data, 300)
     base = "numpy permutation"
+    work = f"n={n:,}"
     floor = time_best(partial(np.random.default_rng(0).permutation, n), repeat)
-    seconds = time_best(partial(_first_batch, loader), repeat)
-    return [
-        Row("first batch", f"n={n:,}", base, floor, base, 1.0),
-        Row("first batch", f"n={n:,}", "FastLoader first batch", seconds, base, seconds / floor),
-    ]
+    rows = [Row("first batch", work, base, floor, base, 1.0)]
+
+    def row(name: str, seconds: float, note: str = "") -> Row:
+        sooner = f"{floor / seconds:,.0f}x sooner"
+        return Row("first batch", work, f"{name} first batch", seconds, base, seconds / floor, _joined(sooner, note))
+
+    with one_thread():
+        loaders = _first_batch_loaders(data)
+        for name, loader in loaders.items():
+            rows.append(row(name, time_best(partial(_first_batch, loader), 5 * repeat)))
+        if use_compiled(wait=True):
+            try:
+                padded = loaders[PADDED_LOADER]
+                rows.append(row(PADDED_LOADER, time_best(partial(_first_batch, padded), 5 * repeat), COMPILED))
+            finally:
+                use_compiled(False)
+            for name, seconds, compiling in _first_batches_while_compiling(n, repeat):
+                rows.append(row(name, seconds, f"right after use_compiled(), {compiling}"))
+    return rows
 
 
-def _first_batch(loader: FastLoader) -> Any:
+#: The size-aware loaders of ``first_batch_rows`` (the padded one is also timed with its split compiled).
+SUM_LOADER = 'FastSizeAwareLoader cost="sum"'
+PADDED_LOADER = 'FastSizeAwareLoader cost="padded"'
+COMPILED = "its split compiled (use_compiled)"
+
+
+def _first_batch_loaders(data: torch.Tensor) -> dict[str, Any]:
+    """The loaders of ``first_batch_rows`` over ``data``."""
+    return {
+        "FastLoader": FastLoader(data, 300),
+        SUM_LOADER: FastSizeAwareLoader(data, index_sizes, 4096),
+        PADDED_LOADER: FastSizeAwareLoader(data, index_sizes, 4096, cost="padded"),
+    }
+
+
+def _first_batch(loader: Any) -> Any:
     return next(iter(loader))
+
+
+def _joined(*parts: str) -> str:
+    return "; ".join(part for part in parts if part)
+
+
+def _first_batches_while_compiling(n: int, repeat: int) -> list[tuple[str, float, str]]:
+    """Each loader's best first batch over ``repeat`` fresh processes, right after ``use_compiled()``.
+
+    Returns ``(name, seconds, whether the compile was still running at the last first batch)``.
+    """
+    script = f"from fastsab.bench.loaders import _while_compiling; _while_compiling({n})"
+    runs = []
+    for _ in range(repeat):
+        done = subprocess.run([sys.executable, "-c", script], check=True, capture_output=True, text=True)
+        runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    names = list(runs[0]["seconds"])
+    still = all(run["compiling"] for run in runs)
+    compiling = "the compile still running" if still else "the compile over in some runs"
+    return [(name, min(run["seconds"][name] for run in runs), compiling) for name in names]
+
+
+def _while_compiling(n: int) -> None:
+    """Print (JSON) the first batch's seconds of each loader, made beforehand, right after ``use_compiled()``."""
+    with one_thread():
+        loaders = _first_batch_loaders(torch.arange(n))
+        for loader in loaders.values():
+            _first_batch(loader)  # NOTE: a warm-up, as time_best's: the first calls of a process are not timed
+        seconds = {}
+        use_compiled()  # from here on numba compiles (or loads its cache) in a thread of its own
+        for name, loader in loaders.items():
+            start = time.perf_counter()
+            _first_batch(loader)
+            seconds[name] = time.perf_counter() - start
+        compiling = compiled_walk() is None
+    print(json.dumps({"seconds": seconds, "compiling": compiling}))
 
 
 class IndexDataset:

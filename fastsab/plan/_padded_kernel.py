@@ -1,8 +1,9 @@
 """The split kernel for ``cost="padded"``: a batch of ``L`` items costs ``L`` times its largest item.
 
 Over per-item costs, ``_padded_split`` bounds each item's batch length (``cap // cost``,
-exact for integer and float costs), finds the end of a batch starting at every position at
-once (``_padded_ends``) and walks them one lookup per batch. Over features, whose padded
+exact for integer and float costs), finds the end of a batch starting at every position of a
+block of items at once (``_padded_ends``) and walks them one lookup per batch, block after block
+(``_blocked_walk``). Over features, whose padded
 cost ``L * f(running max row)`` need not grow with the row, ``_padded_feature_counter``
 is the counter that ``_greedy_ends`` walks. The caps come
 converted by ``kernel_caps`` (less any fixed cost).
@@ -12,13 +13,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from functools import partial
+from typing import Any
 
 import numpy as np
+import torch
 
 from fastsab.plan.compiled import compiled_walk
 from fastsab.plan.exact_caps import _INT64_MAX
 
 _FLOAT_EXACT = 2**53  # float64 holds every integer below this exactly
+#: Items per block of the numpy walk: its dozen arrays of a block stay in the CPU's cache.
+_BLOCK = 2**16
 
 
 # NOTE: the parameters of _sum_split, by design: split_with calls either one with the same arguments
@@ -33,42 +39,84 @@ def _padded_split(
 ) -> tuple[list[int], int]:
     """Batch ends and the open start for ``cost="padded"``, the rules of ``_greedy_ends`` vectorized.
 
-    Every position gets the end of a batch that would start there (``_padded_ends``), then
-    the batches are walked from position 0, one list lookup per batch; or, once
+    Every position of a block gets the end of a batch that would start there (``_padded_ends``),
+    then the block's batches are walked, one list lookup per batch (``_blocked_walk``); or, once
     ``fastsab.plan.compiled.use_compiled`` has compiled it, one compiled loop over the items walks them.
     """
     m = len(c)
-    lengths = _padded_lengths(c, caps, exact_caps)
-    if max_items is not None:
-        # NOTE: `L <= max_items` is one more bound on the length, as `L <= q` is for an item
-        np.minimum(lengths, max_items, out=lengths)
     is_over = np.zeros(m, dtype=bool) if over is None else over
-    if m and not lengths.all():
-        stuck = (lengths == 0) & ~is_over
-        if stuck.any():
-            # NOTE: only a carry from a split under a larger cap can hold an item that fits
-            # in no batch; every walk reaches the first such item as a batch start
-            raise ValueError(
-                f"item at position {int(np.argmax(stuck))} of this split costs more than max_total_size and came "
-                "in the carry; split a carry's chunk again under the cap it was made with."
-            )
-        # NOTE: a bound of 1 for an oversize item gives it a batch of its own and leaves every
-        # other batch as a bound of 0 would (they stop before it either way)
-        np.maximum(lengths, 1, out=lengths)
+    bounds = partial(_length_bounds, c, caps, exact_caps, max_items, is_over)
     compiled = compiled_walk()
     if compiled is not None:
         ends = np.empty(m, dtype=np.int64)
-        walked = ends[: compiled(lengths, is_over, multiple, ends)].tolist()
+        walked = ends[: compiled(bounds(0, m), is_over, multiple, ends)].tolist()
     else:
-        ends = _padded_ends(lengths)
-        if multiple > 1:
-            _cut_to_multiple(ends, is_over, multiple)
-        walked = _walk(ends)
+        walked = _blocked_walk(bounds, m, is_over, multiple)
     open_start = m
     if not final and walked and not is_over[walked[-2] if len(walked) > 1 else 0]:
         walked.pop()
         open_start = walked[-1] if walked else 0
     return walked, open_start
+
+
+def _length_bounds(
+    c: np.ndarray,
+    caps: np.ndarray,
+    exact_caps: list[int | float],
+    max_items: int | None,
+    is_over: np.ndarray,
+    start: int,
+    stop: int,
+) -> np.ndarray:
+    """The length bounds ``1 <= q <= stop - start`` of the items ``start:stop`` (1 for an oversize item).
+
+    Raises:
+        ValueError: If an item that is not oversize fits in no batch (one from a carry).
+    """
+    # NOTE: no batch of items start:stop is longer than stop - start: a larger bound gives the same ends
+    lengths = _padded_lengths(c[start:stop], caps, exact_caps)
+    if max_items is not None:
+        # NOTE: `L <= max_items` is one more bound on the length, as `L <= q` is for an item
+        np.minimum(lengths, max_items, out=lengths)
+    if len(lengths) and not lengths.all():
+        stuck = (lengths == 0) & ~is_over[start:stop]
+        if stuck.any():
+            # NOTE: only a carry from a split under a larger cap can hold an item that fits
+            # in no batch; every walk reaches the first such item as a batch start
+            raise ValueError(
+                f"item at position {start + int(np.argmax(stuck))} of this split costs more than max_total_size "
+                "and came in the carry; split a carry's chunk again under the cap it was made with."
+            )
+        # NOTE: a bound of 1 for an oversize item gives it a batch of its own and leaves every
+        # other batch as a bound of 0 would (they stop before it either way)
+        np.maximum(lengths, 1, out=lengths)
+    return lengths
+
+
+def _blocked_walk(bounds: Callable[[int, int], np.ndarray], m: int, is_over: np.ndarray, multiple: int) -> list[int]:
+    """The batch ends met from position 0 over ``m`` items, found block by block.
+
+    ``bounds(start, stop)`` gives the length bounds of the items ``start:stop``. A block's
+    batch ends are exact where they fall inside it: items after a block only end the batches
+    that reach its end. The batch that reaches it may grow past it, so the next block starts
+    with that batch; a block that closes no batch is tried again twice as long.
+    """
+    walked: list[int] = []
+    start, size = 0, _BLOCK
+    while True:
+        stop = min(start + size, m)
+        ends = _padded_ends(bounds(start, stop))
+        if multiple > 1:
+            _cut_to_multiple(ends, is_over[start:stop], multiple)
+        closed = len(walked)
+        _walk(ends, start, walked)
+        if stop == m:
+            return walked
+        walked.pop()  # the batch that reaches the block's end, open
+        if len(walked) > closed:
+            start, size = walked[-1], _BLOCK
+        else:
+            size *= 2
 
 
 def _cut_to_multiple(ends: np.ndarray, is_over: np.ndarray, multiple: int) -> None:
@@ -83,22 +131,22 @@ def _cut_to_multiple(ends: np.ndarray, is_over: np.ndarray, multiple: int) -> No
     ends[cut] -= size[cut] % multiple
 
 
-def _walk(ends: np.ndarray) -> list[int]:
-    """The batch ends met from position 0, given the end of a batch starting at each position."""
+def _walk(ends: np.ndarray, offset: int, out: list[int]) -> None:
+    """Append to ``out`` the batch ends met from position 0, plus ``offset``, given each position's batch end."""
     table = ends.data
     m = len(ends)
-    out: list[int] = []
     append = out.append
     i = 0
     while i < m:
         i = table[i]
-        append(i)
-    return out
+        append(i + offset)
 
 
 def _chain(ends: np.ndarray) -> list[int]:
     """The positions met from position 0 (itself excluded) stepping to ``ends[i]``, below ``len(ends)``."""
-    return _walk(ends)[:-1]
+    out: list[int] = []
+    _walk(ends, 0, out)
+    return out[:-1]
 
 
 def _padded_lengths(c: np.ndarray, caps: np.ndarray, exact_caps: list[int | float]) -> np.ndarray:
@@ -181,46 +229,50 @@ def _float_lengths(column: np.ndarray, cap: float, m: int) -> np.ndarray:
 
 
 def _padded_ends(q: np.ndarray) -> np.ndarray:
-    """``e[i]``: the end of the greedy batch starting at ``i``, given the items' length bounds ``q >= 1``.
+    """``e[i]``: the end of the greedy batch starting at ``i``, given the items' length bounds ``1 <= q <= len(q)``.
 
     A batch from ``i`` first fails at the length where some item ``k`` in it has ``q[k]`` below
     it, so ``e[i] = min over k >= i of max(k, i + q[k])`` (at most ``len(q)``). With
     ``K[i]``, the first ``k`` with ``k - q[k] >= i``, this is ``min(K[i], i + min(q[i:K[i]]))``.
-    ``K`` is non-decreasing, so the windows ``[i, K[i])`` starting in a block between two steps
-    of the chain ``0, K[0], K[K[0]], ...`` end in the next block: each window minimum is a
-    suffix minimum of one block and a prefix minimum of the next, all found in a few passes.
+    ``K`` is non-decreasing, so the windows ``[i, K[i])`` starting in a stretch between two steps
+    of the chain ``0, K[0], K[K[0]], ...`` end in the next stretch: each window minimum is a
+    suffix minimum of one stretch and a prefix minimum of the next, all found in a few passes.
     """
     m = len(q)
     positions = np.arange(m, dtype=np.int64)
-    # NOTE: each pass writes into an array made before where it can (out=): a fresh array of
-    # m int64 costs its page faults on top of the pass
-    work = np.subtract(positions, q)
-    np.maximum.accumulate(work, out=work)  # non-decreasing, below each position
-    np.clip(work, -1, m - 1, out=work)
+    work = _running(torch.cummax, np.subtract(positions, q))  # non-decreasing, below each position (q >= 1)
+    np.maximum(work, -1, out=work)
     work += 1
     first = np.bincount(work, minlength=m + 1)[:m]
     np.cumsum(first, out=first)  # K[i]: how many reach below i
     offsets = work
     offsets.fill(0)
     offsets[_chain(first)] = m + 1
-    # NOTE: offsets growing by m + 1 (above every q) per block keep each accumulated minimum
-    # inside its block
+    # NOTE: offsets growing by m + 1 (above every q) per stretch keep each running minimum
+    # inside its stretch
     np.cumsum(offsets, out=offsets)
-    suffix: np.ndarray = np.add(q, offsets)
-    np.minimum.accumulate(suffix[::-1], out=suffix[::-1])
+    # NOTE: a copy, not ascontiguousarray: that keeps a reversed view of one item (torch refuses its stride)
+    backward = np.add(q, offsets)[::-1].copy()
+    suffix = _running(torch.cummin, backward)[::-1]
     suffix -= offsets
-    # prefix[1:], the running minimum of each block; K[i] >= i + 1 reads it at K[i] - 1
+    # prefix[1:], the running minimum of each stretch; K[i] >= i + 1 reads it at K[i] - 1
     prefix = np.empty(m + 1, dtype=np.int64)
-    np.subtract(q, offsets, out=prefix[1:])
-    np.minimum.accumulate(prefix[1:], out=prefix[1:])
-    # the next block's prefix ending at K[i] - 1; above every q when that is still i's own block
-    ahead = np.take(prefix, first)
-    ahead += offsets
-    ahead += m + 1
-    np.minimum(suffix, ahead, out=suffix)
-    suffix += positions
-    np.minimum(suffix, first, out=suffix)
-    return suffix
+    prefix[1:] = _running(torch.cummin, np.subtract(q, offsets))
+    # the next stretch's prefix ending at K[i] - 1; above every q when that is still i's own stretch
+    ends = np.take(prefix, first)
+    ends += offsets
+    ends += m + 1
+    np.minimum(ends, suffix, out=ends)
+    ends += positions
+    np.minimum(ends, first, out=ends)
+    return ends
+
+
+def _running(accumulate: Callable[..., Any], values: np.ndarray) -> np.ndarray:
+    """``torch.cummax`` or ``torch.cummin`` (``accumulate``) of a contiguous 1-D int64 array, as an array."""
+    # NOTE: torch's running maximum and minimum are several times faster than numpy's accumulate
+    running: np.ndarray = accumulate(torch.from_numpy(values), 0).values.numpy()
+    return running
 
 
 def _padded_feature_counter(

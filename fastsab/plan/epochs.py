@@ -15,7 +15,11 @@ import numpy as np
 from fastsab._checks import check_positive_int
 from fastsab.plan.shuffle import DEFAULT_GROUP_SIZE, GroupedPermutation
 
-__all__ = ["EpochOrder"]
+__all__ = ["FIRST_CHUNK", "EpochOrder"]
+
+#: Items of an epoch's first chunk where its batches do not depend on where chunks end
+#: (``EpochOrder.chunks_first_small``).
+FIRST_CHUNK = 2**12
 
 
 class EpochOrder:
@@ -51,3 +55,25 @@ class EpochOrder:
             return
         for first in range(start * self.group_size, self.n, self.group_size):
             yield np.arange(first, min(first + self.group_size, self.n), dtype=np.int64)
+
+    def chunks_first_small(self, epoch: int) -> Iterator[np.ndarray]:
+        """The chunks of ``epoch`` in order, the first cut after its first ``FIRST_CHUNK`` items.
+
+        For planners whose batches carry over chunk ends (the same batches wherever the chunks
+        end): the first batches are planned, fetched and handed out from a few thousand items,
+        not from a whole shuffle group.
+
+        Examples:
+            >>> [len(chunk) for chunk in EpochOrder(20_000, shuffle=False, group_size=16_384).chunks_first_small(0)]
+            [4096, 12288, 3616]
+        """
+        chunks = self.chunks(epoch)
+        first = next(chunks, None)
+        if first is None:
+            return
+        # NOTE: a first chunk of not much more than FIRST_CHUNK items stays whole (a short rest gains nothing)
+        if len(first) > 2 * FIRST_CHUNK:
+            yield first[:FIRST_CHUNK]
+            first = first[FIRST_CHUNK:]
+        yield first
+        yield from chunks

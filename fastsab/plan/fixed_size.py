@@ -75,7 +75,7 @@ class FixedSizeEpoch:
         n = planner.order.n
         self._keep = n - n % planner.batch_size if planner.drop_last else n  # items batched at all
         self._seen = 0
-        self._chunks = planner.order.chunks(epoch)
+        self._chunks = planner.order.chunks_first_small(epoch)
         self._rest = _EMPTY_IDS
 
     def __iter__(self) -> FixedSizeEpoch:

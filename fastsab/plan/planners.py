@@ -163,7 +163,7 @@ class SizeAwareEpoch:
         self.planner = planner
         self._cached = iter(cached) if cached is not None else None
         self._cached_list = cached
-        self._order: Iterator[np.ndarray] = planner.order.chunks(epoch) if cached is None else iter(())
+        self._order: Iterator[np.ndarray] = planner.order.chunks_first_small(epoch) if cached is None else iter(())
         self._carry: Carry | None = None
         self._lowered: BatchCost | None = None  # the rule under the lowered caps, once lower() was called
         self._prefix: tuple[np.ndarray, np.ndarray] | None = None  # items re-planned by lower()

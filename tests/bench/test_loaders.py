@@ -47,3 +47,27 @@ def test_one_thread_computes_in_one_thread_and_gives_the_count_back_after_an_err
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(threads)
+
+
+def test_first_batch_rows_time_each_loader_against_one_permutation():
+    # the three loaders, then (with numba) the padded one compiled, then the three right after use_compiled()
+    from fastsab.bench.loaders import PADDED_LOADER, SUM_LOADER, first_batch_rows
+
+    rows = first_batch_rows(n=50_000, repeat=1)
+    loaders = [f"{name} first batch" for name in ("FastLoader", SUM_LOADER, PADDED_LOADER)]
+    methods = [row.method for row in rows]
+    assert methods[:4] == ["numpy permutation", *loaders]
+    assert all(row.suite == "first batch" and row.baseline == "numpy permutation" for row in rows)
+    assert all(
+        row.ratio == row.seconds / rows[0].seconds
+        and row.note.startswith(f"{rows[0].seconds / row.seconds:,.0f}x sooner")
+        for row in rows[1:]
+    )
+    try:
+        import numba  # noqa: F401
+    except ImportError:
+        assert len(rows) == 4
+        return
+    assert methods[4:] == [loaders[2], *loaders]
+    assert rows[4].note.endswith("its split compiled (use_compiled)")
+    assert all("right after use_compiled()" in row.note for row in rows[5:])
