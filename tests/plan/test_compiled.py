@@ -131,6 +131,15 @@ def test_splits_right_after_use_compiled_need_no_compile():
     assert done.returncode == 0, done.stderr
 
 
+def test_a_process_that_exits_during_the_compile_exits_cleanly():
+    # the compile runs in a daemon thread: an exit while it runs neither waits for it nor crashes
+    pytest.importorskip("numba")
+    script = "from fastsab.plan.compiled import use_compiled\nassert use_compiled()\nraise SystemExit(3)\n"
+    for _ in range(3):
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=240, check=False)
+        assert (done.returncode, done.stderr) == (3, "")
+
+
 def test_use_compiled_refuses_what_is_not_a_bool():
     with pytest.raises(TypeError, match="enabled must be a bool, got 'yes'"):
         use_compiled("yes")  # type: ignore[arg-type]
