@@ -199,7 +199,9 @@ class PlanChunk:
         np.cumsum(positions, out=positions)
         spans = None if self.spans is None else self.spans[which]
         figures = None if self.figures is None else self.figures[:, which]
-        return PlanChunk(self.ids[positions], offsets, self.skipped, self.dropped, self.padded, spans, figures=figures)
+        return PlanChunk(
+            self.ids.take(positions), offsets, self.skipped, self.dropped, self.padded, spans, figures=figures
+        )
 
     def head(self, num_batches: int) -> PlanChunk:
         """The first ``num_batches`` batches; other fields kept."""
