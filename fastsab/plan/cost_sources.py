@@ -210,7 +210,7 @@ class _FeatureCosts(_CostSource):
 
     def __call__(self, ids: np.ndarray) -> np.ndarray:
         features = self.features
-        rows = features[torch.from_numpy(ids)] if isinstance(features, torch.Tensor) else features[ids]
+        rows = features[torch.from_numpy(ids)] if isinstance(features, torch.Tensor) else features.take(ids, axis=0)
         with torch.no_grad():
             try:
                 costs = self.fn(rows)
@@ -241,7 +241,7 @@ class FeatureRows(_CostSource):
         self.rows = values.reshape(len(values), int(np.prod(values.shape[1:], dtype=np.int64)))
 
     def __call__(self, ids: np.ndarray) -> np.ndarray:
-        rows: np.ndarray = self.rows[ids]
+        rows: np.ndarray = self.rows.take(ids, axis=0)  # (take: as _ArrayCosts)
         return rows
 
     def item_costs(self, rows: np.ndarray) -> np.ndarray:
