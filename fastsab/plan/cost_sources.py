@@ -17,7 +17,7 @@ from typing import Any, Protocol, TypeVar
 import numpy as np
 import torch
 
-from fastsab._arrays import as_numpy, native_order
+from fastsab._arrays import as_numpy, native_order, tensor_rows
 from fastsab._checks import as_numeric_array, as_python_number, as_real_array, as_size, user_stacklevel
 
 __all__ = [
@@ -210,7 +210,11 @@ class _FeatureCosts(_CostSource):
 
     def __call__(self, ids: np.ndarray) -> np.ndarray:
         features = self.features
-        rows = features[torch.from_numpy(ids)] if isinstance(features, torch.Tensor) else features.take(ids, axis=0)
+        rows: np.ndarray | torch.Tensor
+        if isinstance(features, torch.Tensor):
+            rows = tensor_rows(features, torch.from_numpy(np.asarray(ids, dtype=np.int64)))
+        else:
+            rows = features.take(ids, axis=0)
         with torch.no_grad():
             try:
                 costs = self.fn(rows)
