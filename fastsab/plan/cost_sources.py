@@ -17,7 +17,7 @@ from typing import Any, Protocol, TypeVar
 import numpy as np
 import torch
 
-from fastsab._arrays import as_numpy, native_order
+from fastsab._arrays import as_numpy, native_order, tensor_rows
 from fastsab._checks import as_numeric_array, as_python_number, as_real_array, as_size, user_stacklevel
 
 __all__ = [
@@ -155,7 +155,9 @@ class _ArrayCosts(_CostSource):
         self.sizes = sizes
 
     def __call__(self, ids: np.ndarray) -> np.ndarray:
-        costs: np.ndarray = self.sizes[ids]
+        # NOTE: take, not sizes[ids]: the same rows, a fifth faster for one column and about 10x
+        # faster for (n, k) sizes, whose rows fancy indexing copies one at a time
+        costs: np.ndarray = self.sizes.take(ids, axis=0)
         return costs
 
     def fingerprint(self, n: int) -> bytes | memoryview:
@@ -208,7 +210,11 @@ class _FeatureCosts(_CostSource):
 
     def __call__(self, ids: np.ndarray) -> np.ndarray:
         features = self.features
-        rows = features[torch.from_numpy(ids)] if isinstance(features, torch.Tensor) else features[ids]
+        rows: np.ndarray | torch.Tensor
+        if isinstance(features, torch.Tensor):
+            rows = tensor_rows(features, torch.from_numpy(np.asarray(ids, dtype=np.int64)))
+        else:
+            rows = features.take(ids, axis=0)
         with torch.no_grad():
             try:
                 costs = self.fn(rows)
@@ -239,7 +245,7 @@ class FeatureRows(_CostSource):
         self.rows = values.reshape(len(values), int(np.prod(values.shape[1:], dtype=np.int64)))
 
     def __call__(self, ids: np.ndarray) -> np.ndarray:
-        rows: np.ndarray = self.rows[ids]
+        rows: np.ndarray = self.rows.take(ids, axis=0)  # (take: as _ArrayCosts)
         return rows
 
     def item_costs(self, rows: np.ndarray) -> np.ndarray:

@@ -179,7 +179,7 @@ class SortedWindowEpoch:
         self._reported = max(self._reported, self._next_group)
         costs = np.asarray(self.planner.costs(ids))
         order = window_order(costs, self.window)
-        return ids[order], costs[order]
+        return ids.take(order), costs.take(order, axis=0)  # (take: faster than fancy indexing, rows alike)
 
     def _split(self, ids: np.ndarray, costs: np.ndarray, bounds: np.ndarray, first: int, final: bool) -> PlanChunk:
         """Split ``ids`` (groups starting at ``bounds``) after the carry and prefix; shuffle the batches."""

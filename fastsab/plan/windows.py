@@ -82,6 +82,10 @@ def _sorted_rows(values: np.ndarray) -> np.ndarray:
     if values.shape[2] == 1:
         column = values[:, :, 0]
         largest = int(column.max()) if column.dtype.kind in "iu" and column.size else None
+        if largest is not None and largest < 2**16 and int(column.min()) >= 0:
+            # NOTE: numpy's stable argsort of 16-bit integers is a radix sort (linear time), about
+            # twice as fast again as sorting int32 keys; sizes as small as sequence lengths fit
+            return np.argsort(column.astype(np.uint16), axis=1, kind="stable")
         if largest is not None and largest < 2**62 // max(width, 1):
             # NOTE: size * width + position orders like a stable sort by size and is unique, and
             # sorting the values is about twice as fast as a stable argsort (in int32 when the

@@ -256,3 +256,19 @@ def test_a_vectorized_sizeof_of_the_wrong_length_is_refused(sizeof: Any, returne
         make_cost_source(sizeof, 4)
     with pytest.raises(ValueError, match=message):
         FastSizeAwareLoader(torch.arange(4), sizeof, 10)
+
+
+@pytest.mark.parametrize("shape", [(50,), (50, 2)])
+def test_tensor_and_array_features_give_the_same_costs(shape: tuple[int, ...]) -> None:
+    # invariant: features' rows are the same rows whether the features are a tensor or an array
+    features = np.random.default_rng(len(shape)).integers(1, 9, shape)
+    ids = np.random.default_rng(1).permutation(50)[:30]
+
+    def sizeof(rows: Any) -> np.ndarray:
+        values = np.asarray(rows)
+        return values if values.ndim == 1 else values[:, 0] * values[:, 1]
+
+    expected = sizeof(features[ids]).tolist()
+    strided = torch.from_numpy(np.repeat(features, 2, axis=0))[::2]  # (a view that skips every other row)
+    for given in (features, torch.from_numpy(features), strided):
+        assert make_cost_source(sizeof, 50, given)(ids).tolist() == expected

@@ -227,6 +227,18 @@ def test_positions_become_ids_when_read() -> None:
         PlanChunk(np.arange(3))  # type: ignore[call-arg]
 
 
+@pytest.mark.parametrize("seed", range(20))
+def test_select_takes_the_batches_named_in_their_order(seed: int) -> None:
+    # invariant: select(which) holds batch which[0], then which[1], ... (repeats and empty batches too)
+    rng = np.random.default_rng(seed)
+    sizes = rng.integers(0, 4, rng.integers(1, 9))
+    batches = [rng.permutation(100)[:size] for size in sizes]
+    chunk = PlanChunk.from_batches(batches)
+    which = rng.integers(0, len(batches), rng.integers(0, 12))
+    selected = chunk.select(which)
+    assert [b.tolist() for b in selected.batches()] == [batches[b].tolist() for b in which]
+
+
 # --- sorted windows -------------------------------------------------------------------------
 
 

@@ -44,6 +44,15 @@ def test_window_order_is_the_plain_sort(window: int, columns: int) -> None:
         assert window_order(costs, window).tolist() == expected
 
 
+@pytest.mark.parametrize("low", [-2, 0, 2**16 - 2, 2**40, 2**62])
+def test_window_order_is_the_plain_sort_of_any_integers(low: int) -> None:
+    # invariant: each sort (16-bit radix, int32 or int64 keys, stable argsort) orders as the plain sort
+    rng = np.random.default_rng(low % 1000)
+    sizes = rng.integers(0, 4, 101) + low
+    expected = sorted_windows([list(range(101))], as_rows(sizes[:, None]), 16)
+    assert window_order(sizes, 16).tolist() == expected
+
+
 def test_window_order_of_nothing() -> None:
     assert window_order(np.empty(0, dtype=np.int64), 4).tolist() == []
 
