@@ -137,6 +137,12 @@ class ResumePoints:
         """Forget every point (a lowered limit plans the rest otherwise)."""
         self._points.clear()
 
+    def copy(self) -> ResumePoints:
+        """The points kept, in an object of their own."""
+        copied = ResumePoints()
+        copied._points.extend(self._points)
+        return copied
+
     def holding(self, steps: int) -> ResumePoint | None:
         """The point of the window holding the last of ``steps`` steps run (``None``: not kept, or no step run)."""
         for first, end, point in reversed(self._points):

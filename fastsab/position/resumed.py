@@ -20,7 +20,7 @@ import numpy as np
 from fastsab.plan.plans import PlanChunk, Restarts
 from fastsab.position.epoch_state import Limit, ResumePoint, Segment, parse_resume_point
 from fastsab.position.shares import DealtShare, EpochShares, Planner, _group_places, _spans, restarts
-from fastsab.position.stream import MarkedPlan, Stream
+from fastsab.position.stream import HasPoints, MarkedPlan, Stream
 
 __all__ = ["epoch_stream", "loaded_point", "resumed_stream", "saved_point", "steps_left"]
 
@@ -66,7 +66,7 @@ def saved_point(stream: Stream, planner: Planner, steps: int) -> ResumePoint | N
     ``stream`` is an epoch's from its start (no earlier stretch, no lowered limit).
     """
     plan = stream.plan
-    if isinstance(plan, (MarkedPlan, DealtShare)) and restarts(planner):
+    if isinstance(plan, HasPoints) and restarts(planner):
         return plan.points.holding(steps)
     return None
 

@@ -17,7 +17,7 @@ from fastsab.plan.plans import PlanChunk
 from fastsab.position.epoch_state import Limit, Lowered, ResumePoint, ResumePoints, Segment, check_steps, lowered_at
 from fastsab.position.stats import EpochStats
 
-__all__ = ["MarkedPlan", "Plan", "Stream"]
+__all__ = ["HasPoints", "MarkedPlan", "Plan", "Stream"]
 
 
 class Plan(Protocol):
@@ -27,6 +27,13 @@ class Plan(Protocol):
 
     def lower(self, pending: np.ndarray, limit: Limit) -> None:
         """Plan ``pending`` (ids not returned yet, in order) and the rest under ``limit``."""
+
+
+@runtime_checkable
+class HasPoints(Protocol):
+    """A plan that notes where a state of each of its steps resumes (``ResumePoint``)."""
+
+    points: ResumePoints
 
 
 @runtime_checkable
@@ -182,8 +189,8 @@ class Stream:
             self.stats.replanned(position - self.skip)
 
     def copied(self) -> Stream:
-        """A stream with this one's record (skipped batches, lowerings) and nothing more to hand out."""
-        return Stream(_Copied(), skip=self.skip, lowered=self.lowered)
+        """A stream with this one's record (skipped batches, lowerings, resume points) and nothing more to hand out."""
+        return Stream(_Copied(self.plan), skip=self.skip, lowered=self.lowered)
 
     @property
     def lowered_past_end(self) -> bool:
@@ -199,7 +206,13 @@ class Stream:
 
 
 class _Copied:
-    """The plan of a copied stream: nothing more to hand out (the original's iteration is not copied)."""
+    """The plan of a copied stream: nothing more to hand out (the original's iteration is not copied).
+
+    It keeps the resume points the original's plan noted, so that the copy's state names one too.
+    """
+
+    def __init__(self, plan: Plan) -> None:
+        self.points = plan.points.copy() if isinstance(plan, HasPoints) else ResumePoints()
 
     def __next__(self) -> PlanChunk:
         raise StopIteration
