@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from fastsab.bench.epochs import one_thread
-from fastsab.bench.loaders import NUMPY_FLOOR, TENSOR_FLOOR, per_batch_rows
+from fastsab.bench.loaders import NUMPY_FLOOR, TENSOR_FLOOR, per_batch_rows, resume_rows
 from fastsab.cli import main
 
 
@@ -47,3 +47,15 @@ def test_one_thread_computes_in_one_thread_and_gives_the_count_back_after_an_err
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(threads)
+
+
+def test_resume_rows_time_a_mid_epoch_state_of_each_loader_in_a_fresh_process():
+    rows = resume_rows(n=200_000, rank=1, world_size=2, repeat=1)
+    assert [row.method for row in rows] == ["FastLoader resumed first batch", "FastSizeAwareLoader resumed first batch"]
+    # about half the epoch's steps: 200,000 / 256 / 2 / 2 (fixed), 200,000 * 49 / 4096 / 2 / 2 (sizes)
+    assert [row.workload for row in rows] == [
+        "n=200,000, rank 1 of 2, resumed at step 195",
+        "n=200,000, rank 1 of 2, resumed at step 598",
+    ]
+    assert all(row.suite == "scale" and row.seconds > 0 and row.baseline == "target 1.0 s, 512 MiB" for row in rows)
+    assert all(row.note.startswith("load_state_dict to first batch; peak RSS +") for row in rows)
