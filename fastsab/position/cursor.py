@@ -350,7 +350,8 @@ class EpochCursor:
         """Continue from ``state``: the next iteration yields exactly the batches not yet run.
 
         The state may come from a job with another world size or other dealing options: the
-        rest of the epoch is dealt to this job's ranks.
+        rest of the epoch is dealt to this job's ranks. On the ranks and dealing it was saved
+        with, the epoch is planned from the state's resume point, through the next step here.
 
         Raises:
             TypeError: If ``state`` or one of its values has the wrong type.

@@ -145,7 +145,8 @@ class ResumePoints:
 
     def holding(self, steps: int) -> ResumePoint | None:
         """The point of the window holding the last of ``steps`` steps run (``None``: not kept, or no step run)."""
-        for first, end, point in reversed(self._points):
+        # NOTE: a snapshot (one C call): a prefetch thread may add points while a state is saved
+        for first, end, point in reversed(tuple(self._points)):
             if first < steps <= end:
                 return point
             if end < steps:
