@@ -85,7 +85,8 @@ def resumed_stream(
     if world == 1:
         plan.stream = Stream(MarkedPlan(plan, point.batch, segment, epoch), skip=segment.steps, start=point.batch)
         return plan.stream, None
-    first = _first_batches(shares, epoch, world)
+    # NOTE: taken up at the epoch's first batch, the plan itself gives the first batches to the dealer
+    first = _first_batches(shares, epoch, world) if point.batch else PlanChunk.concat([])
     spans = not planner.order.rotate
     place = _group_places(planner.order, epoch) if spans else None
     lasts = None if place is None else _spans(first, place, planner.order.group_size)[:, 1]
