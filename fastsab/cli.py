@@ -21,8 +21,9 @@ from fastsab._checks import positive_int_argument
 from fastsab.bench import fidelity
 from fastsab.bench.device import DEVICE_SAMPLES, bench_device, device_rows
 from fastsab.bench.end_to_end import END_TO_END_MAX_EPOCHS, END_TO_END_SAMPLES
-from fastsab.bench.loaders import PER_BATCH_SAMPLES, PER_BATCH_SIZES, per_batch_rows, scale_rows
+from fastsab.bench.loaders import PER_BATCH_SAMPLES, PER_BATCH_SIZES, per_batch_rows
 from fastsab.bench.peers import PEERS_SAMPLES, peer_rows
+from fastsab.bench.scale import scale_rows
 from fastsab.bench.varlen import VARLEN_SAMPLES
 from fastsab.bench.workers import WORKERS_SAMPLES, workers_rows
 from fastsab.memory.cli import add_fit_memory_parser, run_fit_memory

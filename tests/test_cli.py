@@ -170,3 +170,6 @@ def test_scale_suite_reports_a_ranks_first_batch_and_its_memory(capsys):
     printed = capsys.readouterr().out
     assert "**scale**" in printed and "n=100,000, rank 7 of 8" in printed and "peak RSS +" in printed
     assert "FastLoader first batch" in printed and "FastSizeAwareLoader first batch" in printed
+    # and the first batch after load_state_dict of a state saved about half-way through the epoch
+    assert "| n=100,000, rank 7 of 8, resumed at step 24 | FastLoader resumed first batch |" in printed
+    assert "| n=100,000, rank 7 of 8, resumed at step 74 | FastSizeAwareLoader resumed first batch |" in printed

@@ -1,11 +1,10 @@
 """The loader workloads of ``fastsab bench``: the seed loop and its size-aware version per epoch, the per-batch
-overhead over a sweep of batch sizes, and the time to the first batch, against DataLoader and the numpy floor; at
-scale, one rank's first batch and its memory."""
+overhead over a sweep of batch sizes, and the time to the first batch, against DataLoader and the numpy
+floor (the scale suite is in ``scale``)."""
 
 from __future__ import annotations
 
 import json
-import resource
 import subprocess
 import sys
 import time
@@ -19,7 +18,7 @@ from torch.utils.data import DataLoader, Dataset, RandomSampler
 
 from fastsab.bench.epochs import Case, Progress, epoch_times, floor_rows, one_thread
 from fastsab.bench.report import Row, time_best
-from fastsab.bench.workloads import lognormal_lengths
+from fastsab.bench.workloads import index_sizes, lognormal_lengths
 from fastsab.bionemo.samplers import SizeAwareBatchSampler
 from fastsab.loaders.loader import FastLoader, FastSizeAwareLoader
 from fastsab.plan.compiled import compiled_walk, use_compiled
@@ -31,7 +30,6 @@ __all__ = [
     "first_batch_rows",
     "loader_rows",
     "per_batch_rows",
-    "scale_rows",
 ]
 
 #: Items per epoch of the per-batch sweep.
@@ -40,9 +38,6 @@ PER_BATCH_SAMPLES = 240_000
 PER_BATCH_SIZES = (64, 256, 1024)
 NUMPY_FLOOR = "numpy permutation+reshape (floor)"
 TENSOR_FLOOR = "torch permutation + gather + unbind (tensor floor)"
-#: What a rank of a huge epoch may take to its first batch (the ``scale`` suite's targets).
-SCALE_SECONDS = 0.5
-SCALE_MIB = 512
 
 
 class PerItemDataset(Dataset[torch.Tensor]):
@@ -276,94 +271,3 @@ def _while_compiling(n: int) -> None:
             seconds[name] = time.perf_counter() - start
         compiling = compiled_walk() is None
     print(json.dumps({"seconds": seconds, "compiling": compiling}))
-
-
-class IndexDataset:
-    """``n`` items that are their own indices, made on demand: a dataset of any length without its data."""
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitems__(self, indices: Any) -> torch.Tensor:
-        return torch.as_tensor(np.asarray(indices, dtype=np.int64))
-
-
-def index_sizes(indices: np.ndarray) -> np.ndarray:
-    """Sizes 1..97 computed from the indices, vectorized: a ``sizeof`` for any number of items."""
-    return np.asarray(indices, dtype=np.int64) % 97 + 1
-
-
-def scale_rows(n: int = 10**9, rank: int = 7, world_size: int = 8, repeat: int = 3) -> list[Row]:
-    """Time to the first batch and peak RSS growth of rank ``rank`` of ``world_size`` over ``n`` items.
-
-    Each loader runs in a fresh process (its peak RSS is its own): the memory is the growth
-    of the peak to the first batch of the first loader; the time is the best of ``repeat``
-    loaders made and started one after the other. The ratio is to the targets, 0.5 s and
-    512 MiB: below 1 meets them.
-    """
-    rows = []
-    target = f"target {SCALE_SECONDS} s, {SCALE_MIB} MiB"
-    for name in ("FastLoader", "FastSizeAwareLoader"):
-        seconds, mib = _first_batch_in_process(name, n, rank, world_size, repeat)
-        rows.append(
-            Row(
-                "scale",
-                f"n={n:,}, rank {rank} of {world_size}",
-                f"{name} first batch",
-                seconds,
-                target,
-                seconds / SCALE_SECONDS,
-                note=f"peak RSS +{mib:.0f} MiB ({mib / SCALE_MIB:.2f} of the target)",
-            )
-        )
-    return rows
-
-
-def _first_batch_in_process(name: str, n: int, rank: int, world_size: int, repeat: int) -> tuple[float, float]:
-    call = f"_first_batch_here({name!r}, {n}, {rank}, {world_size}, {repeat})"
-    script = f"from fastsab.bench.loaders import _first_batch_here; {call}"
-    done = subprocess.run([sys.executable, "-c", script], check=True, capture_output=True, text=True)
-    seconds, mib = json.loads(done.stdout.strip().splitlines()[-1])
-    return float(seconds), float(mib)
-
-
-def _first_batch_here(name: str, n: int, rank: int, world_size: int, repeat: int) -> None:
-    """Print ``[best seconds, peak RSS growth in MiB]`` of this process's first batches of ``name``.
-
-    The growth is the peak RSS after the first batch less the RSS in use before the loader was
-    made: an upper bound (a peak of the imports counts in it too, where it was higher).
-    """
-    before = _memory_kib("VmRSS")
-    best, growth = float("inf"), 0.0
-    for run in range(repeat):
-        start = time.perf_counter()
-        if name == "FastLoader":
-            loader: Any = FastLoader(IndexDataset(n), 256, rank=rank, world_size=world_size)
-        else:
-            loader = FastSizeAwareLoader(IndexDataset(n), index_sizes, 4096, rank=rank, world_size=world_size)
-        next(iter(loader))
-        best = min(best, time.perf_counter() - start)
-        if run == 0:
-            growth = (_memory_kib("VmHWM") - before) / 1024
-    print(json.dumps([best, growth]))
-
-
-def _memory_kib(field: str) -> float:
-    """This process's ``VmRSS`` (in use) or ``VmHWM`` (peak) in KiB, from ``/proc/self/status``.
-
-    Where there is no ``/proc``, both are the peak ``ru_maxrss``, which can only understate the growth.
-    """
-    # NOTE: not ru_maxrss where /proc exists: Linux keeps it across exec, so a process started
-    # by a large parent would report the parent's peak as its own; VmHWM is this image's
-    try:
-        with open("/proc/self/status") as status:
-            for line in status:
-                if line.startswith(f"{field}:"):
-                    return float(line.split()[1])
-    except OSError:
-        pass
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak / 1024 if sys.platform == "darwin" else float(peak)  # (bytes on macOS, KiB elsewhere)

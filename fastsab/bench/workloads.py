@@ -20,11 +20,13 @@ from fastsab.plan.compiled import use_compiled
 from fastsab.plan.shuffle import GroupedPermutation
 
 __all__ = [
+    "IndexDataset",
     "adaptive_rows",
     "best_interleaved",
     "compiled_split",
     "fairseq_batches",
     "fairseq_kernel",
+    "index_sizes",
     "kernel_cases",
     "kernel_rows",
     "lognormal_lengths",
@@ -248,3 +250,21 @@ def _loop_seconds(fn: Callable[[], Any], calls: int) -> float:
 def _deep(frames: int, fn: Callable[[], Any], calls: int) -> float:
     """``_loop_seconds`` run ``frames`` frames below this one."""
     return _loop_seconds(fn, calls) if frames == 0 else _deep(frames - 1, fn, calls)
+
+
+class IndexDataset:
+    """``n`` items that are their own indices, made on demand: a dataset of any length without its data."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitems__(self, indices: Any) -> torch.Tensor:
+        return torch.as_tensor(np.asarray(indices, dtype=np.int64))
+
+
+def index_sizes(indices: np.ndarray) -> np.ndarray:
+    """Sizes 1..97 computed from the indices, vectorized: a ``sizeof`` for any number of items."""
+    return np.asarray(indices, dtype=np.int64) % 97 + 1

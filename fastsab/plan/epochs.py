@@ -77,3 +77,29 @@ class EpochOrder:
             first = first[FIRST_CHUNK:]
         yield first
         yield from chunks
+
+    def position_of(self, epoch: int, index: int) -> int:
+        """Where ``index`` comes in ``epoch``'s order (its number of items before it).
+
+        Examples:
+            >>> order = EpochOrder(10, shuffle=True, group_size=4, seed=1)
+            >>> chunks = list(order.chunks(2))
+            >>> order.position_of(2, int(chunks[1][0])) == len(chunks[0])
+            True
+        """
+        return self.permutation.position_of(epoch, index) if self.shuffle else index
+
+    def chunks_from(self, epoch: int, position: int) -> Iterator[np.ndarray]:
+        """The chunks of ``epoch`` from its ``position``-th item on: the chunk holding it cut there, then the rest.
+
+        Examples:
+            >>> order = EpochOrder(10, shuffle=True, group_size=4, seed=1)
+            >>> np.array_equal(np.concatenate(list(order.chunks_from(0, 3))), np.concatenate(list(order.chunks(0)))[3:])
+            True
+        """
+        if self.shuffle:
+            yield from self.permutation.groups_from(epoch, position)
+            return
+        first = position // self.group_size
+        for number, chunk in enumerate(self.chunks(epoch, first)):
+            yield chunk[position - first * self.group_size :] if number == 0 else chunk

@@ -33,6 +33,19 @@ class FixedSizePlanner:
     def chunks(self, epoch: int) -> FixedSizeEpoch:
         return FixedSizeEpoch(self, epoch)
 
+    @property
+    def restarts(self) -> bool:
+        """Whether ``chunks_from`` gives the epoch's batches: always."""
+        return True
+
+    def chunks_from(self, epoch: int, item: int) -> FixedSizeEpoch:
+        """The plan chunks of ``epoch`` from the batch whose first item is ``item`` on."""
+        return FixedSizeEpoch(self, epoch, start=self.order.position_of(epoch, item))
+
+    def skipped_before(self, epoch: int, item: int) -> np.ndarray:
+        """The items skipped before a batch: none (a fixed-size plan skips none)."""
+        return _EMPTY_IDS
+
     def batch_costs(self, ids: np.ndarray, offsets: np.ndarray) -> np.ndarray:
         """Cost of each batch ``ids[offsets[b]:offsets[b + 1]]`` for balancing: its size."""
         return np.diff(offsets).astype(np.float64)
@@ -69,13 +82,13 @@ class FixedSizeEpoch:
     the epoch covers (a last partial batch after a lowering is kept).
     """
 
-    def __init__(self, planner: FixedSizePlanner, epoch: int) -> None:
+    def __init__(self, planner: FixedSizePlanner, epoch: int, *, start: int = 0) -> None:
         self.planner = planner
         self.batch_size = planner.batch_size
         n = planner.order.n
         self._keep = n - n % planner.batch_size if planner.drop_last else n  # items batched at all
-        self._seen = 0
-        self._chunks = planner.order.chunks_first_small(epoch)
+        self._seen = start  # items of the order before the next chunk
+        self._chunks = planner.order.chunks_from(epoch, start) if start else planner.order.chunks_first_small(epoch)
         self._rest = _EMPTY_IDS
 
     def __iter__(self) -> FixedSizeEpoch:

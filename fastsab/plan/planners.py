@@ -92,6 +92,38 @@ class SizeAwarePlanner:
         cached = self._cache[1] if self._cache is not None and self._cache[0] == epoch else None
         return SizeAwareEpoch(self, epoch, cached)
 
+    @property
+    def restarts(self) -> bool:
+        """Whether ``chunks_from`` gives the epoch's batches: without sorted windows."""
+        # NOTE: a sorted window's batches depend on the whole window and come shuffled, so an
+        # epoch with sort_window is not planned from one of its batches (a resume replays it)
+        return self.sort_window is None
+
+    def chunks_from(self, epoch: int, item: int) -> SizeAwareEpoch:
+        """The plan chunks of ``epoch`` from the batch whose first item is ``item`` on (without ``sort_window``).
+
+        The greedy split starts afresh at each batch, so the batches from one batch's first
+        item on are the epoch's, whatever came before.
+        """
+        return SizeAwareEpoch(self, epoch, start=self.order.position_of(epoch, item))
+
+    def skipped_before(self, epoch: int, item: int) -> np.ndarray:
+        """The oversize items ``epoch`` skips before the batch whose first item is ``item``, in order.
+
+        Whether an item is skipped depends on its cost alone: the order up to ``item`` is
+        read group by group, its costs computed (the split's work, without the batches kept).
+        """
+        if self.oversize != "skip":
+            return _EMPTY_IDS
+        end, seen, skipped = self.order.position_of(epoch, item), 0, [_EMPTY_IDS]
+        for ids in self.order.chunks(epoch):
+            if seen >= end:
+                break
+            ids = ids[: end - seen]
+            seen += len(ids)
+            skipped.append(split_with(self.rule, self.costs(ids), ids=ids, oversize="skip").skipped)
+        return np.concatenate(skipped)
+
     def _window_plan(self, epoch: int) -> _WindowPlan:
         """The whole plan of ``epoch`` with sorted windows, kept for its iteration."""
         if self._window_cache is not None and self._window_cache[0] == epoch:
@@ -159,11 +191,15 @@ class SizeAwareEpoch:
     so that lowering the cap never drops a sample.
     """
 
-    def __init__(self, planner: SizeAwarePlanner, epoch: int, cached: list[PlanChunk] | None = None) -> None:
+    def __init__(
+        self, planner: SizeAwarePlanner, epoch: int, cached: list[PlanChunk] | None = None, *, start: int = 0
+    ) -> None:
         self.planner = planner
         self._cached = iter(cached) if cached is not None else None
         self._cached_list = cached
-        self._order: Iterator[np.ndarray] = planner.order.chunks_first_small(epoch) if cached is None else iter(())
+        self._order: Iterator[np.ndarray] = iter(())
+        if cached is None:
+            self._order = planner.order.chunks_from(epoch, start) if start else planner.order.chunks_first_small(epoch)
         self._carry: Carry | None = None
         self._lowered: BatchCost | None = None  # the rule under the lowered caps, once lower() was called
         self._prefix: tuple[np.ndarray, np.ndarray] | None = None  # items re-planned by lower()

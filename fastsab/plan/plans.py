@@ -12,13 +12,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Protocol, TypeVar, overload
+from typing import Any, NamedTuple, Protocol, TypeVar, overload, runtime_checkable
 
 import numpy as np
 
 from fastsab.plan.epochs import EpochOrder
 
-__all__ = ["Carry", "ExplicitPlan", "PlanChunk", "PlanInputs", "PlanStream", "Planner"]
+__all__ = ["Carry", "ExplicitPlan", "PlanChunk", "PlanInputs", "PlanStream", "Planner", "Restarts"]
 
 _EMPTY_IDS = np.empty(0, dtype=np.int64)
 
@@ -289,6 +289,24 @@ class Planner(Protocol[LimitT]):
 
     def plan_inputs(self) -> PlanInputs:
         """What determines the batches besides the order, seed and epoch."""
+        ...
+
+
+@runtime_checkable
+class Restarts(Protocol):
+    """A planner that plans an epoch from one of its batches on, without the batches before it."""
+
+    @property
+    def restarts(self) -> bool:
+        """Whether ``chunks_from`` gives the epoch's batches (a planner may restart with some options only)."""
+        ...
+
+    def chunks_from(self, epoch: int, item: int) -> PlanStream[Any]:
+        """The plan chunks of ``epoch`` from the batch whose first item is ``item`` on."""
+        ...
+
+    def skipped_before(self, epoch: int, item: int) -> np.ndarray:
+        """The items ``epoch`` skips (oversize) before the batch whose first item is ``item``, in order."""
         ...
 
 

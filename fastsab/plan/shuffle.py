@@ -112,6 +112,39 @@ class GroupedPermutation:
             out = np.empty(self._group_size(group), dtype=np.int64)
             yield self._fill_group(out, group, int(seeds[group]), shift)
 
+    def position_of(self, epoch: int, index: int) -> int:
+        """Where ``index`` comes in ``epoch``'s order: the inverse of ``permutation``, one group shuffled.
+
+        Examples:
+            >>> perm = GroupedPermutation(10, group_size=4, seed=0)
+            >>> order = perm.permutation(epoch=3)
+            >>> [perm.position_of(3, int(i)) for i in order] == list(range(10))
+            True
+        """
+        order, seeds, shift = self._plan(epoch)
+        offset = index - shift if index >= shift else index - shift + self.n
+        group = offset // self.group_size
+        out = self._fill_group(np.empty(self._group_size(group), dtype=np.int64), group, int(seeds[group]), shift)
+        place = int(np.flatnonzero(order == group)[0])
+        return self._start_of(order, place) + int(np.flatnonzero(out == index)[0])
+
+    def _start_of(self, order: np.ndarray, place: int) -> int:
+        """Items of the groups before the ``place``-th of ``order`` (the last group is the short one)."""
+        short = self.num_groups * self.group_size - self.n
+        last_before = short and bool((order[:place] == self.num_groups - 1).any())
+        return place * self.group_size - (short if last_before else 0)
+
+    def groups_from(self, epoch: int, position: int) -> Iterator[np.ndarray]:
+        """Yield the groups of ``epoch`` from its ``position``-th index on, the first one cut there."""
+        order, _, _ = self._plan(epoch)
+        sizes = np.full(self.num_groups, self.group_size, dtype=np.int64)
+        if self.num_groups:
+            sizes[order == self.num_groups - 1] = self._group_size(self.num_groups - 1)
+        place = int(np.searchsorted(np.cumsum(sizes), position, side="right"))
+        within = position - self._start_of(order, place)
+        for number, group in enumerate(self.groups(epoch, place)):
+            yield group[within:] if number == 0 else group
+
     def permutation(self, epoch: int) -> np.ndarray:
         """The whole epoch order as one ``int64`` array."""
         order, seeds, shift = self._plan(epoch)

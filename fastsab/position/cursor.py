@@ -1,16 +1,17 @@
 """Where an epoch stands: epoch, this rank's share, steps done, ``len()`` and resuming.
 
 An ``EpochCursor`` is what the loaders and the planned batch sampler share. It turns
-``(seed, epoch)`` into this rank's ``Stream`` of plan chunks and keeps
-the position in it, so that ``state_dict`` is a few numbers and
-``load_state_dict`` continues with exactly the batches not run yet.
+``(seed, epoch)`` into this rank's ``Stream`` of plan chunks and keeps the position in it, so
+that ``state_dict`` is a few numbers and ``load_state_dict`` continues with exactly the
+batches not run yet.
 
 A state records the epoch's *history* as segments (``fastsab.position.epoch_state``): each is a
 stretch of steps run with one world size (and the dealing options and lowered limits of that
-stretch). The plan is never replayed item by item: ``EpochShares``
-plans the epoch again from the seed and applies each segment in turn, so a state saved by a
-job of another world size or other dealing options resumes exactly. A state whose seed or
-plan fingerprint (``fastsab.position.fingerprint``: dataset length, sizes, configured limits)
+stretch), and where the plan is taken up again (``ResumePoint``). A resume on the same ranks
+plans the epoch from that point on (``fastsab.position.resumed``); otherwise ``EpochShares``
+plans it again from the seed and applies each segment in turn, so a state saved by a job of
+another world size or other dealing options resumes exactly. A state whose seed or plan
+fingerprint (``fastsab.position.fingerprint``: dataset length, sizes, configured limits)
 differs from this object's is refused.
 """
 
@@ -20,15 +21,13 @@ import warnings
 from dataclasses import dataclass, replace
 from typing import Any
 
-import numpy as np
-
 from fastsab._checks import check_choice, check_nonnegative_int, user_stacklevel
 from fastsab.plan.bucket_planner import BucketPlanner
 from fastsab.plan.planners import SizeAwarePlanner
-from fastsab.plan.plans import PlanChunk
 from fastsab.position.distributed import EvenBatches
-from fastsab.position.epoch_state import STATE_FORMAT, Limit, Segment, lowered_at, parse_state
+from fastsab.position.epoch_state import STATE_FORMAT, Limit, ResumePoint, Segment, lowered_at, parse_state
 from fastsab.position.fingerprint import _plain, plan_identity
+from fastsab.position.resumed import epoch_stream, loaded_point, saved_point, steps_left
 from fastsab.position.shares import EpochShares, Planner
 from fastsab.position.stats import EpochStats
 from fastsab.position.stream import Stream
@@ -53,19 +52,8 @@ class _Run:
         iteration starts an epoch of its own, as the original's does.
         """
         state = self.__dict__.copy()
-        stream: Stream = state["stream"]
-        state["stream"] = Stream(_PlanCopied(), skip=stream.skip, lowered=stream.lowered)
+        state["stream"] = self.stream.copied()
         return state
-
-
-class _PlanCopied:
-    """The plan of a copied run: nothing more to hand out (the original's iteration is not copied)."""
-
-    def __next__(self) -> PlanChunk:
-        raise StopIteration
-
-    def lower(self, pending: np.ndarray, limit: Limit) -> None:
-        """Nothing to plan again: a copied stream has returned no chunk, so ``pending`` is empty."""
 
 
 class EpochCursor:
@@ -95,6 +83,7 @@ class EpochCursor:
         self._history: list[Segment] = []  # the resumed epoch's earlier stretches
         self._segment = self._new_segment()  # the stretch this object runs
         self._resuming = False  # load_state_dict set a position in self.epoch
+        self._point: ResumePoint | None = None  # where the loaded position's plan is taken up (else replayed)
         self._finished: tuple[int, list[Segment], Segment] | None = None  # a loaded state at its epoch's end
         self._progress: list[int] | None = None  # [epoch, steps] while an epoch is iterated
         self._run: _Run | None = None  # the epoch last started: its stretches and stream
@@ -169,6 +158,7 @@ class EpochCursor:
         the next iteration unless ``set_epoch`` chose another.
         """
         epoch = self.epoch
+        point = self._point if self._resuming else None
         if not self._resuming:
             self._history, self._segment = [], self._new_segment()
         if self.world_size == 1:
@@ -180,7 +170,7 @@ class EpochCursor:
             # samples; the end of an epoch is reached by every rank alike (equal steps)
             self._advance = True
         self._left = False
-        stream, dealt = self._shares.stream(epoch, self._history, self._segment)
+        stream, dealt = epoch_stream(self._shares, epoch, self._history, self._segment, point)
         stream.stats = stats
         if stats is not None:
             # NOTE: the chunks a rank is dealt, and those planned again from a list of batches, come
@@ -258,6 +248,7 @@ class EpochCursor:
         other.epoch = self.epoch
         if self._resuming:
             other._history, other._segment, other._resuming = list(self._history), replace(self._segment), True
+            other._point = self._point
 
     def _iteration_left(self) -> None:
         """The iteration last started was left before its end (a peek, a break, a consumer that stopped)."""
@@ -323,6 +314,7 @@ class EpochCursor:
     def _state(self, epoch: int, steps: int) -> dict[str, Any]:
         """The state of ``epoch`` after ``steps`` steps of its current stretch."""
         run = self._run
+        point: ResumePoint | None = None
         # NOTE: under ranks the epoch being run keeps its loaded position (_resuming) until its end
         if run is not None and run.epoch == epoch and (self._advance or not self._resuming):
             lowered = list(run.stream.lowered)
@@ -335,8 +327,9 @@ class EpochCursor:
                 steps = min(steps, pending[0])
                 lowered = lowered_at(lowered, *pending)
             history, segment = run.history, replace(run.segment, lowered=lowered)
+            point = None if history or lowered else saved_point(run.stream, self.planner, steps)
         elif self._resuming and epoch == self.epoch:
-            history, segment = self._history, self._segment
+            history, segment, point = self._history, self._segment, self._point
         else:
             history, segment = [], self._new_segment()
         current = replace(segment, steps=steps)
@@ -349,13 +342,16 @@ class EpochCursor:
             "fingerprint": self.fingerprint(),
             "plan": self._plan_identity()[1],
         }
+        if point is not None:
+            state["resume"] = point.as_dict()
         return _plain(state)  # type: ignore[no-any-return]
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state``: the next iteration yields exactly the batches not yet run.
 
         The state may come from a job with another world size or other dealing options: the
-        rest of the epoch is dealt to this job's ranks.
+        rest of the epoch is dealt to this job's ranks. On the ranks and dealing it was saved
+        with, the epoch is planned from the state's resume point, through the next step here.
 
         Raises:
             TypeError: If ``state`` or one of its values has the wrong type.
@@ -372,14 +368,15 @@ class EpochCursor:
         )
         history, current = segments[:-1], segments[-1]
         resuming = bool(history) or current.steps > 0 or bool(current.lowered)
-        remaining = self._shares.remaining(epoch, history, current) if resuming else None  # raises past the end
+        point = loaded_point(self._shares, state, history, current, self._new_segment())
+        remaining = steps_left(self._shares, epoch, history, current, point) if resuming else None  # raises past end
         self._finished = None
         if remaining == 0 and current.steps > 0:
             # NOTE: an epoch whose every step ran (saved before the loop saw its end) is the
             # start of the next one, as a trainer that goes on to set_epoch(epoch + 1) expects;
             # a trainer that sets the saved epoch again gets it empty, not run a second time
             self._finished = (epoch, history, current)
-            epoch, history, current, resuming = epoch + 1, [], self._new_segment(), False
+            epoch, history, current, resuming, point = epoch + 1, [], self._new_segment(), False, None
         elif current.dealing() != self._new_segment().dealing():  # other ranks: deal the rest anew
             # (the rest may give these ranks no step: the epoch then runs empty and reports
             # what it drops)
@@ -390,4 +387,4 @@ class EpochCursor:
         self._progress = None
         self._advance = False
         self._history, self._segment = history, current
-        self._resuming = resuming
+        self._resuming, self._point = resuming, point

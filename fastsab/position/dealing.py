@@ -35,11 +35,14 @@ class DealtWindow:
         first_step: The epoch's step number of the first row.
         batches: ``(steps, world_size)`` int64 global batch indices.
         padding: ``(steps, world_size)`` bool: the slots that repeat a batch dealt elsewhere.
+        rng: The dealer's random state before it dealt the window (``None`` without balancing):
+            a dealer ``resume_at`` its first batch deals the same windows from there.
     """
 
     first_step: int
     batches: npt.NDArray[np.int64]
     padding: npt.NDArray[np.bool_]
+    rng: tuple[int, int, int, int] | None = None
 
 
 class StepDealer:
@@ -131,6 +134,33 @@ class StepDealer:
                 return windows
             windows.append(self._deal(end, self.seen))
 
+    def resume_at(
+        self,
+        start: int,
+        first_costs: npt.NDArray[np.float64],
+        first_lasts: npt.NDArray[np.int64] | None,
+        rng: tuple[int, int, int, int] | None,
+    ) -> None:
+        """Go on as the dealer that dealt the windows before global batch ``start`` (a window's first).
+
+        ``first_costs`` (and ``first_lasts``, with spans) are those of the epoch's first
+        ``world_size`` batches, which padding repeats; ``rng`` is the window's ``DealtWindow.rng``.
+        Push the batches from ``start`` on. The spreads count the steps dealt from there.
+        """
+        self.start = self.seen = start
+        self._first_costs = np.asarray(first_costs, dtype=np.float64)[: self.world_size]
+        self._spans = first_lasts is not None
+        if first_lasts is not None:
+            self._first_lasts = first_lasts[: self.world_size]
+        if rng is not None:
+            state, inc, has_uint32, uinteger = rng
+            self._rng.bit_generator.state = {
+                "bit_generator": "PCG64",
+                "state": {"state": state, "inc": inc},
+                "has_uint32": has_uint32,
+                "uinteger": uinteger,
+            }
+
     def finish(self) -> list[DealtWindow]:
         """Deal the rest once every batch was pushed: the last steps, padded or with the surplus dropped."""
         n = self.seen
@@ -190,7 +220,10 @@ class StepDealer:
         naive = costs.reshape(-1, world)
         first_step = self.start // world
         dealt = slots.reshape(-1, world)
+        rng = None
         if self.balance:
+            state = self._rng.bit_generator.state
+            rng = (state["state"]["state"], state["state"]["inc"], state["has_uint32"], state["uinteger"])
             order = np.argsort(costs, kind="stable")
             ranked = order.reshape(-1, world)[self._rng.permutation(len(naive))]
             if self._spans:
@@ -206,7 +239,7 @@ class StepDealer:
         if self._spans:
             self._lasts = self._lasts[done:]
         self.start = end
-        return DealtWindow(first_step, dealt % max(n, 1), dealt >= n)
+        return DealtWindow(first_step, dealt % max(n, 1), dealt >= n, rng)
 
     def _cost_of(self, batches: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]:
         return _held(batches, self.start, self._costs, self._first_costs)

@@ -9,6 +9,7 @@ the first bad one.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from numbers import Integral, Real
@@ -21,14 +22,18 @@ from fastsab.position.fingerprint import plan_differences
 
 __all__ = [
     "MAX_WORLD_SIZE",
+    "RESUME_KEYS",
     "SEGMENT_KEYS",
     "STATE_FORMAT",
     "STATE_KEYS",
     "Limit",
     "Lowered",
+    "ResumePoint",
+    "ResumePoints",
     "Segment",
     "check_steps",
     "lowered_at",
+    "parse_resume_point",
     "parse_state",
 ]
 
@@ -41,8 +46,13 @@ MAX_WORLD_SIZE = 2**24
 SEGMENT_KEYS = ("world_size", "steps", "even_batches", "balance", "lowered")
 #: The entries of a state besides those of its current stretch.
 STATE_KEYS = ("format", "seed", "epoch", "history", "fingerprint")
-#: The entries a state may lack: the plan's settings (states saved before they were kept have none).
-OPTIONAL_KEYS = ("plan",)
+#: The entries a state may lack: the plan's settings (states saved before they were kept have none)
+#: and where planning resumes (``ResumePoint``: states saved before it was kept, or where none applies).
+OPTIONAL_KEYS = ("plan", "resume")
+#: The entries of a state's ``"resume"``.
+RESUME_KEYS = ("batch", "item", "rng")
+#: The resume points an iteration keeps for the steps behind the last one handed out (a consumer's lag).
+KEPT_POINTS = 2**12
 
 
 #: ``(position, limit)`` records: from the ``position``-th batch of a stream on, ``limit`` applied.
@@ -83,6 +93,65 @@ class Segment:
             "balance": self.balance,
             "lowered": [[position, limit] for position, limit in self.lowered],
         }
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    """Where an epoch's plan is taken up again on resume, so that no step before it is planned again.
+
+    It is the first global batch of the dealing window (on one rank: of the plan chunk) that
+    holds the last step run: a resume plans the epoch from that batch's first item on, deals
+    from there with the dealer's random state there, and skips that window's steps already run.
+
+    Attributes:
+        batch: The epoch's global batch number (the window's first step times the world size).
+        item: The index of that batch's first item.
+        rng: The dealer's random state before it dealt the window (PCG64's ``state``, ``inc``,
+            ``has_uint32`` and ``uinteger``); ``None`` where it draws none (one rank, no balancing).
+    """
+
+    batch: int
+    item: int
+    rng: tuple[int, int, int, int] | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """The point as a state's ``"resume"`` entry (the random state in hexadecimal strings, for JSON)."""
+        rng = None if self.rng is None else [format(value, "x") for value in self.rng]
+        return {"batch": self.batch, "item": self.item, "rng": rng}
+
+
+class ResumePoints:
+    """The resume points of an epoch's windows as they are dealt, each with the steps it holds."""
+
+    def __init__(self) -> None:
+        # NOTE: bounded: a consumer further behind than the kept windows saves a state without a
+        # point, which resumes by planning the epoch again (as a state of an older fastsab does)
+        self._points: deque[tuple[int, int, ResumePoint]] = deque(maxlen=KEPT_POINTS)
+
+    def add(self, first_step: int, end_step: int, point: ResumePoint) -> None:
+        """Note ``point``, which holds the steps ``[first_step, end_step)``."""
+        if end_step > first_step:
+            self._points.append((first_step, end_step, point))
+
+    def clear(self) -> None:
+        """Forget every point (a lowered limit plans the rest otherwise)."""
+        self._points.clear()
+
+    def copy(self) -> ResumePoints:
+        """The points kept, in an object of their own."""
+        copied = ResumePoints()
+        copied._points.extend(self._points)
+        return copied
+
+    def holding(self, steps: int) -> ResumePoint | None:
+        """The point of the window holding the last of ``steps`` steps run (``None``: not kept, or no step run)."""
+        # NOTE: a snapshot (one C call): a prefetch thread may add points while a state is saved
+        for first, end, point in reversed(tuple(self._points)):
+            if first < steps <= end:
+                return point
+            if end < steps:
+                return None
+        return None
 
 
 def lowered_at(lowered: Lowered, position: int, limit: Limit) -> Lowered:
@@ -162,6 +231,35 @@ def parse_state(
             raise TypeError(f"each of state['history'] must be a dict, got {raw!r}.")
         _check_keys("state['history']", raw, SEGMENT_KEYS)
     return epoch, [_parse_segment(raw, check_limit) for raw in [*state["history"], state]]
+
+
+def parse_resume_point(state: dict[str, Any]) -> ResumePoint | None:
+    """The ``"resume"`` entry of a state read by ``parse_state`` (``None`` where it has none).
+
+    Raises:
+        TypeError: If the entry or one of its values has the wrong type.
+        ValueError: If it lacks an entry, has an unknown one, or a value is out of range.
+    """
+    raw = state.get("resume")
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise TypeError(f"state['resume'] must be a dict from state_dict(), got {raw!r}.")
+    _check_keys("state['resume']", raw, RESUME_KEYS)
+    batch, item = _state_int("resume batch", raw["batch"]), _state_int("resume item", raw["item"])
+    rng = raw["rng"]
+    if rng is None:
+        return ResumePoint(batch, item)
+    if not isinstance(rng, list) or len(rng) != 4 or not all(isinstance(value, str) for value in rng):
+        raise TypeError(f"state['resume']['rng'] must be None or a list of 4 hexadecimal strings, got {rng!r}.")
+    try:
+        values = [int(value, 16) for value in rng]
+    except ValueError:
+        raise ValueError(f"state['resume']['rng'] must hold hexadecimal strings, got {rng!r}.") from None
+    bounds = (2**128, 2**128, 2, 2**32)
+    if any(not 0 <= value < bound for value, bound in zip(values, bounds)):
+        raise ValueError(f"state['resume']['rng'] is not a random state of the dealer, got {rng!r}.")
+    return ResumePoint(batch, item, (values[0], values[1], values[2], values[3]))
 
 
 def _refusal(saved: object, fingerprint: str, saved_plan: dict[str, Any] | None, plan: dict[str, Any] | None) -> str:

@@ -18,12 +18,12 @@ from typing import Any
 import numpy as np
 
 from fastsab.plan.epochs import EpochOrder
-from fastsab.plan.plans import PlanChunk
+from fastsab.plan.plans import PlanChunk, Restarts
 from fastsab.plan.plans import Planner as _Planner
 from fastsab.position.dealing import DealtWindow, StepDealer, count_steps
-from fastsab.position.epoch_state import Limit, Segment, check_steps
+from fastsab.position.epoch_state import Limit, ResumePoint, ResumePoints, Segment, check_steps
 from fastsab.position.stats import EpochStats
-from fastsab.position.stream import Plan, Stream
+from fastsab.position.stream import MarkedPlan, Plan, Stream
 
 Planner = _Planner[Any]
 
@@ -51,10 +51,12 @@ class EpochShares:
         """
         plan, spans = self._plan_after(epoch, history)
         if segment.world_size == 1:
+            if not history and restarts(self.planner):
+                plan = MarkedPlan(plan)
             return Stream(plan, skip=segment.steps, lowered=segment.lowered), None
         # NOTE: dealt window by window as the plan comes, so a rank holds a window's batches,
         # not the epoch's; the steps run before a save are dealt again and skipped
-        dealt = DealtShare(plan, self.planner, self.rank, self._dealer(segment, epoch), epoch, spans=spans)
+        dealt = DealtShare(plan, self.planner, self.rank, self.dealer(segment, epoch), epoch, spans=spans)
         return Stream(dealt, skip=segment.steps), dealt
 
     def remaining(self, epoch: int, history: list[Segment], segment: Segment) -> int:
@@ -94,11 +96,12 @@ class EpochShares:
                     False,
                 )
             else:
-                dealer = self._dealer(segment, epoch)
+                dealer = self.dealer(segment, epoch)
                 plan = _NotDealt(plan, self.planner, dealer, segment, epoch, spans=spans)
         return plan, spans
 
-    def _dealer(self, segment: Segment, epoch: int) -> StepDealer:
+    def dealer(self, segment: Segment, epoch: int) -> StepDealer:
+        """A dealer of ``epoch``'s batches as ``segment`` deals them."""
         return StepDealer(
             segment.world_size,
             even_batches=segment.even_batches or "pad",
@@ -287,15 +290,29 @@ class DealtShare(_Dealing):
     ) -> None:
         self.rank = rank
         self.stats: EpochStats | None = None  # receives the padding and spread counts as they are known
+        self.points = ResumePoints()  # the windows' first batches, where a state resumes
+        self.segment: Segment | None = None  # taken up at a point: the stretch resumed (steps past the end refused)
         self._first = _EMPTY_CHUNK  # the epoch's first world_size batches
         self._deal(plan, planner, dealer, epoch, spans=spans)
+        self.epoch = epoch
 
     def __iter__(self) -> DealtShare:
         return self
 
     def __next__(self) -> PlanChunk:
         windows, chunk = self._deal_next()
+        if chunk is None and self.segment is not None:
+            check_steps(self.segment, self.dealer.start // self.dealer.world_size, self.epoch)
         return self._share(windows, _EMPTY_CHUNK if chunk is None else chunk, last=chunk is None)
+
+    def take_up(self, start: int, first: PlanChunk, segment: Segment) -> None:
+        """Deal a plan that begins at global batch ``start`` (a window's first), resuming ``segment``.
+
+        ``first`` holds the epoch's first ``world_size`` batches, which padding repeats; the
+        dealer was set there (``StepDealer.resume_at``). Steps of ``segment`` past the end of
+        the epoch are refused when the plan ends.
+        """
+        self._start, self._first, self.segment = start, first.head(self.dealer.world_size), segment
 
     def lower(self, pending: np.ndarray, limit: Limit) -> None:
         """Refused: under several ranks the limit is kept, so that the ranks run equal steps."""
@@ -322,6 +339,11 @@ class DealtShare(_Dealing):
         if last and len(self.dealer.dropped):
             dropped = np.concatenate([dropped, self._held.select(self.dealer.dropped - self._start).distinct_ids()])
         padded = source.select(which[repeat]).distinct_ids() if repeat.any() else _EMPTY_CHUNK.ids
+        for window in windows:  # where a state of a step in the window resumes
+            first, steps = window.first_step * self.dealer.world_size, window.first_step + len(window.batches)
+            if first - self._start < self._held.num_batches:
+                item = int(self._held.ids[self._held.offsets[first - self._start]])
+                self.points.add(window.first_step, steps, ResumePoint(first, item, window.rng))
         self._release_dealt()
         self._report()
         return PlanChunk(share.ids, share.offsets, chunk.skipped, dropped, padded)
@@ -353,3 +375,8 @@ def _spans(chunk: PlanChunk, place: np.ndarray, group_size: int) -> np.ndarray:
         return np.empty((0, 2), dtype=np.int64)
     ends = np.stack([chunk.ids[chunk.offsets[:-1]], chunk.ids[chunk.offsets[1:] - 1]], axis=1)
     return place[ends // group_size]  # type: ignore[no-any-return]
+
+
+def restarts(planner: Planner) -> bool:
+    """Whether ``planner`` plans an epoch from one of its batches on (``Restarts``)."""
+    return isinstance(planner, Restarts) and planner.restarts

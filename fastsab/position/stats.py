@@ -109,6 +109,11 @@ class EpochStats:
         self.dropped += chunk.dropped.tolist()
         self.padded += chunk.padded.tolist()
 
+    def skipped_before(self, skipped: np.ndarray) -> None:
+        """Report ``skipped`` before the items reported so far: a resumed epoch's, before its resume point."""
+        self.num_skipped += len(skipped)
+        self.skipped = skipped.tolist() + self.skipped
+
     def planned(self, position: int, chunk: PlanChunk) -> None:
         """``chunk``'s batches are the ones this epoch yields from its ``position``-th batch on (if it gets there)."""
         if not chunk.num_batches:

@@ -14,10 +14,10 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from fastsab.plan.plans import PlanChunk
-from fastsab.position.epoch_state import Limit, Lowered, lowered_at
+from fastsab.position.epoch_state import Limit, Lowered, ResumePoint, ResumePoints, Segment, check_steps, lowered_at
 from fastsab.position.stats import EpochStats
 
-__all__ = ["Plan", "Stream"]
+__all__ = ["HasPoints", "MarkedPlan", "Plan", "Stream"]
 
 
 class Plan(Protocol):
@@ -27,6 +27,13 @@ class Plan(Protocol):
 
     def lower(self, pending: np.ndarray, limit: Limit) -> None:
         """Plan ``pending`` (ids not returned yet, in order) and the rest under ``limit``."""
+
+
+@runtime_checkable
+class HasPoints(Protocol):
+    """A plan that notes where a state of each of its steps resumes (``ResumePoint``)."""
+
+    points: ResumePoints
 
 
 @runtime_checkable
@@ -51,7 +58,9 @@ class Stream:
     """This rank's plan chunks of one epoch, after ``skip`` batches, with limits lowered.
 
     ``lowered`` limits are re-applied where they were lowered (also inside the skipped
-    batches), so that a resumed stream has the batches the interrupted one had.
+    batches), so that a resumed stream has the batches the interrupted one had. A plan
+    taken up at a ``ResumePoint`` starts at position ``start`` (positions count from the
+    epoch's start all the same).
     ``lower`` plans the batches from a position on again, also those of chunks already
     returned (fetched ahead): the chunks returned are kept until ``release`` lets them go,
     each with the plan's mark before it (``GivesBack``), so that what a plan may be asked
@@ -68,12 +77,12 @@ class Stream:
         [[4, 5, 6], [7]]
     """
 
-    def __init__(self, plan: Plan, *, skip: int = 0, lowered: Lowered | None = None) -> None:
+    def __init__(self, plan: Plan, *, skip: int = 0, lowered: Lowered | None = None, start: int = 0) -> None:
         self.plan = plan
         self.skip = skip
         self.lowered: Lowered = list(lowered or [])  # the record: replayed and new lowerings
         self._replay = deque(self.lowered)
-        self.position = 0  # batches of the stream before the next chunk
+        self.position = start  # batches of the stream before the next chunk
         self.stats: EpochStats | None = None
         # (first, end position, chunk, the plan's mark before it) not released
         self._returned: deque[tuple[int, int, PlanChunk, Any]] = deque()
@@ -179,6 +188,10 @@ class Stream:
         if self.stats is not None:
             self.stats.replanned(position - self.skip)
 
+    def copied(self) -> Stream:
+        """A stream with this one's record (skipped batches, lowerings, resume points) and nothing more to hand out."""
+        return Stream(_Copied(self.plan), skip=self.skip, lowered=self.lowered)
+
     @property
     def lowered_past_end(self) -> bool:
         """Whether lowered limits remain that the stream never reached."""
@@ -190,3 +203,56 @@ class Stream:
         for chunk in self:
             total += chunk.num_batches
         return total
+
+
+class _Copied:
+    """The plan of a copied stream: nothing more to hand out (the original's iteration is not copied).
+
+    It keeps the resume points the original's plan noted, so that the copy's state names one too.
+    """
+
+    def __init__(self, plan: Plan) -> None:
+        self.points = plan.points.copy() if isinstance(plan, HasPoints) else ResumePoints()
+
+    def __next__(self) -> PlanChunk:
+        raise StopIteration
+
+    def lower(self, pending: np.ndarray, limit: Limit) -> None:
+        """Nothing to plan again: a copied stream has returned no chunk, so ``pending`` is empty."""
+
+
+class MarkedPlan:
+    """One rank's plan of an epoch that notes where its chunks begin, as resume points.
+
+    A state of a step in a chunk resumes from the chunk's first batch (``ResumePoint``).
+    Taken up at a point, ``position`` is that point's batch, and ``segment`` (with ``epoch``)
+    is the stretch resumed, whose steps past the plan's end are refused when it ends.
+    """
+
+    def __init__(self, plan: Plan, position: int = 0, segment: Segment | None = None, epoch: int = 0) -> None:
+        self.plan, self.position, self.segment, self.epoch = plan, position, segment, epoch
+        self.points = ResumePoints()
+        self._lowered = False
+
+    def __iter__(self) -> MarkedPlan:
+        return self
+
+    def __next__(self) -> PlanChunk:
+        try:
+            chunk = next(self.plan)
+        except StopIteration:
+            if self.segment is not None and not self._lowered:
+                check_steps(self.segment, self.position, self.epoch)
+            raise
+        if not self._lowered and chunk.num_batches:
+            first = ResumePoint(self.position, int(chunk.ids[0]))
+            self.points.add(self.position, self.position + chunk.num_batches, first)
+        self.position += chunk.num_batches
+        return chunk
+
+    def lower(self, pending: np.ndarray, limit: Limit) -> None:
+        """Plan ``pending`` and the rest under ``limit``; no chunk is a resume point from then on."""
+        # NOTE: a state saved after a lowering replays it (its batches differ from the configured plan's)
+        self._lowered = True
+        self.points.clear()
+        self.plan.lower(pending, limit)

@@ -5,6 +5,7 @@ import torch
 
 from fastsab.bench.epochs import one_thread
 from fastsab.bench.loaders import NUMPY_FLOOR, TENSOR_FLOOR, per_batch_rows
+from fastsab.bench.scale import resume_rows
 from fastsab.cli import main
 
 
@@ -71,3 +72,15 @@ def test_first_batch_rows_time_each_loader_against_one_permutation():
     assert methods[4:] == [loaders[2], *loaders]
     assert rows[4].note.endswith("its split compiled (use_compiled)")
     assert all("right after use_compiled()" in row.note for row in rows[5:])
+
+
+def test_resume_rows_time_a_mid_epoch_state_of_each_loader_in_a_fresh_process():
+    rows = resume_rows(n=200_000, rank=1, world_size=2, repeat=1)
+    assert [row.method for row in rows] == ["FastLoader resumed first batch", "FastSizeAwareLoader resumed first batch"]
+    # about half the epoch's steps: 200,000 / 256 / 2 / 2 (fixed), 200,000 * 49 / 4096 / 2 / 2 (sizes)
+    assert [row.workload for row in rows] == [
+        "n=200,000, rank 1 of 2, resumed at step 195",
+        "n=200,000, rank 1 of 2, resumed at step 598",
+    ]
+    assert all(row.suite == "scale" and row.seconds > 0 and row.baseline == "target 1.0 s, 512 MiB" for row in rows)
+    assert all(row.note.startswith("load_state_dict to first batch; peak RSS +") for row in rows)
