@@ -24,6 +24,7 @@ from typing import Any
 from fastsab._checks import check_choice, check_nonnegative_int, user_stacklevel
 from fastsab.plan.bucket_planner import BucketPlanner
 from fastsab.plan.planners import SizeAwarePlanner
+from fastsab.position.batch_count import KnownBatches, counted
 from fastsab.position.distributed import EvenBatches
 from fastsab.position.epoch_state import STATE_FORMAT, Limit, ResumePoint, Segment, lowered_at, parse_state
 from fastsab.position.fingerprint import _plain, plan_identity
@@ -90,6 +91,7 @@ class EpochCursor:
         self._advance = False  # under ranks: the end of the epoch last started sets the next one
         self._left = False  # the iteration last started was left before its end (a peek, a break)
         self._identity: tuple[str, dict[str, Any]] | None = None  # the plan's fingerprint and settings
+        self._batches = KnownBatches(planner)  # an epoch's global batches, once counted or loaded
         self._shares = EpochShares(planner, rank)
 
     def _new_segment(self) -> Segment:
@@ -130,9 +132,12 @@ class EpochCursor:
         was saved (over every earlier stretch, whatever its world size) plus the steps left,
         while the iteration yields only the steps left. Trainers (Lightning, torch's
         ``StatefulDataLoader``) restore their step counter and stop the epoch at ``len()``.
+        An epoch's batches are counted once; a state that carries them (``"batches"``) spares
+        the count where the steps left follow from them (``fastsab.position.batch_count``).
         """
         if self._resuming:
-            return self.resumed_steps + self._shares.remaining(self.epoch, self._history, self._segment)
+            batches = self._batches.get(self.epoch, count=not self._history)
+            return self.resumed_steps + self._shares.remaining(self.epoch, self._history, self._segment, batches)
         return self.epoch_steps(self.epoch)
 
     def epoch_steps(self, epoch: int) -> int:
@@ -145,9 +150,7 @@ class EpochCursor:
             ValueError: If ``epoch`` is negative.
         """
         epoch = check_nonnegative_int("epoch", epoch)
-        if self.world_size == 1:
-            return int(self.planner.num_batches(epoch))
-        return self._shares.remaining(epoch, [], self._new_segment())
+        return self._shares.remaining(epoch, [], self._new_segment(), self._batches.get(epoch, count=True))
 
     def _start_epoch(self, stats: EpochStats | None = None) -> tuple[int, Stream]:
         """Begin the next epoch: its number and this rank's stream (resumed if loaded).
@@ -170,7 +173,8 @@ class EpochCursor:
             # samples; the end of an epoch is reached by every rank alike (equal steps)
             self._advance = True
         self._left = False
-        stream, dealt = epoch_stream(self._shares, epoch, self._history, self._segment, point)
+        count = counted(epoch, self._batches.get(epoch), self._history, self._segment)
+        stream, dealt = epoch_stream(self._shares, epoch, self._history, self._segment, point, count)
         stream.stats = stats
         if stats is not None:
             # NOTE: the chunks a rank is dealt, and those planned again from a list of batches, come
@@ -245,7 +249,7 @@ class EpochCursor:
 
     def _copy_position(self, other: EpochCursor) -> None:
         """Give ``other`` this object's next epoch and loaded position."""
-        other.epoch = self.epoch
+        other.epoch, other._batches.known = self.epoch, self._batches.known
         if self._resuming:
             other._history, other._segment, other._resuming = list(self._history), replace(self._segment), True
             other._point = self._point
@@ -344,6 +348,7 @@ class EpochCursor:
         }
         if point is not None:
             state["resume"] = point.as_dict()
+        state |= self._batches.entry(epoch, [*history, current])  # (a lowered limit: another count)
         return _plain(state)  # type: ignore[no-any-return]
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -369,7 +374,8 @@ class EpochCursor:
         history, current = segments[:-1], segments[-1]
         resuming = bool(history) or current.steps > 0 or bool(current.lowered)
         point = loaded_point(self._shares, state, history, current, self._new_segment())
-        remaining = steps_left(self._shares, epoch, history, current, point) if resuming else None  # raises past end
+        batches = self._batches.load(epoch, state)  # (steps past the end are refused by steps_left)
+        remaining = steps_left(self._shares, epoch, history, current, point, batches) if resuming else None
         self._finished = None
         if remaining == 0 and current.steps > 0:
             # NOTE: an epoch whose every step ran (saved before the loop saw its end) is the

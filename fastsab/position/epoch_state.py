@@ -46,9 +46,10 @@ MAX_WORLD_SIZE = 2**24
 SEGMENT_KEYS = ("world_size", "steps", "even_batches", "balance", "lowered")
 #: The entries of a state besides those of its current stretch.
 STATE_KEYS = ("format", "seed", "epoch", "history", "fingerprint")
-#: The entries a state may lack: the plan's settings (states saved before they were kept have none)
-#: and where planning resumes (``ResumePoint``: states saved before it was kept, or where none applies).
-OPTIONAL_KEYS = ("plan", "resume")
+#: The entries a state may lack: the plan's settings (states saved before they were kept have none),
+#: where planning resumes (``ResumePoint``: states saved before it was kept, or where none applies)
+#: and the epoch's global batches (where the saving run knew them: ``fastsab.position.batch_count``).
+OPTIONAL_KEYS = ("plan", "resume", "batches")
 #: The entries of a state's ``"resume"``.
 RESUME_KEYS = ("batch", "item", "rng")
 #: The resume points an iteration keeps for the steps behind the last one handed out (a consumer's lag).

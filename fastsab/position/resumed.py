@@ -18,6 +18,7 @@ from typing import Any, cast
 import numpy as np
 
 from fastsab.plan.plans import PlanChunk, Restarts
+from fastsab.position.batch_count import BatchCount
 from fastsab.position.epoch_state import Limit, ResumePoint, Segment, parse_resume_point
 from fastsab.position.shares import DealtShare, EpochShares, Planner, _group_places, _spans, restarts
 from fastsab.position.stream import HasPoints, MarkedPlan, Stream
@@ -72,9 +73,11 @@ def saved_point(stream: Stream, planner: Planner, steps: int) -> ResumePoint | N
 
 
 def resumed_stream(
-    shares: EpochShares, epoch: int, segment: Segment, point: ResumePoint
+    shares: EpochShares, epoch: int, segment: Segment, point: ResumePoint, count: BatchCount | None = None
 ) -> tuple[Stream, DealtShare | None]:
     """The stream of ``shares.rank`` after ``segment.steps`` steps of ``epoch``, its plan taken up at ``point``.
+
+    ``count``: the epoch's batches as ``len()`` counted them, checked as the plan comes.
 
     Returns:
         The stream and, for several ranks, the share that deals the batches (as ``EpochShares.stream``).
@@ -83,7 +86,8 @@ def resumed_stream(
     plan = _FromPoint(cast(Restarts, planner), epoch, point.item)  # (loaded_point checked that it restarts)
     world = segment.world_size
     if world == 1:
-        plan.stream = Stream(MarkedPlan(plan, point.batch, segment, epoch), skip=segment.steps, start=point.batch)
+        marked = MarkedPlan(plan, point.batch, segment, epoch)
+        plan.stream = Stream(marked, skip=segment.steps, start=point.batch, batch_count=count)
         return plan.stream, None
     # NOTE: taken up at the epoch's first batch, the plan itself gives the first batches to the dealer
     first = _first_batches(shares, epoch, world) if point.batch else PlanChunk.concat([])
@@ -94,29 +98,45 @@ def resumed_stream(
     dealer.resume_at(point.batch, planner.batch_costs(first.ids, first.offsets), lasts, point.rng)
     dealt = DealtShare(plan, planner, shares.rank, dealer, epoch, spans=spans)
     dealt.take_up(point.batch, first, segment)
+    dealt.batch_count = count
     plan.stream = Stream(dealt, skip=segment.steps, start=point.batch // world)
     return plan.stream, dealt
 
 
 def epoch_stream(
-    shares: EpochShares, epoch: int, history: list[Segment], segment: Segment, point: ResumePoint | None
+    shares: EpochShares,
+    epoch: int,
+    history: list[Segment],
+    segment: Segment,
+    point: ResumePoint | None,
+    count: BatchCount | None = None,
 ) -> tuple[Stream, DealtShare | None]:
-    """This rank's stream of ``epoch`` after ``history`` and ``segment.steps`` steps: from ``point``, or replayed."""
+    """This rank's stream of ``epoch`` after ``history`` and ``segment.steps`` steps: from ``point``, or replayed.
+
+    ``count``: the batches of the plan after ``history`` as ``len()`` counted them, checked as they come.
+    """
     if point is None:
-        return shares.stream(epoch, history, segment)
-    return resumed_stream(shares, epoch, segment, point)
+        return shares.stream(epoch, history, segment, count)
+    return resumed_stream(shares, epoch, segment, point, count)
 
 
 def steps_left(
-    shares: EpochShares, epoch: int, history: list[Segment], segment: Segment, point: ResumePoint | None
+    shares: EpochShares,
+    epoch: int,
+    history: list[Segment],
+    segment: Segment,
+    point: ResumePoint | None,
+    batches: int | None = None,
 ) -> int | None:
     """Steps of ``epoch`` left after the stretches; taken up at ``point``, ``None`` if some are left (not counted).
+
+    ``batches``: the epoch's global batches where known (the steps left are derived from them where exact).
 
     Raises:
         ValueError: If a stretch names steps past the end of the epoch.
     """
     if point is None:
-        return shares.remaining(epoch, history, segment)
+        return shares.remaining(epoch, history, segment, batches)
     # NOTE: planned from the point through the next step only: whether the epoch has one (else
     # the state was saved at its end); steps past its end are refused there
     stream, _ = resumed_stream(shares, epoch, segment, point)

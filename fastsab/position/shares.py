@@ -20,6 +20,7 @@ import numpy as np
 from fastsab.plan.epochs import EpochOrder
 from fastsab.plan.plans import PlanChunk, Restarts
 from fastsab.plan.plans import Planner as _Planner
+from fastsab.position.batch_count import BatchCount, rest_of
 from fastsab.position.dealing import DealtWindow, StepDealer, count_steps
 from fastsab.position.epoch_state import Limit, ResumePoint, ResumePoints, Segment, check_steps
 from fastsab.position.stats import EpochStats
@@ -42,8 +43,13 @@ class EpochShares:
         self.planner = planner
         self.rank = rank
 
-    def stream(self, epoch: int, history: list[Segment], segment: Segment) -> tuple[Stream, DealtShare | None]:
+    def stream(
+        self, epoch: int, history: list[Segment], segment: Segment, count: BatchCount | None = None
+    ) -> tuple[Stream, DealtShare | None]:
         """This rank's stream of ``epoch`` after ``history``, ``segment.steps`` batches in.
+
+        ``count``: the batches of the plan after ``history`` as ``len()`` counted them, checked
+        as the plan comes.
 
         Returns:
             The stream and, for several ranks, the share that deals the batches as they come
@@ -53,21 +59,27 @@ class EpochShares:
         if segment.world_size == 1:
             if not history and restarts(self.planner):
                 plan = MarkedPlan(plan)
-            return Stream(plan, skip=segment.steps, lowered=segment.lowered), None
+            return Stream(plan, skip=segment.steps, lowered=segment.lowered, batch_count=count), None
         # NOTE: dealt window by window as the plan comes, so a rank holds a window's batches,
         # not the epoch's; the steps run before a save are dealt again and skipped
         dealt = DealtShare(plan, self.planner, self.rank, self.dealer(segment, epoch), epoch, spans=spans)
+        dealt.batch_count = count
         return Stream(dealt, skip=segment.steps), dealt
 
-    def remaining(self, epoch: int, history: list[Segment], segment: Segment) -> int:
+    def remaining(self, epoch: int, history: list[Segment], segment: Segment, batches: int | None = None) -> int:
         """Steps of ``epoch`` left after ``history`` and ``segment.steps`` steps of ``segment``.
 
-        Counted in one pass over the plan's chunks (none without a history or lowered limits).
+        From ``batches``, the epoch's global batches where known, where the rest after
+        ``history`` is derived from them (``rest_after``); else counted in one pass over the
+        plan's chunks (none without a history or lowered limits).
 
         Raises:
             ValueError: If a stretch names steps or lowered positions past the end of the epoch.
         """
-        if not history and not segment.lowered:
+        rest = rest_of(batches, history, segment)
+        if rest is not None:
+            batches = rest
+        elif not history and not segment.lowered:
             batches = int(self.planner.num_batches(epoch))
         else:
             stream = Stream(self._plan_after(epoch, history)[0], lowered=segment.lowered)
@@ -292,6 +304,7 @@ class DealtShare(_Dealing):
         self.stats: EpochStats | None = None  # receives the padding and spread counts as they are known
         self.points = ResumePoints()  # the windows' first batches, where a state resumes
         self.segment: Segment | None = None  # taken up at a point: the stretch resumed (steps past the end refused)
+        self.batch_count: BatchCount | None = None  # the plan's batches as len() counted them, checked as they come
         self._first = _EMPTY_CHUNK  # the epoch's first world_size batches
         self._deal(plan, planner, dealer, epoch, spans=spans)
         self.epoch = epoch
@@ -301,6 +314,8 @@ class DealtShare(_Dealing):
 
     def __next__(self) -> PlanChunk:
         windows, chunk = self._deal_next()
+        if self.batch_count is not None:  # (seen counts from the first batch of the plan dealt: its start)
+            self.batch_count.check(self.dealer.seen, ended=chunk is None)
         if chunk is None and self.segment is not None:
             check_steps(self.segment, self.dealer.start // self.dealer.world_size, self.epoch)
         return self._share(windows, _EMPTY_CHUNK if chunk is None else chunk, last=chunk is None)

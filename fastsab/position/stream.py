@@ -14,6 +14,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from fastsab.plan.plans import PlanChunk
+from fastsab.position.batch_count import BatchCount
 from fastsab.position.epoch_state import Limit, Lowered, ResumePoint, ResumePoints, Segment, check_steps, lowered_at
 from fastsab.position.stats import EpochStats
 
@@ -60,7 +61,8 @@ class Stream:
     ``lowered`` limits are re-applied where they were lowered (also inside the skipped
     batches), so that a resumed stream has the batches the interrupted one had. A plan
     taken up at a ``ResumePoint`` starts at position ``start`` (positions count from the
-    epoch's start all the same).
+    epoch's start all the same). With ``batch_count``, the plan's batches are checked against the
+    number ``len()`` counted (``BatchCount``), until a limit is lowered.
     ``lower`` plans the batches from a position on again, also those of chunks already
     returned (fetched ahead): the chunks returned are kept until ``release`` lets them go,
     each with the plan's mark before it (``GivesBack``), so that what a plan may be asked
@@ -77,8 +79,17 @@ class Stream:
         [[4, 5, 6], [7]]
     """
 
-    def __init__(self, plan: Plan, *, skip: int = 0, lowered: Lowered | None = None, start: int = 0) -> None:
+    def __init__(
+        self,
+        plan: Plan,
+        *,
+        skip: int = 0,
+        lowered: Lowered | None = None,
+        start: int = 0,
+        batch_count: BatchCount | None = None,
+    ) -> None:
         self.plan = plan
+        self.batch_count = batch_count  # (one rank) the plan's batches len() counted
         self.skip = skip
         self.lowered: Lowered = list(lowered or [])  # the record: replayed and new lowerings
         self._replay = deque(self.lowered)
@@ -97,11 +108,18 @@ class Stream:
     def __next__(self) -> PlanChunk:
         while True:
             mark = None if self._gives_back is None else self._gives_back.mark()
-            chunk = next(self.plan)
+            try:
+                chunk = next(self.plan)
+            except StopIteration:
+                if self.batch_count is not None and not self.lowered:  # (a lowering changes the count)
+                    self.batch_count.check(self.position, ended=True)
+                raise
             if self.stats is not None:
                 self.stats.add(chunk)
             start = self.position
             end = start + chunk.num_batches
+            if self.batch_count is not None and not self.lowered:
+                self.batch_count.check(end, ended=False)
             # NOTE: one lowering per chunk: the chunk ends where it applies, and another one of
             # that position re-plans what the plan hands out next, as it did in the run
             replayed = bool(self._replay) and self._replay[0][0] <= end
