@@ -112,6 +112,8 @@ def test_resume(tmp_path, monkeypatch, capsys, save_every, crash_at):
     again = logged_steps(tmp_path / "again")
     assert again == whole[:crash_at] + whole[last_save:]
     assert torch.equal(resumed.weight, ns["whole"].weight) and torch.equal(resumed.bias, ns["whole"].bias)
+    # the page's len() after a resume: the whole epoch's steps, from the state's number of batches
+    assert ns["state"]["batches"] == ns["steps"] == len(ns["counted"]) and ns["again"]._point is not None
 
 
 def wait_for_children_to_end(seconds: float = 30) -> None:
