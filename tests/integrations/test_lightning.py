@@ -497,6 +497,14 @@ def test_data_module_resumed_from_a_step_checkpoint_with_reloading_runs_the_unin
     whole = Recorder()
     trainer(tmp_path / "whole", **options).fit(whole, datamodule=data())
     assert [len(batches) for batches in epochs_of(whole.train_batches)] == [13, 14, 13]
+    crashing, saved = crash_after_checkpoint(tmp_path, step, data, options)
+    resumed = Recorder()
+    trainer(tmp_path / "resumed", **options).fit(resumed, datamodule=data(), ckpt_path=saved)
+    assert crashing.train_batches[:step] + resumed.train_batches == whole.train_batches
+
+
+def crash_after_checkpoint(tmp_path, step, data, options):
+    """A fit of ``data()`` that saves a checkpoint at ``step`` and crashes at the next: its recorder, the checkpoint."""
     crashing = Recorder(crash_at_step=step + 1)
     checkpoints = pl.callbacks.ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=step, save_top_k=-1)
     with pytest.raises(Crash):
@@ -504,9 +512,7 @@ def test_data_module_resumed_from_a_step_checkpoint_with_reloading_runs_the_unin
             crashing, datamodule=data()
         )
     (saved,) = (tmp_path / "ckpt").glob(f"*step={step}.ckpt")
-    resumed = Recorder()
-    trainer(tmp_path / "resumed", **options).fit(resumed, datamodule=data(), ckpt_path=saved)
-    assert crashing.train_batches[:step] + resumed.train_batches == whole.train_batches
+    return crashing, saved
 
 
 @pytest.mark.parametrize("every", [{"every_n_train_steps": 13}, {"every_n_epochs": 1}])

@@ -10,7 +10,7 @@ import pytest
 
 from fastsab.bench.workloads import IndexDataset, index_sizes
 from fastsab.integrations.lightning import FastDataModule
-from tests.integrations.test_lightning import Crash, Recorder, trainer
+from tests.integrations.test_lightning import Recorder, crash_after_checkpoint, trainer
 
 N = 10**7
 STEP = 40  # the checkpoint's step: mid-epoch (the epoch has about 120,000 steps)
@@ -49,13 +49,7 @@ def test_a_fit_resumed_mid_epoch_at_scale_does_not_plan_the_epoch_again(tmp_path
     whole = Recorder()
     trainer(tmp_path / "whole", **options).fit(whole, datamodule=data())
     assert len(whole.train_batches) == STEP + 3
-    crashing = Recorder(crash_at_step=STEP + 1)
-    checkpoints = pl.callbacks.ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=STEP, save_top_k=-1)
-    with pytest.raises(Crash):
-        trainer(tmp_path / "crash", enable_checkpointing=True, callbacks=[checkpoints], **options).fit(
-            crashing, datamodule=data()
-        )
-    (saved,) = (tmp_path / "ckpt").glob(f"*step={STEP}.ckpt")
+    crashing, saved = crash_after_checkpoint(tmp_path, STEP, data, options)
     sizes.asked = 0
     resumed, read = Recorder(), SizesRead(sizes)
     trainer(tmp_path / "resumed", callbacks=[read], **options).fit(resumed, datamodule=data(), ckpt_path=saved)
