@@ -164,3 +164,29 @@ def test_the_rest_after_stretches_is_derived_only_where_their_steps_hold_no_padd
     assert rest_after(1001, [Segment(4, 251, "pad", True)]) == 0  # run to its end
     assert rest_after(1000, [Segment(1, 10, lowered=[(3, 200)])]) is None  # lowered: another count
     assert rest_after(10, [Segment(1, 11)]) is None  # past the end: counted (and refused) by the caller
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_shape_buckets_take_the_count_too_and_check_it(world: int) -> None:
+    n, sizes = 3000, torch.arange(3000) % 97 + 1
+
+    def ranks() -> list[FastSizeAwareLoader]:
+        options = {"seed": 1, "buckets": [32, 64, 97], "partial": "keep", "world_size": world}
+        return [FastSizeAwareLoader(torch.arange(n), sizes, 600, rank=r, **options) for r in range(world)]
+
+    whole, _ = run(ranks())
+    savers = ranks()
+    assert [len(loader) for loader in savers] == [len(whole[0])] * world
+    _, state = run(savers, 7)
+    assert state is not None and "batches" in state
+    fresh = ranks()
+    for loader in fresh:
+        loader.load_state_dict(state)
+    lengths = [len(loader) for loader in fresh]
+    resumed, _ = run(fresh)
+    # invariant: the uninterrupted run's len() and batches, rank by rank and step by step (the epoch replayed)
+    assert lengths == [len(whole[0])] * world and resumed == [batches[7:] for batches in whole]
+    altered = ranks()[0]
+    altered.load_state_dict({**state, "batches": state["batches"] - 1})
+    with pytest.raises(ValueError, match=rf"state has batches={state['batches'] - 1}, but epoch 0's plan has more"):
+        list(altered)
