@@ -136,7 +136,7 @@ class EpochCursor:
         the count where the steps left follow from them (``fastsab.position.batch_count``).
         """
         if self._resuming:
-            batches = self._batches.get(self.epoch, count=not self._history)
+            batches = self._batches.get(self.epoch, count=not (self._history or self._segment.lowered))
             return self.resumed_steps + self._shares.remaining(self.epoch, self._history, self._segment, batches)
         return self.epoch_steps(self.epoch)
 

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fastsab import FastSizeAwareLoader
+from fastsab.plan import planners
 from fastsab.position.batch_count import rest_after
 from fastsab.position.epoch_state import Segment
 from tests.position.test_resumed import CountedSizes, make, options_strategy, run
@@ -190,3 +191,26 @@ def test_shape_buckets_take_the_count_too_and_check_it(world: int) -> None:
     altered.load_state_dict({**state, "batches": state["batches"] - 1})
     with pytest.raises(ValueError, match=rf"state has batches={state['batches'] - 1}, but epoch 0's plan has more"):
         list(altered)
+
+
+def test_len_after_a_resume_from_a_lowered_limit_plans_the_epoch_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(planners, "PLAN_CACHE_ITEMS", 0)  # as for a large epoch: no plan kept
+    n, sizes = 2**16, CountedSizes()
+    loader = counted_ranks(sizes, 1)[0]
+    len(loader)
+    batches = iter(loader)
+    for _ in range(100):
+        next(batches)
+    loader.lower_limit(200)
+    for _ in range(100):
+        next(batches)
+    state = loader.state_dict()
+    assert state["lowered"] and "batches" not in state
+    fresh = counted_ranks(sizes, 1)[0]
+    fresh.load_state_dict(state)
+    sizes.asked = 0
+    length = len(fresh)
+    # invariant: a lowered limit changed the epoch's batches: len() counts them, in one pass over the
+    # epoch (the configured plan's count would not serve)
+    assert n <= sizes.asked < 2 * n, sizes.asked
+    assert length == 200 + len(list(fresh))
