@@ -113,14 +113,14 @@ def rest_after(batches: int, history: list[Segment]) -> int | None:
     rest = batches
     for segment in history:
         world, steps = segment.world_size, segment.steps
-        if segment.lowered or steps > count_steps(rest, world, segment.even_batches or "pad"):
+        ends = count_steps(rest, world, segment.even_batches or "pad")
+        if segment.lowered or steps > ends:
             return None
         run = steps * world
         # NOTE: windows of dealing never straddle a multiple of WINDOW_STEPS steps, so the steps
         # before the last such multiple below the batches' end hold no padding, balanced or not
         full = rest // (WINDOW_STEPS * world) * (WINDOW_STEPS * world)
-        ended = steps == count_steps(rest, world, segment.even_batches or "pad")
-        if segment.even_batches != "drop" and segment.balance and run > full and not ended:
+        if segment.even_batches != "drop" and segment.balance and full < run and steps < ends:
             return None
         rest -= min(run, rest)
     return rest

@@ -90,6 +90,7 @@ def test_len_after_a_resume_reads_no_size_where_the_state_carries_the_count(load
     assert [len(loader) for loader in savers] == [total, total]
     _, state = run(savers, total // 2)
     assert state is not None and "batches" in state
+    results = []
     for saved, reads in ((state, 0), (without_count(state), n)):
         fresh = counted_ranks(sizes, loaded)
         for loader in fresh:
@@ -101,6 +102,9 @@ def test_len_after_a_resume_reads_no_size_where_the_state_carries_the_count(load
         assert sizes.asked >= reads if reads else sizes.asked == 0, sizes.asked
         resumed, _ = run(fresh)
         assert lengths == [total // 2 + len(batches) for batches in resumed]
+        results.append((lengths, resumed))
+    # invariant: the same len() and batches, rank by rank and step by step, with the count or without it
+    assert results[0] == results[1]
 
 
 @pytest.mark.parametrize("world", [1, 2])
