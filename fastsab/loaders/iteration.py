@@ -159,7 +159,7 @@ class LoaderIteration(LimitLowering[T]):
                     stats.num_items += size
                     if progress is not None:  # _step_done(), inlined
                         progress[1] += 1
-                    self._handed_out, self._rewound = size, False
+                    self._rewound = False
                     yield item
                     if self._pending is not None:  # (read without the lock: the common case is none)
                         lowering = self._take_pending()
@@ -179,7 +179,7 @@ class LoaderIteration(LimitLowering[T]):
         limit, retry = lowering
         if retry:
             stats.num_batches -= 1
-            stats.num_items -= self._handed_out
+            stats.num_items -= size  # (the batch last handed out)
             self._rewound = True
             self._rewind()
         position = self._progress[1] if self._progress is not None else 0
