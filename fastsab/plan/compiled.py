@@ -172,21 +172,27 @@ def _walk_sums(
         hi, certain, cut_ok = next_over, next_over < m, False
         if 0 < max_items and i + max_items < hi:
             hi, certain, cut_ok = i + max_items, True, True
-        totals[:] = 0
         end = i
-        while end < hi:
-            fits = True
-            for j in range(k):
-                # NOTE: integers compare the cost with the room left (the total never passes
-                # the cap, so nothing overflows); floats add first, as the greedy loop rounds
-                if (c[end, j] > caps[j] - totals[j]) if not floats else (totals[j] + c[end, j] > caps[j]):
-                    fits = False
+        # NOTE: integers compare the cost with the room left (the total never passes the cap,
+        # so nothing overflows); floats add first, as the greedy loop rounds
+        if k == 1:  # one column: its total in a register, about twice as fast as through totals
+            cap, total = caps[0], totals[0]
+            while end < hi and not ((c[end, 0] > cap - total) if not floats else (total + c[end, 0] > cap)):
+                total += c[end, 0]
+                end += 1
+        else:
+            totals[:] = 0
+            while end < hi:
+                fits = True
+                for j in range(k):
+                    if (c[end, j] > caps[j] - totals[j]) if not floats else (totals[j] + c[end, j] > caps[j]):
+                        fits = False
+                        break
+                if not fits:
                     break
-            if not fits:
-                break
-            for j in range(k):
-                totals[j] += c[end, j]
-            end += 1
+                for j in range(k):
+                    totals[j] += c[end, j]
+                end += 1
         if end == i:
             return -1 - i
         if end < hi:
