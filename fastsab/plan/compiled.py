@@ -195,14 +195,12 @@ def _walk_sums(
                 end += 1
         if end == i:
             return -1 - i
-        if end < hi:
-            full = True
-        elif certain:
-            full = cut_ok
-        elif final:
-            full = False
-        else:
+        # NOTE: _greedy_ends's rules restated (numba compiles this function alone; the tests hold
+        # the two walks to the same batches): a batch that reaches hi stays open unless hi is
+        # certain or the split final, and is full if closed by an item or by max_items
+        if end == hi and not certain and not final:
             break
+        full = end < hi or (certain and cut_ok)
         if full and end - i > multiple > 1:
             end -= (end - i) % multiple
         ends[count] = end

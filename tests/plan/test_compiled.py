@@ -236,10 +236,20 @@ def test_the_sum_walk_in_plain_python_is_the_rule():
     assert _walk_sums(costs, caps, False, 0, 1, np.zeros(0, dtype=np.bool_), True, ends) == -1 - 3
 
 
+def run_python(script: str) -> subprocess.CompletedProcess[str]:
+    """``script`` run in a fresh process (a hang guard of 240 s)."""
+    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=240, check=False)
+
+
+def run_ok(script: str) -> None:
+    """Run ``script`` in a fresh process; it must exit with 0."""
+    done = run_python(script)
+    assert done.returncode == 0, done.stderr
+
+
 def test_import_fastsab_does_not_import_numba():
     script = "import sys, fastsab, fastsab.plan.compiled; assert 'numba' not in sys.modules, 'numba imported'"
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False)
-    assert done.returncode == 0, done.stderr
+    run_ok(script)
 
 
 def test_splits_right_after_use_compiled_need_no_compile():
@@ -259,8 +269,7 @@ def test_splits_right_after_use_compiled_need_no_compile():
         "use_compiled(wait=True)\n"
         "assert [split_batches(lengths, 500, cost=cost).offsets.tolist() for cost in costs] == expected\n"
     )
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=240, check=False)
-    assert done.returncode == 0, done.stderr
+    run_ok(script)
 
 
 def test_a_loaders_first_batch_never_waits_for_the_compile():
@@ -291,8 +300,7 @@ def test_a_loaders_first_batch_never_waits_for_the_compile():
         "    loader.set_epoch(0)\n"
         "assert [[b.tolist() for b in loader] for loader in loaders] == expected\n"
     )
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=240, check=False)
-    assert done.returncode == 0, done.stderr
+    run_ok(script)
 
 
 def test_a_process_that_exits_during_the_compile_exits_cleanly():
@@ -300,7 +308,7 @@ def test_a_process_that_exits_during_the_compile_exits_cleanly():
     pytest.importorskip("numba")
     script = "from fastsab.plan.compiled import use_compiled\nassert use_compiled()\nraise SystemExit(3)\n"
     for _ in range(3):
-        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=240, check=False)
+        done = run_python(script)
         assert (done.returncode, done.stderr) == (3, "")
 
 
