@@ -37,7 +37,7 @@ def _sum_split(
     multiple: int,
     over: np.ndarray | None,
     final: bool,
-) -> tuple[list[int], int]:
+) -> tuple[list[int] | np.ndarray, int]:
     """Batch ends and the open start for ``cost="sum"``, the rules of ``_greedy_ends``.
 
     The compiled walk, once compiled, takes every split whose caps are exact in the costs'
@@ -67,15 +67,16 @@ def _compiled_ends(
     multiple: int,
     over: np.ndarray | None,
     final: bool,
-) -> tuple[list[int], int]:
-    """Batch ends and the open start by the compiled ``walk`` (``fastsab.plan.compiled._walk_sums``)."""
+) -> tuple[np.ndarray, int]:
+    """Batch ends (an array) and the open start by the compiled ``walk`` (``fastsab.plan.compiled._walk_sums``)."""
     ends = np.empty(len(c), dtype=np.int64)
     is_over = _NO_OVER if over is None else over
     count = walk(np.ascontiguousarray(c), caps, c.dtype == np.float64, max_items or 0, multiple, is_over, final, ends)
     if count < 0:
         _stuck(-1 - count)
-    walked: list[int] = ends[:count].tolist()
-    return walked, walked[-1] if walked else 0
+    # NOTE: an array, not a list: split_with copies the ends into its offsets (a list would cost a
+    # Python int per batch, made and read back)
+    return ends[:count], int(ends[count - 1]) if count else 0
 
 
 _NO_OVER = np.zeros(0, dtype=bool)
