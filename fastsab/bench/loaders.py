@@ -8,7 +8,7 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from functools import partial
 from typing import Any
 
@@ -21,10 +21,11 @@ from fastsab.bench.report import Row, time_best
 from fastsab.bench.workloads import index_sizes, lognormal_lengths
 from fastsab.bionemo.samplers import SizeAwareBatchSampler
 from fastsab.loaders.loader import FastLoader, FastSizeAwareLoader
-from fastsab.plan.compiled import compiled_walk, use_compiled
+from fastsab.plan.compiled import compiled_sum_walk, use_compiled
 
 __all__ = [
     "PER_BATCH_SAMPLES",
+    "SIZE_AWARE_COMPILED",
     "BatchedDataset",
     "PerItemDataset",
     "first_batch_rows",
@@ -104,9 +105,12 @@ def loader_rows(
         ),
         ("FastLoader", lambda: FastLoader(data, batch_size)),
         ("SizeAwareBatchSampler(callable) + DataLoader", size_aware_dataloader),
-        ("FastSizeAwareLoader", lambda: FastSizeAwareLoader(data, lengths, budget)),
+        *_size_aware_cases(partial(FastSizeAwareLoader, data, lengths, budget)),
     ]
-    rows = floor_rows("loaders", _loader_workload, cases, epochs, progress)
+    try:
+        rows = floor_rows("loaders", _loader_workload, cases, epochs, progress)
+    finally:
+        use_compiled(False)
     per_item = next(row.seconds for row in rows if "per item" in row.method)
     size_aware_baseline = next(row.seconds for row in rows if "SizeAwareBatchSampler" in row.method)
     for row in rows:
@@ -125,7 +129,8 @@ def per_batch_rows(
     Per batch size: the numpy floor (permutation + reshape, batches of indices), the tensor
     floor (the least work that yields tensor batches: ``torch.randperm``, one gather, one
     view per batch), ``FastLoader`` on ``torch.arange(samples)`` and ``FastSizeAwareLoader``
-    on log-normal lengths with a budget of the batch size x mean length. Ratios are to the
+    on log-normal lengths with a budget of the batch size x mean length (where numba is
+    installed, also with its split compiled: ``use_compiled``). Ratios are to the
     numpy floor; the note gives each row's overhead per batch over both floors in microseconds,
     ``(time - floor time) / batches``.
     """
@@ -133,13 +138,17 @@ def per_batch_rows(
     lengths = lognormal_lengths(samples)
     rows: list[Row] = []
     for batch_size in batch_sizes:
+        size_aware = partial(FastSizeAwareLoader, data, lengths, batch_size * int(lengths.mean()))
         cases: list[Case] = [
             (NUMPY_FLOOR, partial(_NumpyFloor, samples, batch_size)),
             (TENSOR_FLOOR, partial(_TensorFloor, data, batch_size)),
             ("FastLoader", partial(FastLoader, data, batch_size)),
-            ("FastSizeAwareLoader", partial(FastSizeAwareLoader, data, lengths, batch_size * int(lengths.mean()))),
+            *_size_aware_cases(size_aware),
         ]
-        measured = epoch_times(cases, epochs, progress)
+        try:
+            measured = epoch_times(cases, epochs, progress)
+        finally:
+            use_compiled(False)
         floors = [measured[NUMPY_FLOOR][0], measured[TENSOR_FLOOR][0]]
         for name, (seconds, batches) in measured.items():
             over = [(seconds - floor) / max(batches, 1) * 1e6 for floor in floors]
@@ -148,6 +157,31 @@ def per_batch_rows(
             workload = f"batch size {batch_size}"
             rows.append(Row("per-batch", workload, name, seconds, NUMPY_FLOOR, seconds / floors[0], note))
     return rows
+
+
+#: The size-aware loader's row with its split compiled (``use_compiled``), where numba is installed.
+SIZE_AWARE_COMPILED = "FastSizeAwareLoader (use_compiled)"
+
+
+def _size_aware_cases(make: Callable[[], FastSizeAwareLoader]) -> list[Case]:
+    """``FastSizeAwareLoader`` by ``make`` with the numpy walks, and (where numba is installed) the compiled ones."""
+    cases: list[Case] = [("FastSizeAwareLoader", lambda: _Walked(make(), compiled=False))]
+    if use_compiled(wait=True):
+        cases.append((SIZE_AWARE_COMPILED, lambda: _Walked(make(), compiled=True)))
+    use_compiled(False)
+    return cases
+
+
+class _Walked:
+    """A loader's epochs, its splits walked by the compiled walks or by the numpy ones (``use_compiled``)."""
+
+    def __init__(self, loader: FastSizeAwareLoader, compiled: bool) -> None:
+        self.loader, self.compiled = loader, compiled
+
+    def __iter__(self) -> Iterator[Any]:
+        # NOTE: the choice is global and the cases of epoch_times take turns: each epoch sets it again
+        use_compiled(self.compiled)
+        return iter(self.loader)
 
 
 class _NumpyFloor:
@@ -269,5 +303,5 @@ def _while_compiling(n: int) -> None:
             start = time.perf_counter()
             _first_batch(loader)
             seconds[name] = time.perf_counter() - start
-        compiling = compiled_walk() is None
+        compiling = compiled_sum_walk() is None  # (compiled after the padded walk)
     print(json.dumps({"seconds": seconds, "compiling": compiling}))

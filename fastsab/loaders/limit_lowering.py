@@ -32,7 +32,7 @@ class LimitLowering(EpochCursor, Generic[T]):
     """The limit in force in an epoch, and lowering it for the rest of the epoch.
 
     Subclasses call ``_init_lowering`` once. Their iteration sets ``limit`` at the start of
-    each epoch, records the batch it hands out (``_handed_out``, ``_rewound``) and, after it,
+    each epoch, records whether the batch it hands out was taken back (``_rewound``) and, after it,
     applies the lowering ``_take_pending`` returns.
 
     Attributes:
@@ -49,7 +49,6 @@ class LimitLowering(EpochCursor, Generic[T]):
         # thread), applied by the iteration before it hands out the next batch
         self._pending: tuple[Limit, bool] | None = None
         self._pending_lock = threading.Lock()
-        self._handed_out = 0  # items of the batch last handed out
         self._rewound = False  # whether that batch was taken back to be planned again
         self.parts_left = 0
 

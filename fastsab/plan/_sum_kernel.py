@@ -1,6 +1,8 @@
 """The split kernel for ``cost="sum"``: a batch's cost is the sum of its items' costs.
 
-``_sum_split`` chooses the walk. Columns of integer costs under their caps alone take
+``_sum_split`` chooses the walk. Once ``fastsab.plan.compiled.use_compiled`` has compiled it, one
+compiled loop over the items walks every split whose caps int64 or float64 hold. Else columns of
+integer costs under their caps alone take
 ``_int_sum_ends`` (one column) or ``_int_columns_sum_ends``, a galloping binary search
 inlined over prefix sums made just ahead of it. Every other split walks
 ``_greedy_ends`` with ``_sum_counter`` (prefix sums and a
@@ -20,6 +22,8 @@ from typing import Any
 import numpy as np
 
 from fastsab.plan._greedy_walk import _greedy_ends, _stuck
+from fastsab.plan.compiled import SumWalk, compiled_sum_walk
+from fastsab.plan.exact_caps import _INT64_MAX
 
 _UNIT_ROUNDOFF = 2.0**-53
 _CHUNK = 32768  # items whose prefix sums ``_int_sum_ends`` makes at a time (256 KiB)
@@ -33,13 +37,18 @@ def _sum_split(
     multiple: int,
     over: np.ndarray | None,
     final: bool,
-) -> tuple[list[int], int]:
+) -> tuple[list[int] | np.ndarray, int]:
     """Batch ends and the open start for ``cost="sum"``, the rules of ``_greedy_ends``.
 
-    Integer columns under their caps alone (the common case) take ``_int_sum_ends``;
-    every other split walks ``_sum_counter``.
+    The compiled walk, once compiled, takes every split whose caps are exact in the costs'
+    dtype; else integer columns under their caps alone (the common case) take ``_int_sum_ends``,
+    and every other split walks ``_sum_counter``.
     """
     int_caps = [cap.item() for cap in caps]
+    compiled = compiled_sum_walk()
+    # NOTE: an integer cap past int64 is held as int64's largest (dtype_caps): a batch may pass it
+    if compiled is not None and (c.dtype == np.float64 or all(math.floor(cap) <= _INT64_MAX for cap in exact_caps)):
+        return _compiled_ends(compiled, c, caps, max_items, multiple, over, final)
     plain = over is None and max_items is None and multiple == 1 and c.dtype != np.float64
     if plain and all(_int64_prefix_fits(c[:, j], cap, False) for j, cap in enumerate(int_caps)):
         # NOTE: one column keeps a walk of its own: the loop over columns costs it a quarter more
@@ -48,6 +57,29 @@ def _sum_split(
         return _int_columns_sum_ends(c, int_caps, final)
     count = _sum_counter(c, caps, exact_caps, over is not None)
     return _greedy_ends(len(c), count, max_items, multiple, over, final)
+
+
+def _compiled_ends(
+    walk: SumWalk,
+    c: np.ndarray,
+    caps: np.ndarray,
+    max_items: int | None,
+    multiple: int,
+    over: np.ndarray | None,
+    final: bool,
+) -> tuple[np.ndarray, int]:
+    """Batch ends (an array) and the open start by the compiled ``walk`` (``fastsab.plan.compiled._walk_sums``)."""
+    ends = np.empty(len(c), dtype=np.int64)
+    is_over = _NO_OVER if over is None else over
+    count = walk(np.ascontiguousarray(c), caps, c.dtype == np.float64, max_items or 0, multiple, is_over, final, ends)
+    if count < 0:
+        _stuck(-1 - count)
+    # NOTE: an array, not a list: split_with copies the ends into its offsets (a list would cost a
+    # Python int per batch, made and read back)
+    return ends[:count], int(ends[count - 1]) if count else 0
+
+
+_NO_OVER = np.zeros(0, dtype=bool)
 
 
 def _int_sum_ends(column: np.ndarray, cap: int, final: bool) -> tuple[list[int], int]:

@@ -236,7 +236,8 @@ def split_with(
     else:
         ends, open_start = _padded_split(c, caps, cap_values, max_items, multiple, over, final)
     dropped = np.empty(0, dtype=skipped.dtype)
-    if final and rule.last_batch == "round_down" and ends:
+    if final and rule.last_batch == "round_down" and len(ends):
+        ends = list(ends)  # (cut in place)
         cut = _round_down_last(ends, multiple, over)
         if cut < open_start:
             dropped = np.arange(start + cut, start + open_start) if item_ids is None else item_ids[cut:open_start]

@@ -1,12 +1,13 @@
-"""An optional compiled walk for ``cost="padded"`` splits (numba), off by default.
+"""Optional compiled walks of splits (numba), off by default.
 
-``use_compiled()`` starts compiling ``_walk_lengths`` with numba in a thread of its own; once it is
-compiled, padded splits over per-item costs walk their batches with it, one pass over the items,
-and until then (or where numba is not installed) with the numpy walk of
-``fastsab.plan._padded_kernel``. The two give the same batches (``tests/plan/test_compiled.py``
-checks them against each other), so a split never waits for a compile: the first batch of a loader
-comes as soon as without it. ``import fastsab`` does not import numba; ``use_compiled()`` does, in
-that thread.
+``use_compiled()`` starts compiling two walks with numba in a thread of its own: ``_walk_lengths``
+for ``cost="padded"`` splits over per-item costs, and ``_walk_sums`` for ``cost="sum"`` splits.
+Once compiled, such splits walk their batches with them, one pass over the items, and until then
+(or where numba is not installed) with the numpy walks of ``fastsab.plan._padded_kernel`` and
+``fastsab.plan._sum_kernel``. Each pair gives the same batches (``tests/plan/test_compiled.py``
+checks them against each other and the sum walk against the greedy loop), so a split never waits
+for a compile: the first batch of a loader comes as soon as without it. ``import fastsab`` does not
+import numba; ``use_compiled()`` does, in that thread.
 
 Examples:
     >>> from fastsab.plan.compiled import use_compiled
@@ -20,34 +21,37 @@ import importlib
 import importlib.util
 import threading
 from collections.abc import Callable
+from functools import partial
 
 import numpy as np
 
 __all__ = ["use_compiled"]
 
 Walk = Callable[[np.ndarray, np.ndarray, int, np.ndarray], int]
+SumWalk = Callable[[np.ndarray, np.ndarray, bool, int, int, np.ndarray, bool, np.ndarray], int]
 
 
 class _State:
-    """Whether the compiled walk is asked for, the walk once compiled, and the thread compiling it."""
+    """Whether the compiled walks are asked for, the walks once compiled, and the thread compiling them."""
 
     enabled = False
     walk: Walk | None = None
+    sum_walk: SumWalk | None = None
     thread: threading.Thread | None = None
     lock = threading.Lock()
 
 
 def use_compiled(enabled: bool = True, *, wait: bool = False) -> bool:
-    """Walk padded splits with a numba-compiled loop once it is compiled (or stop, with ``False``).
+    """Walk padded and sum splits with numba-compiled loops once they are compiled (or stop, with ``False``).
 
     Args:
-        enabled: ``True`` to compile the walk (in a thread) and use it once compiled, ``False``
-            to go back to the numpy walk.
+        enabled: ``True`` to compile the walks (in a thread) and use them once compiled, ``False``
+            to go back to the numpy walks.
         wait: Wait for the compile to end before returning (a benchmark's warm-up); by default
-            splits take the numpy walk until it ends.
+            splits take the numpy walks until it ends.
 
     Returns:
-        Whether padded splits take (or will take, once compiled) the compiled walk: ``False``
+        Whether splits take (or will take, once compiled) the compiled walks: ``False``
         where numba is not installed (``pip install "fastsab[compiled]"``) or with ``enabled=False``.
 
     Raises:
@@ -72,18 +76,25 @@ def use_compiled(enabled: bool = True, *, wait: bool = False) -> bool:
 
 
 def compiled_walk() -> Walk | None:
-    """The compiled walk if it is asked for and compiled, else ``None`` (take the numpy walk)."""
+    """The compiled walk of padded splits if it is asked for and compiled, else ``None`` (take the numpy walk)."""
     return _State.walk if _State.enabled else None
+
+
+def compiled_sum_walk() -> SumWalk | None:
+    """The compiled walk of sum splits if it is asked for and compiled, else ``None`` (take the numpy walk)."""
+    return _State.sum_walk if _State.enabled else None
 
 
 def _compile() -> None:
     numba = importlib.import_module("numba")
-    # NOTE: one signature, compiled here and now (the arrays _padded_split passes are contiguous):
+    # NOTE: the signatures, compiled here and now (the arrays the splits pass are contiguous):
     # a call of other types raises instead of compiling while a split waits. cache=True keeps the
     # machine code on disk, so later processes load it instead of compiling; nogil lets another
     # thread run while a split walks
-    signature = "int64(int64[::1], boolean[::1], int64, int64[::1])"
-    _State.walk = numba.njit(signature, cache=True, nogil=True)(_walk_lengths)
+    compile_now = partial(numba.njit, cache=True, nogil=True)
+    _State.walk = compile_now("int64(int64[::1], boolean[::1], int64, int64[::1])")(_walk_lengths)
+    sums = "int64({0}[:, ::1], {0}[::1], boolean, int64, int64, boolean[::1], boolean, int64[::1])"
+    _State.sum_walk = compile_now([sums.format(dtype) for dtype in ("int64", "float64")])(_walk_sums)
 
 
 def _walk_lengths(lengths: np.ndarray, is_over: np.ndarray, multiple: int, ends: np.ndarray) -> int:
@@ -115,6 +126,83 @@ def _walk_lengths(lengths: np.ndarray, is_over: np.ndarray, multiple: int, ends:
         size = end - i
         if multiple > 1 and end < next_over and size > multiple:
             end -= size % multiple
+        ends[count] = end
+        count += 1
+        i = end
+    return count
+
+
+def _walk_sums(
+    c: np.ndarray,
+    caps: np.ndarray,
+    floats: bool,
+    max_items: int,
+    multiple: int,
+    is_over: np.ndarray,
+    final: bool,
+    ends: np.ndarray,
+) -> int:
+    """The batches from position 0 of sum costs ``c`` ``(m, k)`` under ``caps``: writes their ends into ``ends``.
+
+    ``floats`` says whether the costs are float64 (else int64). Returns how many ends it wrote,
+    or ``-1 - i`` if the item at ``i`` (not oversize) fits in no batch. The rules of
+    ``fastsab.plan._greedy_walk._greedy_ends``, one loop over the items (compiled by numba:
+    plain Python, slow, without it): an oversize item (``is_over``, empty for none) has a batch
+    of its own; a batch grows while every column's total, summed in item order from its start,
+    stays within its cap, and up to ``max_items`` items (0 for no bound); a full batch (one
+    closed by an item that does not fit or by ``max_items``) longer than ``multiple`` is cut
+    down to a multiple of it; without ``final``, a batch that reaches the last item stays open
+    (it is not in ``ends``).
+    """
+    m, k = c.shape
+    totals = np.zeros(k, dtype=c.dtype)
+    count = 0
+    i = 0
+    next_over = 0 if len(is_over) else m  # the first oversize position at or after i (m if none)
+    while i < m:
+        if next_over < i:
+            next_over = i
+        while next_over < m and not is_over[next_over]:
+            next_over += 1
+        if next_over == i:
+            ends[count] = i + 1
+            count += 1
+            i += 1
+            continue
+        hi, certain, cut_ok = next_over, next_over < m, False
+        if 0 < max_items and i + max_items < hi:
+            hi, certain, cut_ok = i + max_items, True, True
+        end = i
+        # NOTE: integers compare the cost with the room left (the total never passes the cap,
+        # so nothing overflows); floats add first, as the greedy loop rounds
+        if k == 1:  # one column: its total in a register, about twice as fast as through totals
+            cap, total = caps[0], totals[0]
+            while end < hi and not ((c[end, 0] > cap - total) if not floats else (total + c[end, 0] > cap)):
+                total += c[end, 0]
+                end += 1
+        else:
+            totals[:] = 0
+            while end < hi:
+                fits = True
+                for j in range(k):
+                    if (c[end, j] > caps[j] - totals[j]) if not floats else (totals[j] + c[end, j] > caps[j]):
+                        fits = False
+                        break
+                if not fits:
+                    break
+                for j in range(k):
+                    totals[j] += c[end, j]
+                end += 1
+        if end == i:
+            return -1 - i
+        # NOTE: _greedy_ends's rules restated (numba compiles this function alone; the tests hold
+        # the two walks to the same batches): a batch that reaches hi stays open unless hi is
+        # certain or the split final, and is full if closed by an item or by max_items
+        if end == hi and not certain and not final:
+            break
+        full = end < hi or (certain and cut_ok)
+        if full and end - i > multiple > 1:
+            end -= (end - i) % multiple
         ends[count] = end
         count += 1
         i = end

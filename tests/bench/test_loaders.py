@@ -1,21 +1,31 @@
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 import torch
 
 from fastsab.bench.epochs import one_thread
-from fastsab.bench.loaders import NUMPY_FLOOR, TENSOR_FLOOR, per_batch_rows
+from fastsab.bench.loaders import NUMPY_FLOOR, SIZE_AWARE_COMPILED, TENSOR_FLOOR, per_batch_rows
 from fastsab.bench.scale import resume_rows
 from fastsab.cli import main
+from fastsab.plan.compiled import compiled_sum_walk, compiled_walk
 
 
 def test_per_batch_rows_sweep_the_batch_sizes_against_both_floors():
     rows = per_batch_rows(samples=3000, batch_sizes=(16, 64), epochs=1)
-    assert [row.workload for row in rows] == ["batch size 16"] * 4 + ["batch size 64"] * 4
-    assert [row.method for row in rows[:4]] == [NUMPY_FLOOR, TENSOR_FLOOR, "FastLoader", "FastSizeAwareLoader"]
+    # where numba imports, the size-aware loader also with its split compiled, the same batches
+    compiled = [SIZE_AWARE_COMPILED] if importlib.util.find_spec("numba") else []
+    methods = [NUMPY_FLOOR, TENSOR_FLOOR, "FastLoader", "FastSizeAwareLoader", *compiled]
+    per_size = len(methods)
+    assert [row.workload for row in rows] == ["batch size 16"] * per_size + ["batch size 64"] * per_size
+    assert [row.method for row in rows] == methods * 2
     assert all(row.suite == "per-batch" and row.baseline == NUMPY_FLOOR and row.seconds > 0 for row in rows)
-    assert rows[0].ratio == 1.0 and rows[4].ratio == 1.0
-    assert rows[2].note.startswith("188 batches; ") and rows[6].note.startswith("47 batches; ")
+    assert rows[0].ratio == 1.0 and rows[per_size].ratio == 1.0
+    assert rows[2].note.startswith("188 batches; ") and rows[per_size + 2].note.startswith("47 batches; ")
+    if compiled:
+        assert rows[3].note.split(";")[0] == rows[4].note.split(";")[0]
+    assert compiled_walk() is None and compiled_sum_walk() is None  # the numpy walks again after
     assert all("us/batch over the numpy floor" in row.note and "over the tensor floor" in row.note for row in rows)
     assert "+0.00 us/batch over the numpy floor" in rows[0].note and rows[1].note.endswith(
         "+0.00 over the tensor floor"
