@@ -28,7 +28,13 @@ class BareRecorder(Recorder):
 
 
 def data_module():
-    return FastDataModule(train=torch.arange(N), val=torch.arange(8), sizeof={"train": SIZES, "val": np.ones(8)}, max_total_size=3000, seed=4)
+    return FastDataModule(
+        train=torch.arange(N),
+        val=torch.arange(8),
+        sizeof={"train": SIZES, "val": np.ones(8)},
+        max_total_size=3000,
+        seed=4,
+    )
 
 
 @pytest.mark.parametrize("bare", [False, True])
