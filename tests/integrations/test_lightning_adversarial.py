@@ -9,6 +9,7 @@ import torch
 
 from fastsab import FastSizeAwareLoader
 from fastsab.integrations.lightning import FastDataModule
+from fastsab.plan.shape_buckets import ShapeBuckets
 from tests.integrations.test_lightning import Crash, Recorder, trainer
 
 # NOTE: 10,000 items: an epoch's first chunk is cut after 4096 items (EpochOrder.chunks_first_small),
@@ -27,36 +28,37 @@ class BareRecorder(Recorder):
         return FastSizeAwareLoader(torch.arange(N), SIZES, 3000, seed=4)
 
 
-def data_module():
-    return FastDataModule(
-        train=torch.arange(N),
-        val=torch.arange(8),
-        sizeof={"train": SIZES, "val": np.ones(8)},
-        max_total_size=3000,
-        seed=4,
-    )
+def data_module(buckets: bool) -> FastDataModule:
+    sized = {"sizeof": {"train": SIZES, "val": np.ones(8)}, "seed": 4}
+    if buckets:  # a table with batch sizes bounds the batches: no max_total_size
+        sized |= {"buckets": ShapeBuckets([40, 80, 100], batch_sizes=[200, 100, 64]), "partial": "keep"}
+    else:
+        sized["max_total_size"] = 3000
+    return FastDataModule(train=torch.arange(N), val=torch.arange(8), **sized)
 
 
-@pytest.mark.parametrize("bare", [False, True])
+@pytest.mark.parametrize("source", ["data module", "bare loader", "data module with buckets"])
 @pytest.mark.parametrize("checkpoint_step", [40, 70, 80])
-def test_a_checkpoint_past_the_first_chunk_resumes_the_uninterrupted_steps(tmp_path, bare, checkpoint_step):
+def test_a_checkpoint_past_the_first_chunk_resumes_the_uninterrupted_steps(tmp_path, source, checkpoint_step):
+    new = BareRecorder if source == "bare loader" else Recorder
 
-    new = BareRecorder if bare else Recorder
+    def fit(model, name, **options):
+        data = {} if source == "bare loader" else {"datamodule": data_module(buckets="buckets" in source)}
+        ckpt_path = options.pop("ckpt_path", None)
+        trainer(tmp_path / name, max_epochs=1, **options).fit(model, **data, ckpt_path=ckpt_path)
+
     whole = new()
-    trainer(tmp_path / "a", max_epochs=1).fit(whole, **({} if bare else {"datamodule": data_module()}))
+    fit(whole, "a")
     steps = [batch for _, batch in whole.train_batches]
     assert len(steps) > checkpoint_step + 10
     crashing = new(crash_at_step=checkpoint_step + 7)
     checkpoints = pl.callbacks.ModelCheckpoint(
         dirpath=tmp_path / "ckpt", every_n_train_steps=checkpoint_step, save_top_k=-1
     )
-    run = trainer(tmp_path / "b", max_epochs=1, enable_checkpointing=True, callbacks=[checkpoints])
     with pytest.raises(Crash):
-        run.fit(crashing, **({} if bare else {"datamodule": data_module()}))
+        fit(crashing, "b", enable_checkpointing=True, callbacks=[checkpoints])
     (saved,) = sorted((tmp_path / "ckpt").glob(f"*step={checkpoint_step}.ckpt"))
     resumed = new()
-    trainer(tmp_path / "c", max_epochs=1).fit(
-        resumed, **({} if bare else {"datamodule": data_module()}), ckpt_path=saved
-    )
+    fit(resumed, "c", ckpt_path=saved)
     # invariant: step by step, the uninterrupted run's samples after the checkpoint's step
     assert [batch for _, batch in resumed.train_batches] == steps[checkpoint_step:]
