@@ -6,12 +6,15 @@ and exits), ``resume`` loads that state in new processes and runs to the end, ``
 iterates ``accelerator.prepare(loader.data_loader())``. KIND: ``fixed`` (a FastLoader),
 ``sized`` (a FastSizeAwareLoader) or ``dispatch`` (a FastLoader, and accelerate's ``dispatch_batches``). Each process writes ``DIR/MODE_RANK.json``: per step its
 epoch, sample indices and whether gradients were synced, and the trained weights.
+``FASTSAB_WORKER_N`` (240 by default) sets the number of samples, the batch size and budget
+growing with it (the same number of steps).
 """
 
 from __future__ import annotations
 
 import gc
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -23,16 +26,17 @@ from accelerate import Accelerator, DataLoaderConfiguration
 from fastsab import FastLoader, FastSizeAwareLoader
 from fastsab.integrations.accelerate import prepare_loader
 
-N, EPOCHS, ACCUMULATE = 240, 3, 4
+N, EPOCHS, ACCUMULATE = int(os.environ.get("FASTSAB_WORKER_N", 240)), 3, 4
+SCALE = N // 240
 DATA = {"index": torch.arange(N), "x": torch.randn(N, 8, generator=torch.Generator().manual_seed(0))}
 
 
 def make_loader(kind: str) -> Any:
     """After Accelerator(): the loaders read rank and world size from torch.distributed."""
     if kind in ("fixed", "dispatch"):
-        return FastLoader(DATA, 7, seed=5)  # 35 batches; 18 steps per rank under 2 processes
+        return FastLoader(DATA, 7 * SCALE, seed=5)  # 35 batches; 18 steps per rank under 2 processes
     lengths = np.random.default_rng(1).integers(1, 40, N)
-    return FastSizeAwareLoader(DATA, lengths, 150, seed=5)
+    return FastSizeAwareLoader(DATA, lengths, 150 * SCALE, seed=5)
 
 
 def main(mode: str, kind: str, out: Path, stop: int | None) -> Accelerator:

@@ -274,3 +274,15 @@ def test_a_loop_left_mid_epoch_then_set_epoch_saves_the_chosen_epoch(accelerator
         epochs[1:],
         epochs[1:],
     ]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("into_epoch", [4, 8])
+def test_two_processes_resumed_past_an_epochs_first_chunk_see_the_uninterrupted_runs_batches(
+    tmp_path, monkeypatch, into_epoch
+):
+    # NOTE: 9,600 samples in batches of about 280 (40 times the default's): 4 steps of 2 ranks stop
+    # inside the epoch's first plan chunk of 4096 samples, 8 steps past it (both after a synced step)
+    monkeypatch.setenv("FASTSAB_WORKER_N", str(240 * 40))
+    full = launch(tmp_path / "full", 2, "train", "sized", tmp_path / "full")
+    check_resumed(tmp_path, full, "sized", stop=len(per_epoch(full[0], 0)) + into_epoch)

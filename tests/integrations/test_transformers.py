@@ -24,7 +24,6 @@ from fastsab.integrations.transformers import LOADER_STATE_NAME, FastTrainer
 from tests.docs_pages import page_script
 
 WORKER = Path(__file__).with_name("transformers_trainer_worker.py")
-N = 48  # the worker's dataset size
 ACCUMULATE = 2  # the worker's gradient accumulation
 
 
@@ -51,7 +50,7 @@ def _check_resume(root: Path, kind: str, world_size: int, stop: int | None = Non
     """
     _launch(root, kind, "first", world_size, stop)
     meta = json.loads((root / "meta.json").read_text())
-    epoch_steps, stop = meta["epoch_steps"], meta["stop"]
+    epoch_steps, stop, n = meta["epoch_steps"], meta["stop"], meta["n"]
     updates = [-(-steps // ACCUMULATE) for steps in epoch_steps]
     # the interrupted run stopped in a later epoch, after the checkpoint of step `stop`
     stopped = {rank: _records(root / f"stopped.rank{rank}.jsonl") for rank in range(world_size)}
@@ -74,7 +73,7 @@ def _check_resume(root: Path, kind: str, world_size: int, stop: int | None = Non
             covered[epoch].update(index for batch in batches for index in batch)
     # invariant: every sample once per epoch over the ranks (a padded step may repeat some)
     for counts in covered:
-        assert set(counts) == set(range(N))
+        assert set(counts) == set(range(n))
         assert world_size > 1 or set(counts.values()) == {1}
     _launch(root, kind, "resume", world_size, stop)
     for rank in range(world_size):
@@ -122,6 +121,17 @@ def test_a_checkpoint_at_the_end_of_an_epoch_with_a_partial_accumulation_resumes
 def test_torchrun_two_processes_resume_exactly(tmp_path: Path) -> None:
     epoch_steps = _check_resume(tmp_path, "sized", 2)
     assert len(set(epoch_steps)) > 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("world_size", "stop"), [(1, 13), (1, 15), (2, 6), (2, 8)])
+def test_a_resume_inside_and_past_an_epochs_first_chunk_is_exact(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, world_size: int, stop: int
+) -> None:
+    # NOTE: 9,600 samples in batches of about 480 (200 times the default's budget): the checkpoint
+    # falls in epoch 1, inside its first plan chunk of 4096 samples (13 on one rank, 6 on two) or past it
+    monkeypatch.setenv("FASTSAB_WORKER_N", str(48 * 200))
+    assert _check_resume(tmp_path, "sized", world_size, stop=stop) == [20 // world_size] * 3
 
 
 def test_loader_type_is_checked() -> None:

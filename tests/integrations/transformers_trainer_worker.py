@@ -14,7 +14,8 @@ Each rank writes one line per batch the model ran, ``{"epoch", "step", "indices"
 holds the batches the loader alone gives the rank in each epoch, and ``DIR/meta.json`` the steps
 of each epoch and the step the interrupted run stopped after. With
 ``FASTSAB_PLAIN_TRAINER=1`` the loader is handed to a plain ``Trainer`` (its
-``get_train_dataloader`` returns it), which the tests show loses exactness.
+``get_train_dataloader`` returns it), which the tests show loses exactness. ``FASTSAB_WORKER_N``
+(48 by default) sets the number of samples, the batch size and budget growing with it.
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ from transformers import Trainer, TrainerCallback, TrainingArguments
 from fastsab import FastLoader, FastSizeAwareLoader
 from fastsab.integrations.transformers import FastTrainer
 
-N = 48
+N = int(os.environ.get("FASTSAB_WORKER_N", 48))
+SCALE = N // 48
 EPOCHS = 3
 ACCUMULATE = 2
 # the optimizer step whose checkpoint the interrupted run stops after, by kind and world size: in
@@ -86,9 +88,9 @@ class PlainTrainer(Trainer):
 def make_loader(kind: str) -> FastLoader | FastSizeAwareLoader:
     data = {"index": torch.arange(N), "x": torch.linspace(0, 1, N)}
     if kind == "fixed":
-        return FastLoader(data, 4, seed=1)
+        return FastLoader(data, 4 * SCALE, seed=1)
     sizes = np.random.default_rng(0).integers(1, 9, N)
-    return FastSizeAwareLoader(data, sizes, max_total_size=11, seed=0)
+    return FastSizeAwareLoader(data, sizes, max_total_size=11 * SCALE, seed=0)
 
 
 def train(root: Path, kind: str, run: str, resume: bool, stopping: bool, stop: int | None) -> None:
@@ -125,7 +127,7 @@ def train(root: Path, kind: str, run: str, resume: bool, stopping: bool, stop: i
             epochs.append([batch["index"].tolist() for batch in plan])
         (root / f"plan.rank{rank}.json").write_text(json.dumps(epochs))
         steps = [loader.epoch_steps(e) for e in range(EPOCHS)]
-        (root / "meta.json").write_text(json.dumps({"epoch_steps": steps, "stop": stop}))
+        (root / "meta.json").write_text(json.dumps({"epoch_steps": steps, "stop": stop, "n": N}))
     trainer.train(resume_from_checkpoint=str(root / run / f"checkpoint-{stop}") if resume else None)
 
 
