@@ -106,7 +106,8 @@ def test_readme_headline_is_generated_from_the_tables_of_the_docs():
     assert headline in tables.section(readme, tables.HEADLINE, "README.md")
     rows = headline.splitlines()
     assert rows[0].startswith("Measured on ") and "torch" in rows[0]
-    assert [row.split("|")[2].strip() for row in rows[4:]] == [
+    methods = [row.split("|")[2].strip() for row in rows[4:]]
+    assert methods[:6] == [
         "numpy permutation+reshape (floor)",
         "DataLoader, __getitem__ per item",
         "DataLoader + __getitems__",
@@ -114,6 +115,8 @@ def test_readme_headline_is_generated_from_the_tables_of_the_docs():
         "SizeAwareBatchSampler(callable) + DataLoader",
         "FastSizeAwareLoader",
     ]
+    # the compiled split's row is there when the machine that measured had numba
+    assert methods[6:] in ([], ["FastSizeAwareLoader (use_compiled)"])
 
 
 def test_the_headline_keeps_the_ratios_of_the_loaders_table():
