@@ -78,6 +78,10 @@ class EpochOrder:
         yield first
         yield from chunks
 
+    def plan_chunks(self, epoch: int, start: int = 0) -> Iterator[np.ndarray]:
+        """The chunks planners plan ``epoch`` from: from item ``start`` on, or whole with a small first chunk."""
+        return self.chunks_from(epoch, start) if start else self.chunks_first_small(epoch)
+
     def position_of(self, epoch: int, index: int) -> int:
         """Where ``index`` comes in ``epoch``'s order (its number of items before it).
 

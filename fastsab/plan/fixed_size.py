@@ -88,7 +88,7 @@ class FixedSizeEpoch:
         n = planner.order.n
         self._keep = n - n % planner.batch_size if planner.drop_last else n  # items batched at all
         self._seen = start  # items of the order before the next chunk
-        self._chunks = planner.order.chunks_from(epoch, start) if start else planner.order.chunks_first_small(epoch)
+        self._chunks = planner.order.plan_chunks(epoch, start)
         self._rest = _EMPTY_IDS
 
     def __iter__(self) -> FixedSizeEpoch:

@@ -199,7 +199,7 @@ class SizeAwareEpoch:
         self._cached_list = cached
         self._order: Iterator[np.ndarray] = iter(())
         if cached is None:
-            self._order = planner.order.chunks_from(epoch, start) if start else planner.order.chunks_first_small(epoch)
+            self._order = planner.order.plan_chunks(epoch, start)
         self._carry: Carry | None = None
         self._lowered: BatchCost | None = None  # the rule under the lowered caps, once lower() was called
         self._prefix: tuple[np.ndarray, np.ndarray] | None = None  # items re-planned by lower()
