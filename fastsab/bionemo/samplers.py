@@ -28,8 +28,9 @@ from fastsab.bionemo.buckets import BucketBatchSampler, Buckets, NoElementInBuck
 from fastsab.bionemo.streaming import report_batching
 from fastsab.loaders.planned import PlannedBatchSampler, PlannedDataLoader
 from fastsab.plan.batching import split_with
-from fastsab.plan.cost_sources import item_size, oversize_message, per_item_sizeof, size_array
+from fastsab.plan.cost_sources import size_array
 from fastsab.plan.costs import BatchCost
+from fastsab.plan.item_sizes import item_size, oversize_message, per_item_sizeof
 from fastsab.plan.plans import PlanChunk
 
 __all__ = [

@@ -11,8 +11,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
 from fastsab._checks import check_nonnegative_real, short_repr
-from fastsab.plan.cost_sources import item_size, oversize_message, per_item_sizeof
 from fastsab.plan.costs import BatchCost
+from fastsab.plan.item_sizes import item_size, oversize_message, per_item_sizeof
 
 __all__ = ["report_batching", "size_aware_batching"]
 

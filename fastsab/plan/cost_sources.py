@@ -3,32 +3,27 @@
 ``make_cost_source`` accepts an array of sizes, a callable of an index array or of one
 index, or a callable over per-item ``features``; the planners evaluate the result one chunk
 at a time. An array of sizes is checked once; a callable's costs are checked on every chunk.
-The bionemo paths take sizes one item at a time: ``per_item_sizeof`` (a callable or a
-mapping), ``item_size`` (one checked size) and ``oversize_message`` (the skip warning).
+The bionemo paths take sizes one item at a time (``fastsab.plan.item_sizes``).
 """
 
 from __future__ import annotations
 
-import math
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
 import numpy as np
 import torch
 
 from fastsab._arrays import as_numpy, native_order, tensor_rows
-from fastsab._checks import as_numeric_array, as_python_number, as_real_array, as_size, user_stacklevel
+from fastsab._checks import as_numeric_array, as_python_number, as_real_array, user_stacklevel
 
 __all__ = [
     "CostSource",
     "FeatureRows",
     "feature_rows",
-    "item_size",
     "make_cost_source",
-    "oversize_message",
     "padded_length",
-    "per_item_sizeof",
     "size_array",
 ]
 
@@ -359,40 +354,3 @@ def _check_costs(values: Any, ids: np.ndarray) -> np.ndarray:
             f"sizeof gave {value[0] if len(value) == 1 else value!r} for dataset index {ids[bad[0]]}; "
             "sizes must be finite and non-negative."
         ) from None
-
-
-def per_item_sizeof(sizeof: object, accepted: str) -> Callable[[Any], Any]:
-    """``sizeof`` as a function of one item: a callable as it is, a mapping's lookup.
-
-    Raises:
-        TypeError: If ``sizeof`` is neither; ``accepted`` says what the caller takes.
-    """
-    if isinstance(sizeof, Mapping):
-        return sizeof.__getitem__
-    if not callable(sizeof):
-        raise TypeError(f"sizeof must be {accepted}, got {type(sizeof).__name__}.")
-    return sizeof
-
-
-def item_size(sizeof: Callable[[Any], Any], item: Any, describe: Callable[[Any], str]) -> int | float:
-    """The checked size ``sizeof(item)``: a Python number, finite and >= 0.
-
-    Raises:
-        RuntimeError: If ``sizeof`` raises (``describe(item)`` names the item).
-        TypeError, ValueError: If the size is not one finite number >= 0.
-    """
-    try:
-        size = sizeof(item)
-    except Exception as err:
-        raise RuntimeError(f"sizeof raised an error for {describe(item)}: {err}") from err
-    kind = type(size)
-    # NOTE: one cheap test per item for a plain int or float >= 0; the rest (numpy and tensor
-    # numbers, bad values) gets the full check, which names the item.
-    if (kind is int and size >= 0) or (kind is float and 0 <= size < math.inf):
-        return size  # type: ignore[no-any-return]
-    return as_size("sizeof", size, item)
-
-
-def oversize_message(item: Any, size: int | float, cap: int | float) -> str:
-    """The bionemo warning for an item skipped because its size alone exceeds the cap."""
-    return f"Size of element {item} exceeds max_total_size ({size} > {cap}), skipping"

@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from fastsab import FastSizeAwareLoader
-from fastsab.plan.cost_sources import item_size, make_cost_source, oversize_message, per_item_sizeof, size_array
+from fastsab.plan.cost_sources import make_cost_source, size_array
 from fastsab.plan.costs import BatchCost
+from fastsab.plan.item_sizes import item_size, oversize_message, per_item_sizeof
 from fastsab.position.fingerprint import _plain
 
 # --- caps -----------------------------------------------------------------------------------
