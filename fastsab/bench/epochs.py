@@ -36,26 +36,29 @@ def one_thread() -> Iterator[None]:
 
 
 def epoch_times(cases: list[Case], epochs: int, progress: Progress | None = None) -> dict[str, tuple[float, int]]:
-    """Best seconds per epoch of each case, and its batches.
+    """Best seconds per epoch of each case, and its batches, torch computing in one thread (``one_thread``).
 
     After one warm-up epoch each, the cases run one epoch in turn, ``epochs`` rounds, so
     that a slow spell of a shared machine hits all of them alike.
     """
-    iterables = {}
-    batches = {}
-    for name, make in cases:
-        if progress is not None:
-            progress(name)
-        iterables[name] = make()
-        batches[name] = sum(1 for _ in iterables[name])
-    best = dict.fromkeys(iterables, float("inf"))
-    for _ in range(epochs):
-        for name, iterable in iterables.items():
-            gc.collect()
-            start = time.perf_counter()
-            for _ in iterable:
-                pass
-            best[name] = min(best[name], time.perf_counter() - start)
+    # NOTE: one thread for every case, as the numpy floor and the DataLoader loops run anyway: with
+    # torch's pool, a loader's time on a busy 2-core machine was 3x its time alone (its idle threads spin)
+    with one_thread():
+        iterables = {}
+        batches = {}
+        for name, make in cases:
+            if progress is not None:
+                progress(name)
+            iterables[name] = make()
+            batches[name] = sum(1 for _ in iterables[name])
+        best = dict.fromkeys(iterables, float("inf"))
+        for _ in range(epochs):
+            for name, iterable in iterables.items():
+                gc.collect()
+                start = time.perf_counter()
+                for _ in iterable:
+                    pass
+                best[name] = min(best[name], time.perf_counter() - start)
     return {name: (best[name], batches[name]) for name in iterables}
 
 

@@ -21,11 +21,15 @@ from fastsab.bench.report import Row, time_best
 from fastsab.bench.workloads import index_sizes, lognormal_lengths
 from fastsab.bionemo.samplers import SizeAwareBatchSampler
 from fastsab.loaders.loader import FastLoader, FastSizeAwareLoader
+from fastsab.plan._sum_kernel import _sum_split
 from fastsab.plan.compiled import compiled_sum_walk, use_compiled
+from fastsab.plan.cost_sources import make_cost_source
+from fastsab.plan.shuffle import DEFAULT_GROUP_SIZE
 
 __all__ = [
     "PER_BATCH_SAMPLES",
     "SIZE_AWARE_COMPILED",
+    "SIZE_AWARE_FLOOR",
     "BatchedDataset",
     "PerItemDataset",
     "first_batch_rows",
@@ -130,7 +134,8 @@ def per_batch_rows(
     floor (the least work that yields tensor batches: ``torch.randperm``, one gather, one
     view per batch), ``FastLoader`` on ``torch.arange(samples)`` and ``FastSizeAwareLoader``
     on log-normal lengths with a budget of the batch size x mean length (where numba is
-    installed, also with its split compiled: ``use_compiled``). Ratios are to the
+    installed, also with its split compiled: ``use_compiled``), and the least such a loader can
+    take (``_SizeAwareFloor``: FastLoader's epoch plus the split's own work). Ratios are to the
     numpy floor; the note gives each row's overhead per batch over both floors in microseconds,
     ``(time - floor time) / batches``.
     """
@@ -139,11 +144,15 @@ def per_batch_rows(
     rows: list[Row] = []
     for batch_size in batch_sizes:
         size_aware = partial(FastSizeAwareLoader, data, lengths, batch_size * int(lengths.mean()))
+        floor = partial(
+            _SizeAwareFloor, partial(FastLoader, data, batch_size), lengths, batch_size * int(lengths.mean())
+        )
         cases: list[Case] = [
             (NUMPY_FLOOR, partial(_NumpyFloor, samples, batch_size)),
             (TENSOR_FLOOR, partial(_TensorFloor, data, batch_size)),
             ("FastLoader", partial(FastLoader, data, batch_size)),
             *_size_aware_cases(size_aware),
+            *_size_aware_cases(floor, SIZE_AWARE_FLOOR),
         ]
         try:
             measured = epoch_times(cases, epochs, progress)
@@ -161,13 +170,15 @@ def per_batch_rows(
 
 #: The size-aware loader's row with its split compiled (``use_compiled``), where numba is installed.
 SIZE_AWARE_COMPILED = "FastSizeAwareLoader (use_compiled)"
+#: The per-batch sweep's row of the least a size-aware loader can take (``_SizeAwareFloor``).
+SIZE_AWARE_FLOOR = "FastLoader + the split's own work (size-aware floor)"
 
 
-def _size_aware_cases(make: Callable[[], FastSizeAwareLoader]) -> list[Case]:
-    """``FastSizeAwareLoader`` by ``make`` with the numpy walks, and (where numba is installed) the compiled ones."""
-    cases: list[Case] = [("FastSizeAwareLoader", lambda: _Walked(make(), compiled=False))]
+def _size_aware_cases(make: Callable[[], Iterable[Any]], name: str = "FastSizeAwareLoader") -> list[Case]:
+    """``name``'s epochs of ``make()`` with the numpy walks, and (where numba is installed) the compiled ones."""
+    cases: list[Case] = [(name, lambda: _Walked(make(), compiled=False))]
     if use_compiled(wait=True):
-        cases.append((SIZE_AWARE_COMPILED, lambda: _Walked(make(), compiled=True)))
+        cases.append((f"{name} (use_compiled)", lambda: _Walked(make(), compiled=True)))
     use_compiled(False)
     return cases
 
@@ -175,12 +186,35 @@ def _size_aware_cases(make: Callable[[], FastSizeAwareLoader]) -> list[Case]:
 class _Walked:
     """A loader's epochs, its splits walked by the compiled walks or by the numpy ones (``use_compiled``)."""
 
-    def __init__(self, loader: FastSizeAwareLoader, compiled: bool) -> None:
+    def __init__(self, loader: Iterable[Any], compiled: bool) -> None:
         self.loader, self.compiled = loader, compiled
 
     def __iter__(self) -> Iterator[Any]:
         # NOTE: the choice is global and the cases of epoch_times take turns: each epoch sets it again
         use_compiled(self.compiled)
+        return iter(self.loader)
+
+
+class _SizeAwareFloor:
+    """Epochs of a ``FastLoader`` plus the work of a size-aware split itself: the least a size-aware loader takes.
+
+    Per group of a shuffled order: the items' sizes looked up (as the loader's cost source does),
+    then summed and walked to the batch ends (the numpy walk, or the compiled one after
+    ``use_compiled``). A ``FastSizeAwareLoader`` does this and all a ``FastLoader`` does; its carry
+    from group to group, its figures and its bookkeeping are left out.
+    """
+
+    def __init__(self, make: Callable[[], FastLoader[Any]], lengths: np.ndarray, budget: int) -> None:
+        self.loader = make()
+        self.costs = make_cost_source(lengths, len(lengths))
+        self.order = np.random.default_rng(0).permutation(len(lengths))
+        self.budget = budget
+
+    def __iter__(self) -> Iterator[Any]:
+        caps = np.array([self.budget])
+        for start in range(0, len(self.order), DEFAULT_GROUP_SIZE):
+            costs = self.costs(self.order[start : start + DEFAULT_GROUP_SIZE])
+            _sum_split(costs[:, None], caps, [self.budget], None, 1, None, True)
         return iter(self.loader)
 
 

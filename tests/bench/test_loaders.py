@@ -5,8 +5,8 @@ import importlib.util
 import pytest
 import torch
 
-from fastsab.bench.epochs import one_thread
-from fastsab.bench.loaders import NUMPY_FLOOR, SIZE_AWARE_COMPILED, TENSOR_FLOOR, per_batch_rows
+from fastsab.bench.epochs import epoch_times, one_thread
+from fastsab.bench.loaders import NUMPY_FLOOR, SIZE_AWARE_COMPILED, SIZE_AWARE_FLOOR, TENSOR_FLOOR, per_batch_rows
 from fastsab.bench.scale import resume_rows
 from fastsab.cli import main
 from fastsab.plan.compiled import compiled_sum_walk, compiled_walk
@@ -15,8 +15,11 @@ from fastsab.plan.compiled import compiled_sum_walk, compiled_walk
 def test_per_batch_rows_sweep_the_batch_sizes_against_both_floors():
     rows = per_batch_rows(samples=3000, batch_sizes=(16, 64), epochs=1)
     # where numba imports, the size-aware loader also with its split compiled, the same batches
-    compiled = [SIZE_AWARE_COMPILED] if importlib.util.find_spec("numba") else []
-    methods = [NUMPY_FLOOR, TENSOR_FLOOR, "FastLoader", "FastSizeAwareLoader", *compiled]
+    numba = importlib.util.find_spec("numba") is not None
+    compiled = [SIZE_AWARE_COMPILED] if numba else []
+    # and the least a size-aware loader takes: FastLoader's epoch plus the split's own work
+    floors = [SIZE_AWARE_FLOOR, f"{SIZE_AWARE_FLOOR} (use_compiled)"] if numba else [SIZE_AWARE_FLOOR]
+    methods = [NUMPY_FLOOR, TENSOR_FLOOR, "FastLoader", "FastSizeAwareLoader", *compiled, *floors]
     per_size = len(methods)
     assert [row.workload for row in rows] == ["batch size 16"] * per_size + ["batch size 64"] * per_size
     assert [row.method for row in rows] == methods * 2
@@ -25,6 +28,9 @@ def test_per_batch_rows_sweep_the_batch_sizes_against_both_floors():
     assert rows[2].note.startswith("188 batches; ") and rows[per_size + 2].note.startswith("47 batches; ")
     if compiled:
         assert rows[3].note.split(";")[0] == rows[4].note.split(";")[0]
+    for row in rows[: len(methods)]:
+        if row.method.startswith(SIZE_AWARE_FLOOR):  # (FastLoader's batches)
+            assert row.note.startswith("188 batches; ")
     assert compiled_walk() is None and compiled_sum_walk() is None  # the numpy walks again after
     assert all("us/batch over the numpy floor" in row.note and "over the tensor floor" in row.note for row in rows)
     assert "+0.00 us/batch over the numpy floor" in rows[0].note and rows[1].note.endswith(
@@ -94,3 +100,19 @@ def test_resume_rows_time_a_mid_epoch_state_of_each_loader_in_a_fresh_process():
     ]
     assert all(row.suite == "scale" and row.seconds > 0 and row.baseline == "target 1.0 s, 512 MiB" for row in rows)
     assert all(row.note.startswith("load_state_dict to first batch; peak RSS +") for row in rows)
+
+
+def test_epoch_times_run_every_case_in_one_torch_thread():
+    seen = []
+
+    def case():
+        seen.append(torch.get_num_threads())
+        return [torch.get_num_threads()]
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        measured = epoch_times([("a", case), ("b", lambda: iter([0]))], epochs=2)
+        assert seen == [1] and measured["a"][1] == 1 and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(threads)
