@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -18,6 +19,19 @@ def test_worker_counts_parse_and_default_to_two():
     assert build_parser().parse_args(["bench"]).workers == (2,)
     assert build_parser().parse_args(["bench", "--workers", "4,1"]).workers == (4, 1)
     assert build_parser().parse_args(["bench"]).workers_dataset == "cpu"
+
+
+def test_the_pages_describing_the_workers_suite_give_options_that_parse():
+    root = Path(__file__).resolve().parent.parent
+    for page in ("docs/recipes/workers.md", "docs/getting-started.md"):
+        text = " ".join((root / page).read_text().split())
+        assert "`--workers 1,2,4,8` sweeps the" in text and "`--workers-dataset io`" in text, page
+    assert "`python tools/workers_check.py` runs both sweeps" in " ".join(
+        (root / "docs/recipes/workers.md").read_text().split()
+    )
+    args = build_parser().parse_args(["bench", "--suite", "workers", "--workers", "1,2,4,8", "--workers-dataset", "io"])
+    assert (args.workers, args.workers_dataset) == ((1, 2, 4, 8), "io")
+    assert (root / "tools" / "workers_check.py").exists()
 
 
 @pytest.mark.parametrize("text", ["0", "1,x", "2,,4", "-2", "", "2,4,2"])
