@@ -25,7 +25,7 @@ from fastsab.bench.loaders import PER_BATCH_SAMPLES, PER_BATCH_SIZES, per_batch_
 from fastsab.bench.peers import PEERS_SAMPLES, peer_rows
 from fastsab.bench.scale import scale_rows
 from fastsab.bench.varlen import VARLEN_SAMPLES
-from fastsab.bench.workers import WORKERS_SAMPLES, workers_rows
+from fastsab.bench.workers import IO_WAIT_S, WORKERS_SAMPLES, parse_worker_counts, workers_rows
 from fastsab.memory.cli import add_fit_memory_parser, run_fit_memory
 
 __all__ = ["main"]
@@ -50,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--samples",
         type=positive_int_argument,
         help="samples per epoch (default 300000; the varlen suite: 50000 sequences; the end-to-end suite: 60000; "
-        "the scale suite: 10**9 items; the workers suite: 10000 texts; the peers suite: 10**6 lengths)",
+        "the scale suite: 10**9 items; the workers suite: 10000 texts or reads; the peers suite: 10**6 lengths)",
     )
     run.add_argument("--batch-size", type=positive_int_argument, default=300, help="batch size (default 300)")
     run.add_argument(
@@ -72,9 +72,10 @@ def build_parser() -> argparse.ArgumentParser:
         "packing efficiency of variable-length batches with and without sort_window), the end-to-end suite (the "
         "loaders feeding a small model's training step on one thread, at most 3 timed epochs), the scale suite "
         "(rank 7 of 8 over 10**9 items: time and peak memory to the first batch of each loader) and the workers "
-        "suite (a dataset whose __getitems__ tokenizes texts in Python: one process, 2 worker processes started "
-        "per epoch or persistent, and a DataLoader with 2 persistent workers over the same plan; a new loader's first "
-        "epoch and the epochs after it), a few minutes in all. "
+        "suite (a dataset whose __getitems__ tokenizes texts in Python, or waits with --workers-dataset io: one "
+        "process, worker processes (2, or each count of --workers) started per epoch or persistent, and a DataLoader "
+        "with as many persistent workers over the same plan; a new loader's first epoch and the epochs after it), a "
+        "few minutes in all. "
         "'peers' (not in 'all') times fastsab's padded split beside fairseq's kernel and lhotse's SimpleCutSampler "
         "and DynamicBucketingSampler (where they import) on the same lengths, order and budget. "
         "'fidelity' (not in 'all') measures memory budgets on small models (on the CPU, or on --device): per kind, the "
@@ -91,6 +92,23 @@ def build_parser() -> argparse.ArgumentParser:
         "DataLoader(pin_memory=True)'s batches moved to the device against a pinned copy_ of the same bytes (on the "
         "CPU a plain copy), and the same loaders feeding a small model's step there (200000 samples unless "
         "--samples); the fidelity suite runs on DEVICE too. Without --suite: the device and fidelity suites alone",
+    )
+    run.add_argument(
+        "--workers",
+        type=workers_argument,
+        default=(2,),
+        metavar="COUNTS",
+        help="worker counts of the workers suite, comma-separated (default 2): e.g. 1,2,4,8 sweeps them, each row "
+        "noting its speed-up over one process and that speed-up per worker (counts above the cores run too)",
+    )
+    run.add_argument(
+        "--workers-dataset",
+        choices=("cpu", "io"),
+        default="cpu",
+        help="the workers suite's dataset: 'cpu' (default) tokenizes texts in Python, a few ms of CPU a batch, "
+        "which workers share out only where there are cores; 'io' waits "
+        f"{IO_WAIT_S * 1e3:g} ms a batch instead (as a remote read or slow disk), so workers overlap their waits on "
+        "any machine and the sweep measures how well the loader keeps them busy",
     )
     run.add_argument("--markdown", action="store_true", help="print markdown tables instead of plain text")
     run.add_argument("--json", type=Path, metavar="PATH", help="also write the rows as JSON to PATH")
@@ -109,6 +127,14 @@ def build_parser() -> argparse.ArgumentParser:
 def batch_sizes_argument(text: str) -> tuple[int, ...]:
     """A command-line argument ``text`` as comma-separated positive integers (an ``argparse`` type)."""
     return tuple(positive_int_argument(part.strip()) for part in text.split(","))
+
+
+def workers_argument(text: str) -> tuple[int, ...]:
+    """A command-line argument ``text`` as the workers suite's worker counts (an ``argparse`` type)."""
+    try:
+        return parse_worker_counts(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def device_argument(text: str) -> torch.device:
@@ -171,7 +197,11 @@ def run_bench(args: argparse.Namespace) -> list[bench.Row]:
                 rows += scale_rows(args.samples or 10**9)
             elif suite == "workers":
                 rows += workers_rows(
-                    args.samples or WORKERS_SAMPLES, epochs=args.epochs, progress=lambda name: bar.set_postfix_str(name)
+                    args.samples or WORKERS_SAMPLES,
+                    epochs=args.epochs,
+                    worker_counts=args.workers,
+                    progress=lambda name: bar.set_postfix_str(name),
+                    dataset=args.workers_dataset,
                 )
             else:
                 rows += bench.first_batch_rows(10**8)

@@ -80,7 +80,7 @@ def gpu_info() -> dict[str, Any]:
     }
 
 
-def _run(command: list[str], seconds: int) -> tuple[int | None, str, float]:
+def run_limited(command: list[str], seconds: int) -> tuple[int | None, str, float]:
     """``command`` run from the checkout (its fastsab first on the path): exit code (None: timed out), output."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     start = time.perf_counter()
@@ -96,7 +96,7 @@ def _run(command: list[str], seconds: int) -> tuple[int | None, str, float]:
 def run_tests(junit: Path) -> dict[str, Any]:
     """Run ``tests/gpu``; its counts, the failed tests' names and the end of its output."""
     command = [sys.executable, "-m", "pytest", "tests/gpu", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}"]
-    code, output, seconds = _run(command, TESTS_SECONDS)
+    code, output, seconds = run_limited(command, TESTS_SECONDS)
     # NOTE: no report where pytest was stopped by the time limit: nothing counted, and the exit code says why
     none: dict[str, Any] = {"passed": 0, "failed": 0, "skipped": 0, "failures": []}
     counts = junit_counts(junit.read_text()) if junit.exists() else none
@@ -123,7 +123,7 @@ def run_bench(path: Path, samples: int, epochs: int) -> dict[str, Any]:
     """Run ``fastsab bench --device cuda``; its JSON, or the error and the end of its output."""
     command = [sys.executable, "-m", "fastsab", "bench", "--device", "cuda", "--quiet", "--json", str(path)]
     command += ["--samples", str(samples), "--epochs", str(epochs)]
-    code, output, seconds = _run(command, BENCH_SECONDS)
+    code, output, seconds = run_limited(command, BENCH_SECONDS)
     if code != 0 or not path.exists():
         reason = "timed out" if code is None else f"exit code {code}"
         return {"ok": False, "error": reason, "seconds": round(seconds, 1), "output_tail": output[-3000:]}
@@ -136,7 +136,7 @@ def run_shapes() -> dict[str, Any]:
     Reported, not judged: the check's exit code does not depend on it.
     """
     command = [sys.executable, "-m", "fastsab", "bench", "--suite", "shapes", "--device", "cuda", "--quiet"]
-    code, output, seconds = _run([*command, "--samples", "20000"], SHAPES_SECONDS)
+    code, output, seconds = run_limited([*command, "--samples", "20000"], SHAPES_SECONDS)
     if code != 0:
         reason = "timed out" if code is None else f"exit code {code}"
         return {"ok": False, "error": reason, "seconds": round(seconds, 1), "output_tail": output[-3000:]}

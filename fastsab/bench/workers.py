@@ -1,15 +1,18 @@
-"""The worker suite of ``fastsab bench``: a dataset whose ``__getitems__`` costs Python time, fetched in one
-process (a prefetch thread) and in worker processes (started per epoch, or persistent), against a ``DataLoader``
-with persistent workers over the same plan; a new loader's first epoch and the epochs after it apart."""
+"""The worker suite of ``fastsab bench``: a dataset whose ``__getitems__`` costs Python time (or waits, as a
+remote read does), fetched in one process (a prefetch thread) and in worker processes (started per epoch, or
+persistent), against a ``DataLoader`` with persistent workers over the same plan, for one or more worker counts;
+a new loader's first epoch and the epochs after it apart."""
 
 from __future__ import annotations
 
 import gc
+import os
 import time
-from collections.abc import Callable, Iterable
+import warnings
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -19,13 +22,34 @@ from fastsab.bench.epochs import Case, Progress, one_thread
 from fastsab.bench.report import Row
 from fastsab.loaders.loader import FastLoader, FastSizeAwareLoader, LoaderBase
 
-__all__ = ["WORKERS_SAMPLES", "EpochTiming", "TokenizedTexts", "first_and_later_epochs", "pad_tokens", "workers_rows"]
+__all__ = [
+    "IO_WAIT_S",
+    "WORKERS_SAMPLES",
+    "EpochTiming",
+    "RemoteReads",
+    "TokenizedTexts",
+    "first_and_later_epochs",
+    "pad_tokens",
+    "parse_worker_counts",
+    "workers_rows",
+]
 
-#: Texts of the worker suite by default.
+#: Texts (or reads) of the worker suite by default.
 WORKERS_SAMPLES = 10_000
+
+#: Seconds the I/O-bound dataset's ``__getitems__`` waits per batch (``RemoteReads``).
+IO_WAIT_S = 0.008
+
+#: The datasets of the worker suite: ``"cpu"`` tokenizes texts in Python, ``"io"`` waits per batch.
+WorkersDataset = Literal["cpu", "io"]
 
 #: Words of the made-up texts (a vocabulary of 2,000 words of 3 to 9 letters).
 _VOCABULARY_SIZE = 2000
+
+
+def _text_lengths(rng: np.random.Generator, samples: int, words_per_text: int) -> np.ndarray:
+    """Lengths of ``samples`` texts: a log-normal of median ``words_per_text``, clipped to [5, 5 x the median]."""
+    return np.clip(rng.lognormal(np.log(words_per_text), 0.6, samples), 5, 5 * words_per_text).astype(np.int64)
 
 
 class TokenizedTexts:
@@ -53,7 +77,7 @@ class TokenizedTexts:
         words = ["".join(rng.choice(letters, size=rng.integers(3, 10))) for _ in range(_VOCABULARY_SIZE)]
         # NOTE: every tenth word is unknown (its letters reversed), so tokenizing does more than dict lookups
         self.vocabulary = {word: i for i, word in enumerate(words)}
-        lengths = np.clip(rng.lognormal(np.log(words_per_text), 0.6, samples), 5, 5 * words_per_text).astype(np.int64)
+        lengths = _text_lengths(rng, samples, words_per_text)
         picks = rng.integers(0, _VOCABULARY_SIZE, int(lengths.sum())).tolist()
         texts, start = [], 0
         for length in lengths.tolist():
@@ -88,40 +112,133 @@ def pad_tokens(samples: list[torch.Tensor]) -> torch.Tensor:
     return torch.nn.utils.rnn.pad_sequence(samples, batch_first=True)
 
 
+class RemoteReads:
+    """Samples read from a slow store: ``__getitems__`` waits ``wait_s`` per batch, then returns its token tensors.
+
+    The wait stands for a remote read or a slow disk: it holds no core, so worker processes
+    overlap their waits on any machine, and what ``n`` workers gain over one process then
+    measures the loader's own pipeline (enough batches in flight, little work per batch in the
+    loop's process) rather than the machine's cores. Sample ``i`` is ``lengths[i]`` consecutive
+    token ids (lengths as ``TokenizedTexts``'s), the same read alone (``dataset[i]``, without
+    the wait) or in a batch.
+
+    Args:
+        samples: Number of samples.
+        seed: Seed of the lengths.
+        words_per_text: Typical tokens per sample (the median of a log-normal).
+        wait_s: Seconds each ``__getitems__`` waits.
+
+    Raises:
+        ValueError: If ``wait_s`` is negative.
+
+    Examples:
+        >>> reads = RemoteReads(5, wait_s=0.0)
+        >>> batch = reads.__getitems__([3, 0])
+        >>> [tokens.tolist() for tokens in batch] == [reads[3].tolist(), reads[0].tolist()]
+        True
+    """
+
+    def __init__(self, samples: int, seed: int = 0, words_per_text: int = 150, wait_s: float = IO_WAIT_S) -> None:
+        if not wait_s >= 0:
+            raise ValueError(f"wait_s must be seconds (0 or more) to wait per batch, got {wait_s!r}.")
+        self.lengths = _text_lengths(np.random.default_rng(seed), samples, words_per_text)
+        self.starts = np.cumsum(self.lengths) - self.lengths
+        self.wait_s = wait_s
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        start = int(self.starts[index])
+        return torch.arange(start, start + int(self.lengths[index]))
+
+    def __getitems__(self, indices: list[int]) -> list[torch.Tensor]:
+        time.sleep(self.wait_s)  # (one wait per batch, as one request for the batch's samples)
+        return [self[i] for i in indices]
+
+
+def parse_worker_counts(text: str) -> tuple[int, ...]:
+    """``fastsab bench --workers``'s value as worker counts: comma-separated positive integers, each once.
+
+    Raises:
+        ValueError: If a part is not a positive integer, or a count comes twice.
+
+    Examples:
+        >>> parse_worker_counts("1, 2,4,8")
+        (1, 2, 4, 8)
+    """
+    try:
+        counts = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        counts = ()
+    return _checked_counts(counts, "--workers", text)
+
+
+def _checked_counts(counts: tuple[int, ...], name: str, value: object) -> tuple[int, ...]:
+    """``counts`` if they are positive and distinct, else a ``ValueError`` naming ``name`` and its ``value``."""
+    if not counts or any(isinstance(count, bool) or not isinstance(count, int) or count < 1 for count in counts):
+        # NOTE: 0 is refused rather than read as one process: the one-process row is measured anyway
+        raise ValueError(
+            f"{name} must be worker counts of at least 1 (one process is always measured), such as 1,2,4,8; "
+            f"got {value!r}."
+        )
+    if len(set(counts)) < len(counts):
+        raise ValueError(f"{name} names a worker count more than once, got {value!r}; give each count once.")
+    return counts
+
+
 def workers_rows(
     samples: int = WORKERS_SAMPLES,
     batch_size: int = 64,
     epochs: int = 3,
-    num_workers: int = 2,
+    worker_counts: Sequence[int] = (2,),
     progress: Progress | None = None,
     rounds: int = 2,
+    dataset: WorkersDataset = "cpu",
 ) -> list[Row]:
-    """One process with a prefetch thread against ``num_workers`` worker processes, first and later epochs.
+    """One process with a prefetch thread against worker processes, for each worker count, first and later epochs.
 
-    For ``FastLoader`` (``batch_size`` texts) and
-    ``FastSizeAwareLoader`` (a budget of ``batch_size`` x the mean length in
-    tokens), over ``TokenizedTexts``: one process (``prefetch=2``), workers started for
-    each epoch, persistent workers, and a ``DataLoader`` with persistent workers over the
-    loader's own plan (``batch_sampler=loader.batch_sampler()``) and ``collate_fn``. A
-    training loop runs many epochs, so each case is timed on a new loader's first epoch
-    (which starts the workers) and on the epochs after it (best of ``epochs - 1``, 1 to 4),
-    best over ``rounds`` new loaders, the cases interleaved. Ratios are to one process in the
-    same phase, speed-ups the ``DataLoader``'s time over a row's; the note gives the CPU time
-    this process spends per batch (what worker processes cannot take off it). torch computes in
-    one thread in this process, as it does in each worker process.
+    For ``FastLoader`` (``batch_size`` samples) and ``FastSizeAwareLoader`` (a budget of
+    ``batch_size`` x the mean length in tokens), over ``TokenizedTexts`` (``dataset="cpu"``) or
+    ``RemoteReads`` (``"io"``, waiting ``IO_WAIT_S`` per batch): one process (``prefetch=2``),
+    then for each count ``w`` of ``worker_counts``: ``w`` workers started for each epoch,
+    ``w`` persistent workers, and a ``DataLoader`` with ``w`` persistent workers over the
+    loader's own plan (``batch_sampler=loader.batch_sampler()``) and ``collate_fn``. A training
+    loop runs many epochs, so each case is timed on a new loader's first epoch (which starts
+    the workers) and on the epochs after it (best of ``epochs - 1``, 1 to 4), best over
+    ``rounds`` new loaders, the cases interleaved. Ratios are to one process in the same phase;
+    speed-ups are the ``DataLoader``'s time (with the row's worker count; the one-process row:
+    the first count's) over a row's. The note gives the CPU time this process spends per batch
+    (what worker processes cannot take off it) and, for a row with workers, its speed-up over
+    one process and that speed-up per worker (a count above the machine's cores says so).
+    torch computes in one thread in this process, as it does in each worker process.
+
+    Raises:
+        TypeError: If ``worker_counts`` is not a sequence.
+        ValueError: If a worker count is not a positive integer or comes twice, or ``dataset``
+            is neither ``"cpu"`` nor ``"io"``.
     """
-    texts = TokenizedTexts(samples)
-    budget = batch_size * int(texts.lengths.mean())
+    if not isinstance(worker_counts, Sequence):
+        raise TypeError(f"worker_counts must be a sequence of worker counts such as (1, 2, 4), got {worker_counts!r}.")
+    counts = _checked_counts(tuple(worker_counts), "worker_counts", worker_counts)
+    data: TokenizedTexts | RemoteReads
+    if dataset == "cpu":
+        data, described = TokenizedTexts(samples), f"{samples:,} texts"
+    elif dataset == "io":
+        data, described = RemoteReads(samples), f"{samples:,} reads waiting {IO_WAIT_S * 1e3:g} ms a batch"
+    else:
+        raise ValueError(f"dataset must be 'cpu' (texts tokenized) or 'io' (reads that wait), got {dataset!r}.")
+    budget = batch_size * int(data.lengths.mean())
 
     def fixed(**options: Any) -> FastLoader[torch.Tensor]:
-        return FastLoader(texts, batch_size, collate_fn=pad_tokens, **options)
+        return FastLoader(data, batch_size, collate_fn=pad_tokens, **options)
 
     def sized(**options: Any) -> FastSizeAwareLoader[torch.Tensor]:
-        return FastSizeAwareLoader(texts, texts.lengths, budget, collate_fn=pad_tokens, **options)
+        return FastSizeAwareLoader(data, data.lengths, budget, collate_fn=pad_tokens, **options)
 
-    def same_plan(make: Callable[..., LoaderBase[torch.Tensor]]) -> Iterable[Any]:
+    def same_plan(make: Callable[..., LoaderBase[torch.Tensor]], num_workers: int) -> Iterable[Any]:
         return DataLoader(
-            texts,  # type: ignore[arg-type]  # a map-style dataset with __getitems__
+            data,  # type: ignore[arg-type]  # a map-style dataset with __getitems__
             batch_sampler=make().batch_sampler(),
             collate_fn=pad_tokens,
             num_workers=num_workers,
@@ -129,44 +246,58 @@ def workers_rows(
         )
 
     cases: list[Case] = []
-    makers: tuple[tuple[str, Callable[..., LoaderBase[torch.Tensor]]], ...] = (
-        ("FastLoader", fixed),
-        ("FastSizeAwareLoader", sized),
+    # per kind of loader: each case's name, its worker count and the name of the DataLoader its speed-up is to
+    groups: list[tuple[str, list[tuple[str, int, str]]]] = []
+    makers: tuple[tuple[str, str, Callable[..., LoaderBase[torch.Tensor]]], ...] = (
+        ("fixed size", "FastLoader", fixed),
+        ("size-aware", "FastSizeAwareLoader", sized),
     )
-    for name, make in makers:
-        cases += [
-            (f"{name}(prefetch=2), one process", partial(make, prefetch=2)),
-            (f"{name}(num_workers={num_workers})", partial(make, num_workers=num_workers)),
-            (
-                f"{name}(num_workers={num_workers}, persistent_workers=True)",
-                partial(make, num_workers=num_workers, persistent_workers=True),
-            ),
-            (
-                f"DataLoader(num_workers={num_workers}, persistent_workers=True, batch_sampler={name}.batch_sampler())",
-                partial(same_plan, make),
-            ),
-        ]
+    for kind, name, make in makers:
+        one = f"{name}(prefetch=2), one process"
+        cases.append((one, partial(make, prefetch=2)))
+        group = []
+        for count in counts:
+            dataloader = (
+                f"DataLoader(num_workers={count}, persistent_workers=True, batch_sampler={name}.batch_sampler())"
+            )
+            cases += [
+                (f"{name}(num_workers={count})", partial(make, num_workers=count)),
+                (
+                    f"{name}(num_workers={count}, persistent_workers=True)",
+                    partial(make, num_workers=count, persistent_workers=True),
+                ),
+                (dataloader, partial(same_plan, make, count)),
+            ]
+            group += [(case, count, dataloader) for case, _ in cases[-3:]]
+        groups.append((kind, [(one, 0, group[2][2]), *group]))
     # NOTE: one thread in this process too, as torch gives each worker process: the one-process
-    # case's collate otherwise keeps a second thread spinning on a core the workers need
-    with one_thread():
+    # case's collate otherwise keeps a second thread spinning on a core the workers need. Counts
+    # above the cores run as asked (their notes say so), without DataLoader's warning about them
+    with one_thread(), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="This DataLoader will create", category=UserWarning)
         first, later = first_and_later_epochs(cases, min(max(epochs - 1, 1), 4), rounds, progress)
-    per_kind = len(cases) // len(makers)
+    cores = os.cpu_count() or 1
     rows = []
-    for start, kind in zip(range(0, len(cases), per_kind), ("fixed size", "size-aware")):
-        group = [name for name, _ in cases[start : start + per_kind]]
+    for kind, group in groups:
+        baseline = group[0][0]
         for phase, measured in (("first epoch", first), ("later epochs", later)):
-            baseline, dataloader = group[0], group[-1]
-            for name in group:
+            for name, count, dataloader in group:
                 timing = measured[name]
+                note = f"{timing.batches:,} batches; {timing.cpu_per_batch * 1e3:.2f} ms CPU a batch in this process"
+                if count:
+                    speedup = measured[baseline].seconds / timing.seconds
+                    note += f"; {speedup:.2f}x one process, {speedup / count:.2f}x per worker"
+                if count > cores:
+                    note += f" ({count} workers > {cores} cores)"
                 rows.append(
                     Row(
                         "workers",
-                        f"{kind}, {samples:,} texts, {phase}",
+                        f"{kind}, {described}, {phase}",
                         name,
                         timing.seconds,
                         baseline,
                         timing.seconds / measured[baseline].seconds,
-                        f"{timing.batches:,} batches; {timing.cpu_per_batch * 1e3:.2f} ms CPU a batch in this process",
+                        note,
                         measured[dataloader].seconds / timing.seconds,
                     )
                 )
