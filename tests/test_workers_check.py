@@ -113,3 +113,22 @@ def test_the_check_holds_two_cores_to_1_4x_with_two_workers_and_fails_a_sweep_th
     stopped = {"ok": False, "error": "timed out", "seconds": 100.0, "output_tail": "..."}
     failed = summarize(2, 2, {"cpu": {"ok": True, "rows": rows}, "io": stopped})
     assert not failed["ok"] and "io: fastsab bench --suite workers timed out after 100.0 s" in render(failed)
+
+
+def test_a_sweep_that_ran_without_the_rows_of_a_count_asked_fails_that_count():
+    rows = _rows("texts", 1.0, {1: (1.2, 1.0, 1.0), 2: (0.6, 0.5, 0.5)})
+    half = [row for row in rows if "FastSizeAwareLoader(num_workers=2, persistent" not in str(row["method"])]
+    summary = summarize(
+        16, 16, {"cpu": {"ok": True, "counts": [1, 2, 4], "rows": half}, "io": {"ok": True, "rows": []}}
+    )
+    missing = {(line["dataset"], line["kind"], line["workers"]) for line in summary["lines"] if line["missing"]}
+    # the size-aware rows of 2 workers, both loaders' rows of 4 workers: asked, not measured
+    assert missing == {("cpu", "size-aware", 2), ("cpu", "fixed size", 4), ("cpu", "size-aware", 4)}
+    assert all(line["meets_goal"] for line in summary["lines"] if not line["missing"])
+    assert not summary["ok"]
+    text = render(summary)
+    assert text.startswith("workers check: FAIL")
+    assert "cpu size-aware  4 workers: FAIL (no rows for this count in the sweep's table)" in text
+    # a sweep that ran but judged nothing fails too
+    empty = summarize(16, 16, {"io": {"ok": True, "rows": []}})
+    assert not empty["ok"] and "io: the sweep's table has no later-epoch rows to judge" in render(empty)

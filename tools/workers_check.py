@@ -37,6 +37,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # (run as a script: tools.gpu_check from this checkout)
 
+from fastsab.cli import workers_argument  # noqa: E402
 from tools.gpu_check import run_limited  # noqa: E402
 
 #: The worker counts swept.
@@ -64,7 +65,7 @@ LOADERS = {"fixed size": "FastLoader", "size-aware": "FastSizeAwareLoader"}
 def main(argv: list[str] | None = None) -> int:
     """Run both sweeps, print the summary, write it to ``--out`` (default ``$OUT``); the exit code."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--counts", default=",".join(map(str, COUNTS)), help="worker counts (default 1,2,4,8)")
+    parser.add_argument("--counts", type=workers_argument, default=COUNTS, help="worker counts (default 1,2,4,8)")
     parser.add_argument("--out", type=Path, default=os.environ.get("OUT") or None, help="folder of workers_check.json")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as folder:
@@ -86,15 +87,25 @@ def usable_cores() -> int:
     return len(affinity(0)) if affinity is not None else os.cpu_count() or 1
 
 
-def run_sweep(path: Path, dataset: str, samples: int, counts: str, seconds: int) -> dict[str, Any]:
+def run_sweep(path: Path, dataset: str, samples: int, counts: tuple[int, ...], seconds: int) -> dict[str, Any]:
     """Run ``fastsab bench --suite workers`` over ``counts`` on ``dataset``; its JSON, or why there is none."""
     command = [sys.executable, "-m", "fastsab", "bench", "--suite", "workers", "--workers-dataset", dataset]
-    command += ["--workers", counts, "--samples", str(samples), "--epochs", str(EPOCHS), "--quiet", "--json", str(path)]
+    command += [
+        "--workers",
+        ",".join(map(str, counts)),
+        "--samples",
+        str(samples),
+        "--epochs",
+        str(EPOCHS),
+        "--quiet",
+        "--json",
+        str(path),
+    ]
     code, output, took = run_limited(command, seconds)
     if code != 0 or not path.exists():
         reason = "timed out" if code is None else f"exit code {code}"
         return {"ok": False, "error": reason, "seconds": round(took, 1), "output_tail": output[-3000:]}
-    return {"ok": True, "seconds": round(took, 1), **json.loads(path.read_text())}
+    return {"ok": True, "seconds": round(took, 1), "counts": list(counts), **json.loads(path.read_text())}
 
 
 def goal(dataset: str, count: int, cores: int) -> tuple[float, str] | None:
@@ -115,31 +126,16 @@ def summarize(cores: int, cpu_count: int, runs: dict[str, dict[str, Any]]) -> di
         later = [row for row in run.get("rows", []) if row["workload"].endswith("later epochs")]
         for kind, loader in LOADERS.items():
             rows = {row["method"]: row for row in later if row["workload"].startswith(kind)}
-            for count in sorted({_count(method) for method in rows} - {0}):
-                persistent = rows[f"{loader}(num_workers={count}, persistent_workers=True)"]
-                started = rows[f"{loader}(num_workers={count})"]
-                dataloader = rows[
-                    f"DataLoader(num_workers={count}, persistent_workers=True, batch_sampler={loader}.batch_sampler())"
-                ]
-                speedup = 1 / persistent["ratio"]
-                judged = goal(dataset, count, cores)
+            # NOTE: every count the sweep was asked for is judged: one without its rows fails, rather
+            # than the check passing on what it did not measure
+            for count in sorted(({_count(method) for method in rows} | set(run.get("counts", []))) - {0}):
                 lines.append(
-                    {
-                        "dataset": dataset,
-                        "kind": kind,
-                        "workers": count,
-                        "speedup": round(speedup, 3),
-                        "per_worker": round(speedup / count, 3),
-                        "started_per_epoch_speedup": round(1 / started["ratio"], 3),
-                        "dataloader_speedup": round(1 / dataloader["ratio"], 3),
-                        "over_dataloader": round(persistent["speedup"], 3),
-                        "goal": None if judged is None else judged[1],
-                        "meets_goal": None if judged is None else speedup >= judged[0],
-                        "meets_dataloader_goal": None if judged is None else persistent["speedup"] >= DATALOADER_GOAL,
-                    }
+                    _line(dataset, kind, count, cores, [rows.get(method) for method in _methods(loader, count)])
                 )
     verdicts = [line[key] for line in lines for key in ("meets_goal", "meets_dataloader_goal")]
-    ok = all(run["ok"] for run in runs.values()) and all(verdict is not False for verdict in verdicts)
+    judged = {line["dataset"] for line in lines}
+    ok = all(run["ok"] and dataset in judged for dataset, run in runs.items())
+    ok = ok and all(verdict is not False for verdict in verdicts)
     return {
         "ok": ok,
         "cores": cores,
@@ -148,6 +144,37 @@ def summarize(cores: int, cpu_count: int, runs: dict[str, dict[str, Any]]) -> di
         "runs": {dataset: {key: value for key, value in run.items() if key != "rows"} for dataset, run in runs.items()},
         "lines": lines,
         "rows": {dataset: run.get("rows", []) for dataset, run in runs.items()},
+    }
+
+
+def _methods(loader: str, count: int) -> tuple[str, str, str]:
+    """The methods of a count's rows: persistent workers, workers started per epoch, the ``DataLoader``."""
+    return (
+        f"{loader}(num_workers={count}, persistent_workers=True)",
+        f"{loader}(num_workers={count})",
+        f"DataLoader(num_workers={count}, persistent_workers=True, batch_sampler={loader}.batch_sampler())",
+    )
+
+
+def _line(dataset: str, kind: str, count: int, cores: int, rows: list[dict[str, Any] | None]) -> dict[str, Any]:
+    """The goal line of ``count`` workers from its rows (persistent, started per epoch, ``DataLoader``); one
+    of them missing: a failed line."""
+    line: dict[str, Any] = {"dataset": dataset, "kind": kind, "workers": count, "missing": None in rows}
+    persistent, started, dataloader = rows
+    if persistent is None or started is None or dataloader is None:
+        return {**line, "goal": "rows measured", "meets_goal": False, "meets_dataloader_goal": False}
+    speedup = 1 / persistent["ratio"]
+    judged = goal(dataset, count, cores)
+    return {
+        **line,
+        "speedup": round(speedup, 3),
+        "per_worker": round(speedup / count, 3),
+        "started_per_epoch_speedup": round(1 / started["ratio"], 3),
+        "dataloader_speedup": round(1 / dataloader["ratio"], 3),
+        "over_dataloader": round(persistent["speedup"], 3),
+        "goal": None if judged is None else judged[1],
+        "meets_goal": None if judged is None else speedup >= judged[0],
+        "meets_dataloader_goal": None if judged is None else persistent["speedup"] >= DATALOADER_GOAL,
     }
 
 
@@ -167,7 +194,15 @@ def render(summary: dict[str, Any]) -> str:
         if not run["ok"]:
             lines.append(f"{dataset}: fastsab bench --suite workers {run['error']} after {run['seconds']} s")
             lines.append(run["output_tail"][-1000:])
+        elif not any(line["dataset"] == dataset for line in summary["lines"]):
+            lines.append(f"{dataset}: the sweep's table has no later-epoch rows to judge: FAIL")
     for line in summary["lines"]:
+        if line["missing"]:
+            lines.append(
+                f"{line['dataset']:<3} {line['kind']:<10} {line['workers']:>2} workers: FAIL (no rows for this count "
+                "in the sweep's table)"
+            )
+            continue
         if line["goal"] is None:
             verdict = "not judged (more workers than cores, or than the goal's 8)"
         else:
