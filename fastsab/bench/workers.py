@@ -6,6 +6,7 @@ a new loader's first epoch and the epochs after it apart."""
 from __future__ import annotations
 
 import gc
+import math
 import os
 import time
 import warnings
@@ -18,6 +19,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
+from fastsab._checks import as_real_number
 from fastsab.bench.epochs import Case, Progress, one_thread
 from fastsab.bench.report import Row
 from fastsab.loaders.loader import FastLoader, FastSizeAwareLoader, LoaderBase
@@ -129,7 +131,8 @@ class RemoteReads:
         wait_s: Seconds each ``__getitems__`` waits.
 
     Raises:
-        ValueError: If ``wait_s`` is negative.
+        TypeError: If ``wait_s`` is not a real number.
+        ValueError: If ``wait_s`` is negative, infinite or NaN.
 
     Examples:
         >>> reads = RemoteReads(5, wait_s=0.0)
@@ -139,7 +142,8 @@ class RemoteReads:
     """
 
     def __init__(self, samples: int, seed: int = 0, words_per_text: int = 150, wait_s: float = IO_WAIT_S) -> None:
-        if not wait_s >= 0:
+        # NOTE: finite: time.sleep(inf) raises OverflowError, and only at the first batch read
+        if not 0 <= as_real_number("wait_s", wait_s) < math.inf:
             raise ValueError(f"wait_s must be seconds (0 or more) to wait per batch, got {wait_s!r}.")
         self.lengths = _text_lengths(np.random.default_rng(seed), samples, words_per_text)
         self.starts = np.cumsum(self.lengths) - self.lengths

@@ -119,3 +119,15 @@ def test_remote_reads_are_distinct_token_runs_and_refuse_a_negative_wait():
     assert np.all(reads.lengths >= 5)
     with pytest.raises(ValueError, match=r"wait_s must be seconds \(0 or more\) to wait per batch, got -0.5."):
         RemoteReads(3, wait_s=-0.5)
+
+
+@pytest.mark.parametrize("wait_s", [float("inf"), float("nan")])
+def test_remote_reads_refuse_a_wait_that_never_ends(wait_s):
+    with pytest.raises(ValueError, match=rf"wait_s must be seconds \(0 or more\) to wait per batch, got {wait_s!r}."):
+        RemoteReads(3, wait_s=wait_s)
+
+
+@pytest.mark.parametrize("wait_s", ["0.1", True, None])
+def test_remote_reads_refuse_a_wait_that_is_no_number(wait_s):
+    with pytest.raises(TypeError, match=rf"wait_s must be a real number, got {wait_s!r}"):
+        RemoteReads(3, wait_s=wait_s)
