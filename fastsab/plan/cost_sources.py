@@ -17,7 +17,6 @@ import torch
 
 from fastsab._arrays import as_numpy, native_order, tensor_rows
 from fastsab._checks import as_numeric_array, as_python_number, as_real_array, user_stacklevel
-from fastsab.plan.epochs import FIRST_CHUNK
 
 __all__ = [
     "CostSource",
@@ -149,25 +148,15 @@ class _ArrayCosts(_CostSource):
 
     def __init__(self, sizes: np.ndarray) -> None:
         self.sizes = sizes
-        self._lookup: np.ndarray | None = None
-        self._read = 0  # sizes read before the narrow copy is made
+        self._lookup = _narrow_copy(sizes)
 
     def __reduce__(self) -> tuple[type[_ArrayCosts], tuple[np.ndarray]]:
         return _ArrayCosts, (self.sizes,)  # (the narrow copy is made again, not pickled)
 
     def __call__(self, ids: np.ndarray) -> np.ndarray:
-        lookup = self._lookup
-        if lookup is None:
-            # NOTE: the narrow copy (a pass over all the sizes) is made once FIRST_CHUNK sizes (or all)
-            # were read as given: the planner's probe and an epoch's first chunk never wait for it (made
-            # before the first batch, it took a first batch over 10**8 sizes from 50 to 550 ms)
-            if self._read >= min(FIRST_CHUNK, len(self.sizes)):
-                self._lookup = _narrow_copy(self.sizes)
-            lookup = self.sizes if self._lookup is None else self._lookup
-            self._read += len(ids)
         # NOTE: take, not sizes[ids]: the same rows, a fifth faster for one column and about 10x
         # faster for (n, k) sizes, whose rows fancy indexing copies one at a time
-        costs: np.ndarray = lookup.take(ids, axis=0)
+        costs: np.ndarray = self._lookup.take(ids, axis=0)
         return costs.astype(self.sizes.dtype, copy=False)
 
     def fingerprint(self, n: int) -> bytes | memoryview:

@@ -197,41 +197,15 @@ def test_array_costs_are_the_int64_sizes_read_from_the_narrowest_copy(
     sizes.flat[7] = top
     ids = np.random.default_rng(1).integers(0, 300, 1000)
     costs = make_cost_source(sizes, 300)
+    assert costs._lookup.dtype == narrow  # type: ignore[attr-defined]
     for source in (costs, pickle.loads(pickle.dumps(costs))):
-        for _ in range(2):  # (the first read is of the sizes as given; the copy is made at the next)
-            got = source(ids)
-            assert got.dtype == np.int64 and np.array_equal(got, sizes[ids])
-        assert source._lookup.dtype == narrow  # type: ignore[attr-defined]
+        got = source(ids)
+        assert got.dtype == np.int64 and np.array_equal(got, sizes[ids])
         assert source.fingerprint(300) == sizes.tobytes()
     # the copy is made only where it stays small; the costs are the same without it
     monkeypatch.setattr(cost_sources, "NARROW_COPY_BYTES", sizes.size)
     wide = make_cost_source(sizes, 300)
-    assert all(np.array_equal(wide(ids), sizes[ids]) for _ in range(2))
-    assert wide._lookup is wide.sizes  # type: ignore[attr-defined]
-
-
-def test_the_first_batch_waits_for_no_narrow_copy_and_the_epoch_is_the_one_read_from_int64(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    # invariant: the first chunk's sizes are read as given (a copy of 10**8 sizes made before the first batch
-    # took it from 50 ms to 550 ms); the later chunks from the narrow copy, with the batches of the int64 sizes
-    sizes = np.random.default_rng(0).integers(1, 4000, 100_000)
-    made: list[np.dtype[Any]] = []
-    narrow_copy = cost_sources._narrow_copy
-
-    def recorded(values: np.ndarray) -> np.ndarray:
-        made.append(values.dtype)
-        return narrow_copy(values)
-
-    monkeypatch.setattr(cost_sources, "_narrow_copy", recorded)
-    loader = FastSizeAwareLoader(torch.arange(100_000), sizes, 300 * 2000, seed=3)
-    batches = iter(loader)
-    got = [next(batches).tolist()]
-    assert made == []
-    got += [batch.tolist() for batch in batches]
-    assert made == [np.dtype(np.int64)] and loader.planner.costs._lookup.dtype == np.int16  # type: ignore[attr-defined]
-    monkeypatch.setattr(cost_sources, "NARROW_COPY_BYTES", 0)
-    assert got == [batch.tolist() for batch in FastSizeAwareLoader(torch.arange(100_000), sizes, 300 * 2000, seed=3)]
+    assert wide._lookup is wide.sizes and np.array_equal(wide(ids), sizes[ids])  # type: ignore[attr-defined]
 
 
 def test_a_per_item_sizeof_is_warned_about_and_gives_its_costs() -> None:
