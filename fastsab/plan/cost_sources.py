@@ -144,51 +144,21 @@ class _CostSource:
 
 
 class _ArrayCosts(_CostSource):
-    """Costs looked up in a validated array of per-item sizes (read from a narrow copy where one is small)."""
+    """Costs looked up in a validated array of per-item sizes."""
 
     def __init__(self, sizes: np.ndarray) -> None:
         self.sizes = sizes
-        self._lookup = _narrow_copy(sizes)
-
-    def __reduce__(self) -> tuple[type[_ArrayCosts], tuple[np.ndarray]]:
-        return _ArrayCosts, (self.sizes,)  # (the narrow copy is made again, not pickled)
 
     def __call__(self, ids: np.ndarray) -> np.ndarray:
         # NOTE: take, not sizes[ids]: the same rows, a fifth faster for one column and about 10x
         # faster for (n, k) sizes, whose rows fancy indexing copies one at a time
-        costs: np.ndarray = self._lookup.take(ids, axis=0)
-        return costs.astype(self.sizes.dtype, copy=False)
+        costs: np.ndarray = self.sizes.take(ids, axis=0)
+        return costs
 
     def fingerprint(self, n: int) -> bytes | memoryview:
         # NOTE: a view of the sizes' bytes, not a copy: a state of 10**9 items would copy 8 GB
         sizes = np.ascontiguousarray(self.sizes)
         return sizes.data.cast("B") if sizes.size else b""
-
-
-#: The most bytes of the narrow copy of an array of integer sizes (``_narrow_copy``).
-NARROW_COPY_BYTES = 2**28
-
-
-def _narrow_copy(sizes: np.ndarray) -> np.ndarray:
-    """``sizes`` (int64) as int16 or int32 where every size fits and the copy takes at most ``NARROW_COPY_BYTES``.
-
-    Else ``sizes`` itself.
-
-    Examples:
-        >>> _narrow_copy(np.array([3, 40_000])).dtype, _narrow_copy(np.array([3, 2**40])).dtype
-        (dtype('int32'), dtype('int64'))
-    """
-    # NOTE: a chunk's sizes are gathered from places spread over the whole array: from int16 sizes
-    # the gather reads a quarter of the cache lines it reads from int64 ones (240,000 log-normal
-    # lengths: a FastSizeAwareLoader epoch about 8% shorter). The costs handed out stay int64.
-    if sizes.dtype != np.int64 or not 0 < 2 * sizes.size <= NARROW_COPY_BYTES:
-        return sizes
-    low, high = int(sizes.min()), int(sizes.max())
-    for dtype in (np.int16, np.int32):
-        limits = np.iinfo(dtype)
-        if limits.min <= low and high <= limits.max and sizes.size * limits.bits // 8 <= NARROW_COPY_BYTES:
-            return sizes.astype(dtype)
-    return sizes
 
 
 def _checked_features(features: Any, n: int, sizeof: Any) -> np.ndarray | torch.Tensor:

@@ -12,7 +12,6 @@ import pytest
 import torch
 
 from fastsab import FastSizeAwareLoader
-from fastsab.plan import cost_sources
 from fastsab.plan.cost_sources import make_cost_source, size_array
 from fastsab.plan.costs import BatchCost
 from fastsab.plan.item_sizes import item_size, oversize_message, per_item_sizeof
@@ -184,28 +183,6 @@ def test_every_sizeof_form_gives_its_costs(sizeof: Any, features: Any) -> None:
 def test_array_costs_pickle() -> None:
     costs = pickle.loads(pickle.dumps(make_cost_source(torch.tensor(SIZES), 3)))
     assert costs(np.array([1, 2])).tolist() == [1, 3]
-
-
-@pytest.mark.parametrize(
-    ("top", "narrow"), [(2**15 - 1, np.int16), (2**15, np.int32), (2**31 - 1, np.int32), (2**31, np.int64)]
-)
-@pytest.mark.parametrize("columns", [(), (2,)])
-def test_array_costs_are_the_int64_sizes_read_from_the_narrowest_copy(
-    top: int, narrow: type, columns: tuple[int, ...], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    sizes = np.random.default_rng(top).integers(0, top, (300, *columns), endpoint=True)
-    sizes.flat[7] = top
-    ids = np.random.default_rng(1).integers(0, 300, 1000)
-    costs = make_cost_source(sizes, 300)
-    assert costs._lookup.dtype == narrow  # type: ignore[attr-defined]
-    for source in (costs, pickle.loads(pickle.dumps(costs))):
-        got = source(ids)
-        assert got.dtype == np.int64 and np.array_equal(got, sizes[ids])
-        assert source.fingerprint(300) == sizes.tobytes()
-    # the copy is made only where it stays small; the costs are the same without it
-    monkeypatch.setattr(cost_sources, "NARROW_COPY_BYTES", sizes.size)
-    wide = make_cost_source(sizes, 300)
-    assert wide._lookup is wide.sizes and np.array_equal(wide(ids), sizes[ids])  # type: ignore[attr-defined]
 
 
 def test_a_per_item_sizeof_is_warned_about_and_gives_its_costs() -> None:
