@@ -96,15 +96,14 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--workers",
         type=workers_argument,
-        default=(2,),
         metavar="COUNTS",
         help="worker counts of the workers suite, comma-separated (default 2): e.g. 1,2,4,8 sweeps them, each row "
-        "noting its speed-up over one process and that speed-up per worker (counts above the cores run too)",
+        "noting its speed-up over one process and that speed-up per worker (counts above the cores run too); "
+        "without --suite it runs the workers suite alone",
     )
     run.add_argument(
         "--workers-dataset",
         choices=("cpu", "io"),
-        default="cpu",
         help="the workers suite's dataset: 'cpu' (default) tokenizes texts in Python, a few ms of CPU a batch, "
         "which workers share out only where there are cores; 'io' waits "
         f"{IO_WAIT_S * 1e3:g} ms a batch instead (as a remote read or slow disk), so workers overlap their waits on "
@@ -199,9 +198,9 @@ def run_bench(args: argparse.Namespace) -> list[bench.Row]:
                 rows += workers_rows(
                     args.samples or WORKERS_SAMPLES,
                     epochs=args.epochs,
-                    worker_counts=args.workers,
+                    worker_counts=args.workers or (2,),
                     progress=lambda name: bar.set_postfix_str(name),
-                    dataset=args.workers_dataset,
+                    dataset=args.workers_dataset or "cpu",
                 )
             else:
                 rows += bench.first_batch_rows(10**8)
@@ -283,9 +282,19 @@ def print_plain(rows: list[bench.Row], device: torch.device | None) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``fastsab`` console script."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     if args.command == "fit-memory":
         return run_fit_memory(args)
+    if args.workers is not None or args.workers_dataset is not None:
+        # NOTE: as --device picks its suite when none is named, the workers suite's options pick theirs
+        if args.suite is None and args.device is None:
+            args.suite = ["workers"]
+        elif not {"workers", "all"} & set(args.suite or []):
+            parser.error(
+                f"--workers and --workers-dataset set the workers suite, which --suite {' '.join(args.suite or [])!r} "
+                "does not run: add --suite workers."
+            )
     asked = args.suite or (["fidelity"] if args.device is not None else [])
     results = run_fidelity(args) if "fidelity" in asked else []
     if "shapes" in asked:

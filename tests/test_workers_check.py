@@ -16,9 +16,9 @@ from tools.workers_check import DATALOADER_GOAL, goal, render, summarize
 
 def test_worker_counts_parse_and_default_to_two():
     assert parse_worker_counts("1, 2,4,8") == (1, 2, 4, 8)
-    assert build_parser().parse_args(["bench"]).workers == (2,)
+    assert build_parser().parse_args(["bench"]).workers is None  # (2 workers, texts tokenized in Python)
     assert build_parser().parse_args(["bench", "--workers", "4,1"]).workers == (4, 1)
-    assert build_parser().parse_args(["bench"]).workers_dataset == "cpu"
+    assert build_parser().parse_args(["bench"]).workers_dataset is None
 
 
 def test_the_pages_describing_the_workers_suite_give_options_that_parse():
@@ -132,3 +132,19 @@ def test_a_sweep_that_ran_without_the_rows_of_a_count_asked_fails_that_count():
     # a sweep that ran but judged nothing fails too
     empty = summarize(16, 16, {"io": {"ok": True, "rows": []}})
     assert not empty["ok"] and "io: the sweep's table has no later-epoch rows to judge" in render(empty)
+
+
+def test_the_workers_options_run_the_workers_suite_or_are_refused_with_another(monkeypatch, capsys):
+    import fastsab.cli as cli
+
+    asked = []
+    monkeypatch.setattr(cli, "workers_rows", lambda *args, **kwargs: asked.append(kwargs) or [])
+    monkeypatch.setattr(cli.bench, "loader_rows", lambda *args, **kwargs: pytest.fail("the loaders suite ran"))
+    assert main(["bench", "--workers", "1,2", "--quiet"]) == 0  # (no --suite: the workers suite alone)
+    assert main(["bench", "--workers-dataset", "io", "--quiet"]) == 0
+    assert [(kwargs["worker_counts"], kwargs["dataset"]) for kwargs in asked] == [((1, 2), "cpu"), ((2,), "io")]
+    for argv in (["--suite", "kernels", "--workers", "4"], ["--suite", "loaders", "--workers-dataset", "io"]):
+        with pytest.raises(SystemExit) as exit_info:
+            main(["bench", *argv])
+        assert exit_info.value.code == 2
+        assert "set the workers suite, which --suite" in capsys.readouterr().err
