@@ -24,7 +24,7 @@ from fastsab.loaders.loader import FastLoader, FastSizeAwareLoader
 from fastsab.plan._sum_kernel import _sum_split
 from fastsab.plan.compiled import compiled_sum_walk, use_compiled
 from fastsab.plan.cost_sources import make_cost_source
-from fastsab.plan.shuffle import DEFAULT_GROUP_SIZE
+from fastsab.plan.epochs import EpochOrder
 
 __all__ = [
     "PER_BATCH_SAMPLES",
@@ -198,8 +198,8 @@ class _Walked:
 class _SizeAwareFloor:
     """Epochs of a ``FastLoader`` plus the work of a size-aware split itself: the least a size-aware loader takes.
 
-    Per group of a shuffled order: the items' sizes looked up (as the loader's cost source does),
-    then summed and walked to the batch ends (the numpy walk, or the compiled one after
+    Per group of an epoch's order (grouped as the loader's): the items' sizes looked up (as the
+    loader's cost source does), then summed and walked to the batch ends (the numpy walk, or the compiled one after
     ``use_compiled``). A ``FastSizeAwareLoader`` does this and all a ``FastLoader`` does; its carry
     from group to group, its figures and its bookkeeping are left out.
     """
@@ -207,14 +207,14 @@ class _SizeAwareFloor:
     def __init__(self, make: Callable[[], FastLoader[Any]], lengths: np.ndarray, budget: int) -> None:
         self.loader = make()
         self.costs = make_cost_source(lengths, len(lengths))
-        self.order = np.random.default_rng(0).permutation(len(lengths))
+        # NOTE: the groups of an epoch's order, made once: the loader's shuffle is timed in its own epoch
+        self.groups = list(EpochOrder(len(lengths), shuffle=True).chunks(0))
         self.budget = budget
 
     def __iter__(self) -> Iterator[Any]:
         caps = np.array([self.budget])
-        for start in range(0, len(self.order), DEFAULT_GROUP_SIZE):
-            costs = self.costs(self.order[start : start + DEFAULT_GROUP_SIZE])
-            _sum_split(costs[:, None], caps, [self.budget], None, 1, None, True)
+        for group in self.groups:
+            _sum_split(self.costs(group)[:, None], caps, [self.budget], None, 1, None, True)
         return iter(self.loader)
 
 
