@@ -4,12 +4,14 @@ Usage: ``python benchmarks/update_readme.py`` (takes a few minutes: it runs ever
 ``--suite all``, the end-to-end suite and the scale suite's rank of a 10**9-item epoch included, and
 the peers suite), or with ``--varlen-only`` (under a minute: the "Padding and packing" table alone),
 ``--fidelity-only`` (the memory fidelity table alone), ``--shapes-only`` (about two minutes: the batch
-shapes table of ``fastsab bench --suite shapes`` alone), ``--peers-only`` (a minute or two: fastsab's
+shapes table of ``fastsab bench --suite shapes`` alone), ``--workers-only`` (about three minutes: the
+worker sweep over reads that wait, 1 to 8 workers), ``--peers-only`` (a minute or two: fastsab's
 padded split beside fairseq's kernel, built by ``fairseq_kernel.py``, and lhotse's samplers) or
 ``--headline-only`` (no run: README's headline table from the tables of docs/benchmarks.md). The
 sections of docs/benchmarks.md between the ``<!-- bench:start -->`` / ``<!-- bench:end -->``,
 ``<!-- varlen:start -->`` / ``<!-- varlen:end -->``, ``<!-- fidelity:start -->`` /
-``<!-- fidelity:end -->``, ``<!-- shapes:start -->`` / ``<!-- shapes:end -->`` and
+``<!-- fidelity:end -->``, ``<!-- shapes:start -->`` / ``<!-- shapes:end -->``,
+``<!-- workers:start -->`` / ``<!-- workers:end -->`` and
 ``<!-- peers:start -->`` / ``<!-- peers:end -->`` markers are
 replaced by what the bench prints, and README's ``<!-- headline:start -->`` / ``<!-- headline:end -->``
 section by the machine line and the loaders table of the bench section; nothing in them is typed
@@ -38,6 +40,7 @@ VARLEN = ("<!-- varlen:start -->", "<!-- varlen:end -->")
 FIDELITY = ("<!-- fidelity:start -->", "<!-- fidelity:end -->")
 SHAPES = ("<!-- shapes:start -->", "<!-- shapes:end -->")
 PEERS = ("<!-- peers:start -->", "<!-- peers:end -->")
+WORKERS = ("<!-- workers:start -->", "<!-- workers:end -->")
 
 
 def section(text: str, markers: tuple[str, str], name: str) -> str:
@@ -125,9 +128,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     only.add_argument("--fidelity-only", action="store_true", help="regenerate only the memory fidelity table")
     only.add_argument("--shapes-only", action="store_true", help="regenerate only the batch shapes table")
     only.add_argument("--peers-only", action="store_true", help="regenerate only the peers table (fairseq, lhotse)")
+    only.add_argument("--workers-only", action="store_true", help="regenerate only the worker sweep's table")
     only.add_argument("--headline-only", action="store_true", help="regenerate README's table from the docs page")
     args = parser.parse_args(argv)
-    runs_all = not (args.varlen_only or args.fidelity_only or args.shapes_only or args.headline_only or args.peers_only)
+    runs_all = not (
+        args.varlen_only
+        or args.fidelity_only
+        or args.shapes_only
+        or args.headline_only
+        or args.peers_only
+        or args.workers_only
+    )
     if runs_all or args.varlen_only:
         update(PAGE, VARLEN, varlen_section())
     if runs_all:
@@ -138,6 +149,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         update(PAGE, SHAPES, bench("--suite", "shapes"))
     if runs_all or args.peers_only:
         update(PAGE, PEERS, bench("--suite", "peers"))
+    if runs_all or args.workers_only:
+        sweep = ("--workers", "1,2,4,8", "--workers-dataset", "io", "--epochs", "3")
+        update(PAGE, WORKERS, bench("--suite", "workers", *sweep))
     if runs_all or args.headline_only:
         update_headline()
     return 0

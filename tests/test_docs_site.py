@@ -100,7 +100,7 @@ def test_readme_headline_is_generated_from_the_tables_of_the_docs():
     tables = update_readme()
     page = (DOCS / "benchmarks.md").read_text()
     readme = (ROOT / "README.md").read_text()
-    for markers in (tables.BENCH, tables.VARLEN, tables.FIDELITY, tables.SHAPES):
+    for markers in (tables.BENCH, tables.VARLEN, tables.FIDELITY, tables.SHAPES, tables.WORKERS):
         assert "|---|" in tables.section(page, markers, "benchmarks.md")
     headline = tables.headline(tables.section(page, tables.BENCH, "benchmarks.md"))
     assert headline in tables.section(readme, tables.HEADLINE, "README.md")
