@@ -227,7 +227,11 @@ def split_with(
         if over is not None:
             over = np.concatenate([np.zeros(len(carry), dtype=bool), over])
 
-    max_items, multiple = rule.max_batch_size, rule.batch_size_multiple
+    # NOTE: no batch of this call holds more than len(c) items, so a max_batch_size or multiple
+    # past len(c) + 1 splits as len(c) + 1 does: clipped, both fit the walks' int64 (sys.maxsize,
+    # a common "no cap", would else overflow i + max_items)
+    max_items = None if rule.max_batch_size is None else min(rule.max_batch_size, len(c) + 1)
+    multiple = min(rule.batch_size_multiple, len(c) + 1)
     if rule.cost == "sum":
         ends, open_start = _sum_split(c, caps, cap_values, max_items, multiple, over, final)
     elif features is not None:

@@ -170,7 +170,7 @@ def _walk_sums(
             i += 1
             continue
         hi, certain, cut_ok = next_over, next_over < m, False
-        if 0 < max_items and i + max_items < hi:
+        if 0 < max_items < hi - i:  # (not i + max_items < hi: that sum may pass int64)
             hi, certain, cut_ok = i + max_items, True, True
         end = i
         # NOTE: integers compare the cost with the room left (the total never passes the cap,

@@ -7,10 +7,11 @@ import sys
 
 import numpy as np
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fastsab import split_batches
+from fastsab import FastSizeAwareLoader, split_batches
 from fastsab.plan import compiled
 from fastsab.plan.batching import split_with
 from fastsab.plan.compiled import _walk_lengths, _walk_sums, use_compiled
@@ -180,6 +181,74 @@ def test_the_compiled_sum_walk_gives_the_greedy_loops_batches(
     )
     assert [batch.tolist() for batch in split.batches()] == expected
     assert split.skipped.tolist() == skipped
+
+
+# NOTE: "no cap" values: at and past int64's edge, where i + max_batch_size once wrapped around
+huge = st.sampled_from([2**31, 2**62, sys.maxsize - 1, sys.maxsize, 2**63, 2**63 + 1, 2**64, 2**100])
+
+
+@settings(max_examples=150)
+@given(
+    costs=sum_costs,
+    cost=st.sampled_from(["sum", "padded"]),
+    cap=st.one_of(st.integers(0, 200), huge),
+    max_batch_size=st.one_of(huge, st.none(), st.integers(1, 30)),
+    multiple=st.one_of(st.sampled_from([1, 2, 3, 8]), huge),
+    oversize=st.sampled_from(["skip", "own_batch"]),
+    last_batch=st.sampled_from(["keep", "round_down"]),
+    cut=st.integers(0, 300),
+)
+def test_huge_caps_and_batch_sizes_give_the_numpy_walks_batches(
+    walk_compiled, costs, cost, cap, max_batch_size, multiple, oversize, last_batch, cut
+):
+    # invariant: a max_batch_size, batch_size_multiple or max_total_size at or past int64 splits
+    # as in Python's integers: both walks give the plain greedy loop's batches, whole or in two
+    # chunks with a carry
+    caps = cap if costs.ndim == 1 else [cap, 12]
+    options = {
+        "cost": cost,
+        "max_batch_size": max_batch_size,
+        "batch_size_multiple": multiple,
+        "oversize": oversize,
+        "last_batch": last_batch,
+    }
+    for final in (True, False):
+        assert_same_split(*both_walks(costs, caps, final=final, **options))
+    split, _ = both_walks(costs, caps, **options)
+    if last_batch == "keep":
+        expected, skipped = greedy_reference(
+            costs.tolist(), caps, max_batch_size=max_batch_size, cost=cost, multiple=multiple, oversize=oversize
+        )
+        assert [batch.tolist() for batch in split.batches()] == expected and split.skipped.tolist() == skipped
+    cut = min(cut, len(costs))
+    first, first_compiled = both_walks(costs[:cut], caps, final=False, **options)
+    assert_same_split(first, first_compiled)
+    a, b = both_walks(costs[cut:], caps, ids=np.arange(cut, len(costs)), carry=first.carry, **options)
+    assert_same_split(a, b)
+    assert a.ids.tolist() == b.ids.tolist() == split.ids[len(first.ids) :].tolist()
+
+
+def test_a_loader_with_no_cap_on_its_batch_size_walks_compiled(walk_compiled):
+    # sys.maxsize, a common "no cap": i + max_batch_size passed int64 and refused an item as stuck
+    lengths = np.arange(1, 3001) % 97 + 1
+    for max_batch_size in (sys.maxsize, 2**63 + 1):
+        for cost in ("sum", "padded"):
+            use_compiled(False)
+            loader = FastSizeAwareLoader(torch.arange(3000), lengths, 500, cost=cost, max_batch_size=max_batch_size)
+            expected = [batch.tolist() for batch in loader]
+            assert use_compiled(wait=True)
+            loader.set_epoch(0)
+            assert len(loader) == len(expected)
+            assert [batch.tolist() for batch in loader] == expected
+
+
+def test_the_compiled_sum_walk_takes_max_items_up_to_int64s_largest(walk_compiled):
+    # the walk itself, called past split_with's clip: max_items + i must not wrap around
+    walk = compiled.compiled_sum_walk()
+    assert walk is not None
+    ones, ends = np.ones((9, 1), dtype=np.int64), np.empty(9, dtype=np.int64)
+    count = walk(ones, np.array([4]), False, sys.maxsize, 1, np.zeros(0, dtype=np.bool_), True, ends)
+    assert ends[:count].tolist() == [4, 8, 9]
 
 
 def test_the_compiled_sum_walk_refuses_a_carry_above_a_smaller_cap(walk_compiled):
