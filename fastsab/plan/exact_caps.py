@@ -29,8 +29,10 @@ def dtype_caps(caps: list[int | float], float_mode: bool) -> np.ndarray:
     # every later comparison exact in a single numpy dtype. An integer cap past int64 acts
     # as the largest int64 where no cost exceeds it; sums that pass int64 and padded mode
     # work from the exact caps (see _sum_kernel._sum_counter, _padded_kernel._padded_lengths).
+    # A cap below 0 (a fixed cost above it) holds no cost >= 0, as -1 does: a fixed cost past
+    # int64 leaves one below int64's smallest, so it is held as -1.
     if not float_mode:
-        return np.array([min(math.floor(cap), _INT64_MAX) for cap in caps], dtype=np.int64)
+        return np.array([min(max(math.floor(cap), -1), _INT64_MAX) for cap in caps], dtype=np.int64)
     out = []
     for cap in caps:
         if isinstance(cap, Integral) and cap > sys.float_info.max:

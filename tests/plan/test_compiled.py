@@ -228,6 +228,26 @@ def test_huge_caps_and_batch_sizes_give_the_numpy_walks_batches(
     assert a.ids.tolist() == b.ids.tolist() == split.ids[len(first.ids) :].tolist()
 
 
+@settings(max_examples=60)
+@given(
+    costs=costs,
+    cost=st.sampled_from(["sum", "padded"]),
+    cap=st.one_of(st.integers(0, 200), huge),
+    fixed_cost=st.one_of(huge, st.sampled_from([1e30, 2.0**64])),
+    oversize=st.sampled_from(["skip", "own_batch"]),
+)
+def test_a_fixed_cost_past_int64_gives_the_numpy_walks_batches(walk_compiled, costs, cost, cap, fixed_cost, oversize):
+    # invariant: a fixed cost above the cap makes every item oversize (skipped, or a batch each),
+    # whatever its size; below it, the caps less it are those of the greedy loop
+    caps = cap if costs.ndim == 1 else [cap, 12]
+    rule = BatchCost(caps, cost=cost, fixed_cost=fixed_cost)
+    a, b = both_walks(rule, costs, oversize=oversize, split=split_with)
+    assert_same_split(a, b)
+    if fixed_cost > (cap if costs.ndim == 1 else min(cap, 12)):
+        assert len(a.skipped) == (len(costs) if oversize == "skip" else 0)
+        assert np.diff(a.offsets).tolist() == [1] * (0 if oversize == "skip" else len(costs))
+
+
 def test_a_loader_with_no_cap_on_its_batch_size_walks_compiled(walk_compiled):
     # sys.maxsize, a common "no cap": i + max_batch_size passed int64 and refused an item as stuck
     lengths = np.arange(1, 3001) % 97 + 1
