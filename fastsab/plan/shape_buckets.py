@@ -26,6 +26,7 @@ import torch
 
 from fastsab._arrays import as_numpy
 from fastsab._checks import check_positive_int
+from fastsab.plan.cost_sources import padded_length
 
 __all__ = ["ShapeBuckets", "choose_lengths"]
 
@@ -143,7 +144,7 @@ def choose_lengths(
         lengths: The items' lengths (non-negative integers, any array-like).
         num_buckets: ``K``; fewer lengths are returned when there are fewer distinct lengths.
         pad_to_multiple_of: Round lengths up to a multiple of this first (bucket lengths are then
-            multiples of it).
+            multiples of it, at least the multiple itself: a length of 0 pads to one multiple).
         counts: How many items have each of ``lengths`` (a histogram); ``None``: one each.
 
     Examples:
@@ -169,9 +170,8 @@ def choose_lengths(
     if int(values.min()) < 0:
         least = values.min().item()
         raise ValueError(f"lengths must be non-negative integers to choose bucket lengths, got {least!r}.")
-    if pad_to_multiple_of is not None:
-        multiple = check_positive_int("pad_to_multiple_of", pad_to_multiple_of)
-        values = -(-values.astype(np.int64) // multiple) * multiple
+    multiple = 1 if pad_to_multiple_of is None else check_positive_int("pad_to_multiple_of", pad_to_multiple_of)
+    values = padded_length(values.astype(np.int64), multiple)
     weights = None if counts is None else as_numpy("counts", counts).reshape(-1)
     if weights is not None and len(weights) != len(values):
         raise ValueError(f"counts must give one count per length ({len(values)}), got {len(weights)}.")
@@ -184,7 +184,8 @@ def choose_lengths(
                 f"counts must be non-negative integers (how many items have each length), got {weights[at].item()!r} "
                 f"at position {at}."
             )
-    distinct, where = np.unique(np.maximum(values.astype(np.int64), 1), return_inverse=True)
+    # NOTE: a bucket length is a positive multiple: a length of 0 pads to the multiple itself
+    distinct, where = np.unique(np.maximum(values, multiple), return_inverse=True)
     counts = np.bincount(where.reshape(-1), weights=weights).astype(np.int64)
     if len(distinct) > MAX_CANDIDATES:
         cumulative = np.cumsum(counts)

@@ -6,6 +6,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fastsab import FastSizeAwareLoader, PadCollator, RaggedDataset
 from fastsab.memory.batch import fit_batch_memory
@@ -48,6 +50,27 @@ def test_float_lengths_choose_the_buckets_of_their_rounded_up_lengths(kind: str)
     assert sorted(i for batch in batches for i in batch) == list(range(len(LENGTHS)))
     assert len(batches) == len(loader) and len(shapes) <= 3
     assert all(rows * width <= 2048 and width in expected for rows, width in shapes)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    lengths=st.lists(st.one_of(st.just(0), st.integers(0, 40)), min_size=1, max_size=60).map(np.array),
+    k=st.integers(1, 4),
+    multiple=st.sampled_from([2, 3, 8]),
+)
+def test_buckets_chosen_with_pad_to_multiple_of_are_taken_with_lengths_of_0(
+    lengths: np.ndarray, k: int, multiple: int
+) -> None:
+    # a length of 0 once chose a bucket length of 1, which the loader then refused as not a multiple
+    loader = FastSizeAwareLoader(
+        Texts(lengths), lengths, 4096, buckets=k, pad_to_multiple_of=multiple, collate_fn=PadCollator(), seed=4
+    )
+    assert all(length % multiple == 0 and length >= multiple for length in loader.buckets.lengths)
+    batches, shapes = epoch(loader)
+    # invariant: every item once, in batches padded to the chosen lengths, within the budget
+    assert sorted(i for batch in batches for i in batch) == list(range(len(lengths)))
+    assert len(batches) == len(loader)
+    assert all(rows * width <= 4096 and width in loader.buckets.lengths for rows, width in shapes)
 
 
 @pytest.mark.parametrize("sizeof", [np.stack([LENGTHS, LENGTHS], 1), lambda ids: np.stack([LENGTHS[ids]] * 2, 1)])

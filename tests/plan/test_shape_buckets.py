@@ -53,6 +53,30 @@ def test_chosen_lengths_are_multiples_with_pad_to_multiple_of() -> None:
     assert choose_lengths([3, 3, 9], 2, counts=[1, 5, 1]) == (3, 9)
 
 
+@settings(max_examples=200, deadline=None)
+@given(
+    lengths=st.lists(st.one_of(st.just(0), st.integers(0, 40)), min_size=1, max_size=40),
+    k=st.integers(1, 5),
+    multiple=st.sampled_from([1, 2, 3, 8, 64]),
+)
+def test_chosen_lengths_are_multiples_of_pad_to_multiple_of_for_every_length(
+    lengths: list[int], k: int, multiple: int
+) -> None:
+    chosen = choose_lengths(lengths, k, pad_to_multiple_of=multiple)
+    # invariant: each chosen length is a positive multiple (a length of 0 pads to the multiple)
+    assert all(length % multiple == 0 and length >= multiple for length in chosen)
+    assert ShapeBuckets.fit(lengths, k, pad_to_multiple_of=multiple).lengths == chosen
+    padded = [max(padded_length(length, multiple), multiple) for length in lengths]
+    distinct = sorted(set(padded))
+    assert chosen[-1] == distinct[-1] and len(chosen) == min(k, len(distinct))
+    best = min(
+        padded_tokens(padded, (*combo, distinct[-1]))
+        for combo in itertools.combinations(distinct[:-1], min(k, len(distinct)) - 1)
+    )
+    # invariant: no other ladder of multiples pads fewer tokens (brute force)
+    assert padded_tokens(padded, chosen) == best
+
+
 @pytest.mark.parametrize(
     ("call", "message"),
     [
