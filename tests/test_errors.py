@@ -323,5 +323,6 @@ def test_the_errors_page_runs_and_shows_what_it_says(tmp_path):
         "loader must be a fastsab.FastLoader or fastsab.FastSizeAwareLoader",
         "run: [[0, 1, 2], [3, 4, 5]]",
         "buckets: [[1, 3], [0, 2, 4]]",
+        "refused: batch_sizes must be at most 2**63 - 1 (int64's largest), got 100000000000000000000 at position 1",
         "bfloat16 sizes: [[0, 1], [2], [3]]",
     ]

@@ -27,6 +27,7 @@ import torch
 from fastsab._arrays import as_numpy
 from fastsab._checks import check_positive_int
 from fastsab.plan.cost_sources import padded_length
+from fastsab.plan.exact_caps import _INT64_MAX
 
 __all__ = ["ShapeBuckets", "choose_lengths"]
 
@@ -42,8 +43,8 @@ class ShapeBuckets:
     """``K`` padded lengths and, optionally, the batch size of each.
 
     Args:
-        lengths: The bucket lengths, strictly increasing positive integers.
-        batch_sizes: Rows per batch of each bucket (one per length, positive integers), or
+        lengths: The bucket lengths, strictly increasing positive integers (up to ``2**63 - 1``).
+        batch_sizes: Rows per batch of each bucket (one per length, positive integers up to ``2**63 - 1``), or
             ``None``: a loader derives them from its budget (``B_k`` is the largest count
             whose padded batch fits ``max_total_size``).
         source: How the batch sizes were found (free text kept in the JSON file, e.g. the
@@ -229,7 +230,7 @@ def bucket_lengths(name: str, lengths: Sequence[int]) -> tuple[int, ...]:
 
     Raises:
         TypeError: If ``lengths`` is not a sequence of integers.
-        ValueError: If it is empty, or not of strictly increasing positive integers.
+        ValueError: If it is empty, or not of strictly increasing positive integers up to ``2**63 - 1``.
     """
     checked = _positive_ints(name, lengths)
     if any(b <= a for a, b in itertools.pairwise(checked)):
@@ -245,4 +246,13 @@ def _positive_ints(name: str, values: Sequence[int]) -> tuple[int, ...]:
         raise TypeError(f"{name} must be a sequence of positive integers, got {values!r}.")
     if not len(values):
         raise ValueError(f"{name} must hold at least one positive integer, got {list(values)!r}.")
-    return tuple(check_positive_int(name, int(v) if isinstance(v, np.integer) else v) for v in values)
+    checked = tuple(check_positive_int(name, int(v) if isinstance(v, np.integer) else v) for v in values)
+    # NOTE: the planner counts batches and pads rows in int64: a value past it (a typo such as
+    # 10**20 in a saved table) is refused here, by name, not by numpy once a loader counts its batches
+    for at, value in enumerate(checked):
+        if value > _INT64_MAX:
+            raise ValueError(
+                f"{name} must be at most 2**63 - 1 (int64's largest), got {value!r} at position {at}: "
+                "correct the value (a bucket's length in tokens, or its batch size in rows)."
+            )
+    return checked

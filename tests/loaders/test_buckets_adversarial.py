@@ -73,6 +73,11 @@ def test_buckets_chosen_with_pad_to_multiple_of_are_taken_with_lengths_of_0(
     assert all(rows * width <= 4096 and width in loader.buckets.lengths for rows, width in shapes)
 
 
+def test_a_bucket_length_past_int64_is_refused_naming_buckets() -> None:
+    with pytest.raises(ValueError, match=r"buckets must be at most 2\*\*63 - 1 .*, got 100000000000000000000"):
+        FastSizeAwareLoader(Texts(LENGTHS), LENGTHS, 2048, buckets=[64, 10**20], collate_fn=PadCollator())
+
+
 @pytest.mark.parametrize("sizeof", [np.stack([LENGTHS, LENGTHS], 1), lambda ids: np.stack([LENGTHS[ids]] * 2, 1)])
 @pytest.mark.parametrize("buckets", [3, [40, 80, 119]])
 def test_lengths_of_several_columns_are_refused_when_made(sizeof: Any, buckets: Any) -> None:

@@ -97,6 +97,21 @@ def test_bad_tables_are_refused_naming_what_is_wrong(call: object, message: str)
         call()  # type: ignore[operator]
 
 
+@pytest.mark.parametrize("field", ["lengths", "batch_sizes"])
+@pytest.mark.parametrize("value", [2**63, 10**20])
+def test_a_table_past_int64_is_refused_on_load_naming_the_field(field: str, value: int) -> None:
+    # a typo such as 10**20 once loaded, and the loader failed at len() with numpy's OverflowError
+    table = {"format": "fastsab.ShapeBuckets/1", "lengths": [8, 16], "batch_sizes": [32, 16], "source": ""}
+    table[field] = [table[field][0], value]
+    with pytest.raises(ValueError, match=rf"{field} must be at most 2\*\*63 - 1 .*, got {value} at position 1"):
+        ShapeBuckets.from_json(json.dumps(table))
+    with pytest.raises(ValueError, match=rf"{field} must be at most"):
+        ShapeBuckets(**{"lengths": [8, 16], "batch_sizes": [32, 16], field: table[field]})
+    # the largest int64 is a table (a loader pads to it, or batches that many rows at most)
+    table[field] = [table[field][0], 2**63 - 1]
+    assert ShapeBuckets.from_json(json.dumps(table)).to_json() == json.dumps(table, indent=1)
+
+
 def test_a_table_is_saved_and_loaded_as_json(tmp_path: object) -> None:
     table = ShapeBuckets([64, 128], [32, 16], source="measured on cpu")
     path = tmp_path / "buckets.json"  # type: ignore[operator]
