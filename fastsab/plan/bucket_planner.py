@@ -161,6 +161,9 @@ class BucketPlanner:
         if rule is None:
             return []
         cap, fixed = rule.caps[0], rule.fixed[0]
+        # NOTE: no batch holds more rows than the dataset has items: a budget far above the data would
+        # otherwise fill a bucket's last batch with a number of rows memory cannot hold
+        most = max(self.order.n, 1)
         sizes = []
         for length, unit in zip(self.buckets.lengths, self.units.tolist()):
             if unit <= 0:
@@ -171,16 +174,16 @@ class BucketPlanner:
                         "pass max_batch_size."
                     )
             else:
-                size = int(max(cap - fixed, 0) // unit)
+                # NOTE: a budget that holds `most` rows is not searched: past 2**53 its products step by more
+                # than a row, and a search one row at a time would not end
+                size = most if fixed + most * unit <= cap else int(max(cap - fixed, 0) // unit)
                 while size and fixed + size * unit > cap:  # (float rounding: the budget's own test decides)
                     size -= 1
-                while fixed + (size + 1) * unit <= cap:
+                while size < most and fixed + (size + 1) * unit <= cap:
                     size += 1
                 if rule.max_batch_size is not None:
                     size = min(size, rule.max_batch_size)
-            # NOTE: no batch holds more rows than the dataset has items: a budget far above the data would
-            # otherwise fill a bucket's last batch with a number of rows memory cannot hold
-            size = min(size, max(self.order.n, 1))
+            size = min(size, most)
             multiple = rule.batch_size_multiple
             size = size - size % multiple if size >= multiple else size
             if size < 1:

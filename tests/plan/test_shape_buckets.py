@@ -155,6 +155,28 @@ def test_each_bucket_holds_the_largest_batch_its_budget_allows(
     assert list(loader.buckets.batch_sizes) == expected
 
 
+@pytest.mark.timeout(60)
+@settings(max_examples=40, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 50), min_size=1, max_size=60),
+    cap=st.sampled_from([2**53 + 1, 2**63, 2**70, 2**200, 1e19, 1e30, 1e300]),
+    fixed=st.sampled_from([0, 7, 0.5, 2**40]),
+    max_batch_size=st.one_of(st.none(), st.integers(1, 20), st.just(2**63 + 1)),
+)
+def test_a_budget_past_int64_holds_every_item_in_each_buckets_batch(
+    lengths: list[int], cap: int | float, fixed: int | float, max_batch_size: int | None
+) -> None:
+    # a budget of 1e30 once searched its batch sizes one row at a time where floats step by more (forever)
+    ladder = sorted(set(lengths))[-3:]
+    loader = FastSizeAwareLoader(
+        torch.arange(len(lengths)), lengths, cap, buckets=ladder, fixed_cost=fixed, max_batch_size=max_batch_size,
+        partial="keep",
+    )  # fmt: skip
+    rows = len(lengths) if max_batch_size is None else min(max_batch_size, len(lengths))  # (at most the items)
+    assert list(loader.buckets.batch_sizes) == [largest_batch(cap, fixed, length, rows, 1) for length in ladder]
+    assert sorted(i for batch in loader for i in batch.tolist()) == list(range(len(lengths)))
+
+
 def test_a_fitted_batch_memory_model_gives_each_bucket_its_batch_size() -> None:
     # peaks of padded batches: 150 kB once, plus 1000 + 40 L + 0.5 L**2 bytes per row
     rng = np.random.default_rng(1)
