@@ -129,7 +129,7 @@ def test_measure_batches_with_the_cuda_collector(monkeypatch: pytest.MonkeyPatch
         ({"held_out": 1.0}, ValueError, r"held_out must be a number in \[0, 1\), got 1\.0\."),
         ({"cost": "max"}, ValueError, r"cost must be one of 'sum', 'padded', got 'max'\."),
         ({"degree": -1}, ValueError, r"degree must be a non-negative integer, got -1\."),
-        ({"peaks": [-1.0] * 9}, ValueError, r"peaks must be >= 0, got -1\.0\."),
+        ({"peaks": [1.0] * 8 + [-1.0]}, ValueError, r"peaks must be >= 0, got -1\.0 at position 8: a peak is "),
         ({"batches": [[1]] * 8 + [[]]}, ValueError, r"batches\[8\] must hold at least one item, got an empty batch\."),
         ({"batches": [[1]] * 8 + [["a"]]}, TypeError, r"batches\[8\]"),
         ({"degree": 7}, ValueError, r"fitting 9 coefficients needs at least that many batches to fit, got 8"),
