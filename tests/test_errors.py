@@ -324,4 +324,6 @@ def test_the_errors_page_runs_and_shows_what_it_says(tmp_path):
         "run: [[0, 1, 2], [3, 4, 5]]",
         "buckets: [[1, 3], [0, 2, 4]]",
         "bfloat16 sizes: [[0, 1], [2], [3]]",
+        "peaks must not all be 0, got 9 peaks of 0",
+        "two items of 100: 204800",
     ]

@@ -122,7 +122,8 @@ class BatchMemoryModel:
 
         Raises:
             TypeError: If ``budget`` is not a real number (a 0-d array or tensor is one).
-            ValueError: If ``budget`` is not finite or not above the fixed cost.
+            ValueError: If ``budget`` is not finite or not above the fixed cost, or the model
+                charges nothing per item (a budget would bound no batch's items).
         """
         # NOTE: a numpy or 0-d tensor budget is taken as the Python number it holds
         budget = as_real_number("budget", budget)
@@ -130,6 +131,12 @@ class BatchMemoryModel:
             raise ValueError(f"budget must be a finite number, got {budget!r}.")
         if budget <= self.fixed:
             raise ValueError(f"budget must exceed the model's fixed cost per batch ({self.fixed:.0f}), got {budget!r}.")
+        if _charges_nothing_per_item(self.per_item):
+            raise ValueError(
+                f"model charges nothing per item (its per_item predicts 0 for every item; {self.fixed:.0f} per batch), "
+                f"so budget={budget!r} would not bound a batch's items: fit it with fit_batch_memory on peaks measured "
+                "where the step runs."
+            )
         options: dict[str, Any] = {
             "sizeof": self.per_item,
             "max_total_size": budget,
@@ -196,7 +203,9 @@ def fit_batch_memory(
     Raises:
         TypeError: If a batch or a peak is not real-valued.
         ValueError: If the numbers of batches and peaks differ, too few batches are left to fit
-            the coefficients, features or peaks are negative, or an option is out of range.
+            the coefficients, features or peaks are negative, the peaks are all 0 (the collector
+            did not see the step) or do not grow with the items (the fit charges nothing per
+            item), or an option is out of range.
 
     Examples:
         >>> batches = [[n] * b for n in (10, 20, 40) for b in (1, 2, 4)]
@@ -213,6 +222,13 @@ def fit_batch_memory(
     targets = _checked_peaks(peaks)
     if len(targets) != len(batches):
         raise ValueError(f"batches and peaks must have the same length, got {len(batches)} and {len(targets)}.")
+    if len(targets) and not targets.any():
+        raise ValueError(
+            f"peaks must not all be 0, got {len(targets)} peaks of 0: the collector saw no memory used by any batch, "
+            "as it does for a step that runs on another device than the one measured (the CPU profiler for a step "
+            "on a GPU) or allocates outside torch; measure on the device where the step runs "
+            "(measure_batches(work, batches, device='cuda')) or check the collector."
+        )
     d = _num_features(batches)
     rows = [_batch_rows(f"batches[{b}]", batch, d) for b, batch in enumerate(batches)]
     powers = exponents(degree, d)
@@ -232,6 +248,16 @@ def fit_batch_memory(
     # NOTE: the model handed on is fitted on every batch measured, held-back ones included: the
     # held-back check estimates its error on unseen batches, and no measured batch is left above it
     model = _fit(rows, targets, np.arange(len(rows)), powers, cost, degree)
+    if _charges_nothing_per_item(model.per_item):
+        low, high = float(targets.min()), float(targets.max())
+        seen = f"all {len(targets)} equal to {low!r}" if low == high else f"from {low!r} to {high!r}"
+        raise ValueError(
+            f"peaks must grow with the batches' items, got peaks {seen}, which the fit explains by a cost per batch "
+            f"({model.fixed:.0f}) and nothing per item, so a budget would not bound a batch's items: peaks that do "
+            "not grow are what a collector reports when it sees the memory held around the step rather than the "
+            "step's own (the same peak for every batch); measure each batch's increment on the device where the step "
+            "runs (measure_batches), over batches of several numbers and sizes of items."
+        )
     return dataclasses.replace(model, report=report)
 
 
@@ -301,6 +327,13 @@ def _checked_peaks(peaks: Any) -> np.ndarray:
             "batch used above what was held before it (measure_batches); check how it was measured."
         )
     return targets
+
+
+def _charges_nothing_per_item(per_item: PolynomialRegression) -> bool:
+    """Whether ``per_item`` predicts 0 for every item."""
+    # NOTE: the monomials are independent, so the polynomial is 0 everywhere exactly when
+    # every coefficient and the offset are
+    return not bool((per_item.coefficients * per_item.y_scale).any()) and not bool(per_item.offset)
 
 
 def _num_features(batches: Sequence[Any]) -> int:
