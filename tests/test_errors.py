@@ -325,4 +325,6 @@ def test_the_errors_page_runs_and_shows_what_it_says(tmp_path):
         "buckets: [[1, 3], [0, 2, 4]]",
         "refused: batch_sizes must be at most 2**63 - 1 (int64's largest), got 100000000000000000000 at position 1",
         "bfloat16 sizes: [[0, 1], [2], [3]]",
+        "peaks must not all be 0, got 9 peaks of 0",
+        "two items of 100: 204800",
     ]

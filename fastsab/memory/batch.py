@@ -15,7 +15,7 @@ model does on batches it never saw, and each ``BatchFitReport`` says in one sent
 act (``BatchFitReport.advice``). ``BatchMemoryModel.loader_options`` turns the model into
 a ``FastSizeAwareLoader``'s budget. Any collector measures the peaks
 (``measure_batches``: the CPU's or CUDA's, by ``device``). The fit's linear algebra is
-``fastsab.memory.batch_design``'s.
+``fastsab.memory.batch_design``'s, the reports ``fastsab.memory.batch_report``'s.
 """
 
 from __future__ import annotations
@@ -32,79 +32,13 @@ import torch
 
 from fastsab._checks import as_real_array, as_real_number, check_choice
 from fastsab.memory.batch_design import design_row, exponents, nonnegative_least_squares, per_item_model
+from fastsab.memory.batch_report import BatchFitReport, compare_peaks
 from fastsab.memory.measure import collect_peak_alloc
 from fastsab.memory.model import PolynomialRegression
 
 __all__ = ["BatchFitReport", "BatchMemoryModel", "fit_batch_memory", "fit_report", "measure_batches"]
 
 BatchCostMode = Literal["sum", "padded"]
-# NOTE: below 85%, a budget planned by the model is mostly its over-prediction, not a margin
-#: Below this mean use of its predictions, a model's budget is mostly over-prediction.
-LOW_UTILIZATION = 0.85
-
-
-@dataclass(frozen=True)
-class BatchFitReport:
-    """How a batch memory model predicts measured peaks (bytes if peaks are bytes).
-
-    Attributes:
-        num_batches: Batches compared.
-        margin: The model's relative safety margin (predictions include it).
-        mean_utilization: Mean ``peak / prediction``: the share of a budget the batches the
-            model plans use, expected (1.0 is a perfect fit; above 1 means over the budget).
-        min_utilization: The smallest ``peak / prediction``.
-        worst_under_prediction: The largest ``(peak - prediction) / prediction``: <= 0 means no
-            batch used more than predicted.
-        worst_under_prediction_bytes: The largest ``peak - prediction``.
-        worst_batch: The position of the batch with the largest ``(peak - prediction) / prediction``
-            among those compared (for ``BatchMemoryModel.report``, among all the batches
-            measured).
-        worst_batch_items: Its number of items.
-    """
-
-    num_batches: int
-    margin: float
-    mean_utilization: float
-    min_utilization: float
-    worst_under_prediction: float
-    worst_under_prediction_bytes: float
-    worst_batch: int = -1
-    worst_batch_items: int = 0
-
-    @property
-    def calls_for_action(self) -> bool:
-        """Whether ``advice`` suggests a change: a batch used more than predicted, or the
-        batches used little of their predictions."""
-        return self.worst_under_prediction > 0 or self.mean_utilization < LOW_UTILIZATION
-
-    @property
-    def advice(self) -> str:
-        """One sentence: whether to act on this report, and what to do.
-
-        Examples:
-            >>> model = fit_batch_memory([[1], [2], [1, 1], [2, 2]], [12, 14, 14, 18], degree=1, held_out=0)
-            >>> fit_report(model, [[2, 2, 2]], [22]).advice
-            'The model covers the one batch (it used 100% of its prediction on average); nothing to do.'
-        """
-        use = self.mean_utilization
-        if self.worst_under_prediction > 0:
-            over = 1 + self.worst_under_prediction
-            return (
-                f"Batch {self.worst_batch} ({self.worst_batch_items} items) used {self.worst_under_prediction:.1%} "
-                "more than the model predicts, so batches like it can exceed the budget: measure more batches like "
-                f"it and fit on all the batches measured, or plan under a budget {1 - 1 / over:.1%} lower "
-                f"(model.loader_options(budget / {over:.3g}))."
-            )
-        covered, they = f"The model covers every one of the {self.num_batches} batches", "they"
-        if self.num_batches == 1:
-            covered, they = "The model covers the one batch", "it"
-        if use < LOW_UTILIZATION:
-            return (
-                f"{covered}, but {they} used {use:.0%} of its prediction on average, so planned batches would fill "
-                f"about {use:.0%} of the budget: to fill more, fit it on batches like the planned ones "
-                "(calibration_batches) or try another degree or cost."
-            )
-        return f"{covered} ({they} used {use:.0%} of its prediction on average); nothing to do."
 
 
 @dataclass(frozen=True)
@@ -188,7 +122,8 @@ class BatchMemoryModel:
 
         Raises:
             TypeError: If ``budget`` is not a real number (a 0-d array or tensor is one).
-            ValueError: If ``budget`` is not finite or not above the fixed cost.
+            ValueError: If ``budget`` is not finite or not above the fixed cost, or the model
+                charges nothing per item (a budget would bound no batch's items).
         """
         # NOTE: a numpy or 0-d tensor budget is taken as the Python number it holds
         budget = as_real_number("budget", budget)
@@ -196,6 +131,12 @@ class BatchMemoryModel:
             raise ValueError(f"budget must be a finite number, got {budget!r}.")
         if budget <= self.fixed:
             raise ValueError(f"budget must exceed the model's fixed cost per batch ({self.fixed:.0f}), got {budget!r}.")
+        if _charges_nothing_per_item(self.per_item):
+            raise ValueError(
+                f"model charges nothing per item (its per_item predicts 0 for every item; {self.fixed:.0f} per batch), "
+                f"so budget={budget!r} would not bound a batch's items: fit it with fit_batch_memory on peaks measured "
+                "where the step runs."
+            )
         options: dict[str, Any] = {
             "sizeof": self.per_item,
             "max_total_size": budget,
@@ -262,7 +203,9 @@ def fit_batch_memory(
     Raises:
         TypeError: If a batch or a peak is not real-valued.
         ValueError: If the numbers of batches and peaks differ, too few batches are left to fit
-            the coefficients, features or peaks are negative, or an option is out of range.
+            the coefficients, features or peaks are negative, the peaks are all 0 (the collector
+            did not see the step) or do not grow with the items (the fit charges nothing per
+            item), or an option is out of range.
 
     Examples:
         >>> batches = [[n] * b for n in (10, 20, 40) for b in (1, 2, 4)]
@@ -276,11 +219,16 @@ def fit_batch_memory(
         raise ValueError(f"degree must be a non-negative integer, got {degree!r}.")
     if isinstance(held_out, bool) or not isinstance(held_out, (int, float)) or not 0 <= held_out < 1:
         raise ValueError(f"held_out must be a number in [0, 1), got {held_out!r}.")
-    targets = np.asarray(as_real_array("peaks", peaks, ndim=(1,)), dtype=np.float64)
+    targets = _checked_peaks(peaks)
     if len(targets) != len(batches):
         raise ValueError(f"batches and peaks must have the same length, got {len(batches)} and {len(targets)}.")
-    if (targets < 0).any():
-        raise ValueError(f"peaks must be >= 0, got {float(targets.min())!r}.")
+    if len(targets) and not targets.any():
+        raise ValueError(
+            f"peaks must not all be 0, got {len(targets)} peaks of 0: the collector saw no memory used by any batch, "
+            "as it does for a step that runs on another device than the one measured (the CPU profiler for a step "
+            "on a GPU) or allocates outside torch; measure on the device where the step runs "
+            "(measure_batches(work, batches, device='cuda')) or check the collector."
+        )
     d = _num_features(batches)
     rows = [_batch_rows(f"batches[{b}]", batch, d) for b, batch in enumerate(batches)]
     powers = exponents(degree, d)
@@ -300,6 +248,16 @@ def fit_batch_memory(
     # NOTE: the model handed on is fitted on every batch measured, held-back ones included: the
     # held-back check estimates its error on unseen batches, and no measured batch is left above it
     model = _fit(rows, targets, np.arange(len(rows)), powers, cost, degree)
+    if _charges_nothing_per_item(model.per_item):
+        low, high = float(targets.min()), float(targets.max())
+        seen = f"all {len(targets)} equal to {low!r}" if low == high else f"from {low!r} to {high!r}"
+        raise ValueError(
+            f"peaks must grow with the batches' items, got peaks {seen}, which the fit explains by a cost per batch "
+            f"({model.fixed:.0f}) and nothing per item, so a budget would not bound a batch's items: peaks that do "
+            "not grow are what a collector reports when it sees the memory held around the step rather than the "
+            "step's own (the same peak for every batch); measure each batch's increment on the device where the step "
+            "runs (measure_batches), over batches of several numbers and sizes of items."
+        )
     return dataclasses.replace(model, report=report)
 
 
@@ -335,8 +293,12 @@ def _fit(
 def fit_report(model: BatchMemoryModel, batches: Sequence[Any], peaks: Any) -> BatchFitReport:
     """How ``model`` predicts the measured ``peaks`` of ``batches`` (e.g. batches held back from the fit).
 
+    Every batch is compared: one the model predicts nothing for that used memory is an infinite
+    under-prediction (``BatchFitReport``).
+
     Raises:
-        ValueError: If there are no batches, or the numbers of batches and peaks differ.
+        ValueError: If there are no batches, the numbers of batches and peaks differ, or a peak
+            is negative.
 
     Examples:
         >>> model = fit_batch_memory([[1], [2], [1, 1], [2, 2]], [12, 14, 14, 18], degree=1, held_out=0)
@@ -344,29 +306,34 @@ def fit_report(model: BatchMemoryModel, batches: Sequence[Any], peaks: Any) -> B
         >>> round(report.mean_utilization, 3), report.worst_under_prediction <= 0
         (1.0, True)
     """
-    targets = np.asarray(as_real_array("peaks", peaks, ndim=(1,)), dtype=np.float64)
+    targets = _checked_peaks(peaks)
     if not len(targets) or len(targets) != len(batches):
         raise ValueError(
             f"fit_report needs as many peaks as batches (at least one), got {len(batches)} and {len(targets)}."
         )
-    predicted = model.predict(batches)
-    safe = np.where(predicted > 0, predicted, np.nan)
-    utilization = targets / safe
-    relative = (targets - predicted) / safe
-    worst = int(np.nanargmax(relative)) if not np.isnan(relative).all() else int(np.argmax(targets - predicted))
-    return BatchFitReport(
-        num_batches=len(targets),
-        margin=model.margin,
-        mean_utilization=float(np.nanmean(utilization)),
-        min_utilization=float(np.nanmin(utilization)),
-        worst_under_prediction=float(relative[worst]),
-        worst_under_prediction_bytes=float((targets - predicted).max()),
-        worst_batch=worst,
-        worst_batch_items=len(batches[worst]),
-    )
+    return compare_peaks(model.predict(batches), targets, [len(batch) for batch in batches], model.margin)
 
 
 _EMPTY_REPORT = BatchFitReport(0, 0.0, math.nan, math.nan, math.nan, math.nan)
+
+
+def _checked_peaks(peaks: Any) -> np.ndarray:
+    """Measured peaks as a checked 1-D float64 array: real, finite and >= 0."""
+    targets = np.asarray(as_real_array("peaks", peaks, ndim=(1,)), dtype=np.float64)
+    if (targets < 0).any():
+        position = int(np.argmin(targets))
+        raise ValueError(
+            f"peaks must be >= 0, got {float(targets[position])!r} at position {position}: a peak is the memory a "
+            "batch used above what was held before it (measure_batches); check how it was measured."
+        )
+    return targets
+
+
+def _charges_nothing_per_item(per_item: PolynomialRegression) -> bool:
+    """Whether ``per_item`` predicts 0 for every item."""
+    # NOTE: the monomials are independent, so the polynomial is 0 everywhere exactly when
+    # every coefficient and the offset are
+    return not bool((per_item.coefficients * per_item.y_scale).any()) and not bool(per_item.offset)
 
 
 def _num_features(batches: Sequence[Any]) -> int:

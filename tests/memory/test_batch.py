@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fastsab import FastSizeAwareLoader
-from fastsab.memory import fit_batch_memory, fit_report, measure_batches
+from fastsab.memory import BatchMemoryModel, calibration_batches, fit_batch_memory, fit_report, measure_batches
 from tests.memory.test_measure import FakeCudaAllocator, MiB
 
 
@@ -129,7 +132,7 @@ def test_measure_batches_with_the_cuda_collector(monkeypatch: pytest.MonkeyPatch
         ({"held_out": 1.0}, ValueError, r"held_out must be a number in \[0, 1\), got 1\.0\."),
         ({"cost": "max"}, ValueError, r"cost must be one of 'sum', 'padded', got 'max'\."),
         ({"degree": -1}, ValueError, r"degree must be a non-negative integer, got -1\."),
-        ({"peaks": [-1.0] * 9}, ValueError, r"peaks must be >= 0, got -1\.0\."),
+        ({"peaks": [1.0] * 8 + [-1.0]}, ValueError, r"peaks must be >= 0, got -1\.0 at position 8: a peak is "),
         ({"batches": [[1]] * 8 + [[]]}, ValueError, r"batches\[8\] must hold at least one item, got an empty batch\."),
         ({"batches": [[1]] * 8 + [["a"]]}, TypeError, r"batches\[8\]"),
         ({"degree": 7}, ValueError, r"fitting 9 coefficients needs at least that many batches to fit, got 8"),
@@ -279,3 +282,101 @@ def test_report_says_when_batches_would_fill_little_of_the_budget() -> None:
         "batches would fill about 50% of the budget: to fill more, fit it on batches like the planned ones "
         "(calibration_batches) or try another degree or cost."
     )
+
+
+_SHAPES = [[n] * b for n in (1, 2, 3) for b in (1, 2, 3)]
+
+
+@pytest.mark.filterwarnings("error")
+@pytest.mark.parametrize("cost", ["sum", "padded"])
+@pytest.mark.parametrize("held_out", [0, 0.25])
+def test_fit_refuses_peaks_that_are_all_zero(cost: str, held_out: float) -> None:
+    # a step the collector does not see (on another device than the one measured) peaks at 0
+    with pytest.raises(
+        ValueError,
+        match=r"peaks must not all be 0, got 9 peaks of 0: the collector saw no memory used by any batch, as it "
+        r"does for a step that runs on another device than the one measured \(the CPU profiler for a step on a "
+        r"GPU\) or allocates outside torch; measure on the device where the step runs \(measure_batches\(work, "
+        r"batches, device='cuda'\)\) or check the collector\.",
+    ):
+        fit_batch_memory(_SHAPES, [0] * 9, cost=cost, held_out=held_out)  # type: ignore[arg-type]
+
+
+@pytest.mark.filterwarnings("error")
+@pytest.mark.parametrize(
+    ("peaks", "seen"),
+    [
+        ([4096.0] * 9, r"all 9 equal to 4096\.0"),  # the memory held around the step, not the step's
+        ([300.0 - 10 * sum(shape) for shape in _SHAPES], r"from 210\.0 to 290\.0"),  # falling as batches grow
+        ([5000.0] + [0.0] * 8, r"from 0\.0 to 5000\.0"),  # one batch of one item used memory, no other did
+    ],
+)
+def test_fit_refuses_peaks_that_do_not_grow_with_the_items(peaks: list[float], seen: str) -> None:
+    with pytest.raises(
+        ValueError,
+        match=rf"peaks must grow with the batches' items, got peaks {seen}, which the fit explains by a cost per "
+        r"batch \(\d+\) and nothing per item, so a budget would not bound a batch's items: ",
+    ):
+        fit_batch_memory(_SHAPES, peaks, degree=1, held_out=0)
+
+
+@pytest.mark.filterwarnings("error")
+def test_a_single_nonzero_peak_that_grows_with_the_items_is_fitted_and_the_advice_says_to_act() -> None:
+    # zeros with one batch of many large items above them: the fit charges per item and covers
+    # that batch, and the batches that used nothing say how little of the budget would be used
+    peaks = [0.0] * 8 + [5000.0]
+    model = fit_batch_memory(_SHAPES, peaks, degree=2, held_out=0)
+    assert float(model.per_item(torch.tensor([3.0]))) > 0 and model.predict([[3, 3, 3]])[0] >= 5000
+    assert model.fit.calls_for_action and model.advice.startswith("The model covers every one of the 9 batches, but")
+
+
+def _item_free(model: BatchMemoryModel) -> BatchMemoryModel:
+    """``model`` charging nothing per item (as one saved from a fit of peaks that did not grow)."""
+    free = BatchMemoryModel.from_json(model.to_json())
+    free.per_item.coefficients.zero_()
+    return dataclasses.replace(free, fixed=1000.0)
+
+
+def test_loader_options_refuse_a_model_that_charges_nothing_per_item() -> None:
+    model, _, _ = _exact_model()
+    free = _item_free(model)
+    message = (
+        r"model charges nothing per item \(its per_item predicts 0 for every item; 1000 per batch\), so "
+        r"budget=2000 would not bound a batch's items: fit it with fit_batch_memory on peaks measured where the "
+        r"step runs\."
+    )
+    with pytest.raises(ValueError, match=message):
+        free.loader_options(2000)
+    # and so do calibration batches planned by it
+    with pytest.raises(ValueError, match=message):
+        calibration_batches(np.arange(1, 50), 2000, free)
+    # an offset alone is a cost per item
+    free.per_item.offset.fill_(1.0)
+    assert free.loader_options(2000)["fixed_cost"] == 1000.0
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.sampled_from([0.0, 0.0, 1.0, 64.0, 4096.0, 1e6]), min_size=9, max_size=9),
+    st.sampled_from(["sum", "padded"]),
+    st.sampled_from([0, 0.25]),
+)
+@pytest.mark.filterwarnings("error")
+def test_a_fitted_model_charges_for_items_and_covers_every_batch(
+    peaks: list[float], cost: str, held_out: float
+) -> None:
+    # invariant: a fit either refuses the peaks with a ValueError or hands on a model that charges
+    # for items, covers every measured batch and reports no NaN
+    try:
+        model = fit_batch_memory(_SHAPES, peaks, cost=cost, degree=1, held_out=held_out)  # type: ignore[arg-type]
+    except ValueError as error:
+        assert str(error).startswith(("peaks must not all be 0", "peaks must grow with", "the fit predicts nothing"))
+        return
+    assert float(model.per_item(torch.tensor([1.0]))) > 0
+    assert (model.predict(_SHAPES) >= np.array(peaks)).all()
+    for report in (model.fit, model.report):
+        if report is not None:
+            numbers = dataclasses.astuple(report)
+            assert not any(isinstance(value, float) and np.isnan(value) for value in numbers)
+    assert "nan" not in model.advice
+    assert model.loader_options(2e6)["sizeof"] is model.per_item
