@@ -322,6 +322,9 @@ def test_the_errors_page_runs_and_shows_what_it_says(tmp_path):
         "streamed: [[3, 5], [2], [7, 1]]",
         "loader must be a fastsab.FastLoader or fastsab.FastSizeAwareLoader",
         "run: [[0, 1, 2], [3, 4, 5]]",
+        "first part: [0, 1] parts left: 1",
+        "state_dict() was called between the parts of a split step",
+        "last part: [2, 3] parts left: 0 steps: 1",
         "buckets: [[1, 3], [0, 2, 4]]",
         "bfloat16 sizes: [[0, 1], [2], [3]]",
     ]
