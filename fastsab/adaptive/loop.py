@@ -68,7 +68,8 @@ def run(loader: LowersLimit[B], step: Callable[[B], R], *, factor: float = 2) ->
 
     When ``step`` runs out of memory on a batch, memory is freed and the loader plans that
     batch again, with the rest of the epoch, under a limit ``factor`` times below the
-    batch's cost (its size for ``FastLoader``): the batch's parts come next
+    batch's cost (its rows for ``FastLoader`` and shape buckets, so that a short last batch
+    splits too): the batch's parts come next
     (split again if they fail too) and the lower limit holds for the rest of the epoch
     (``loader.stats.limit_changes``, ``retry_last_batch``). Every
     sample is processed exactly once, and a state saved between results resumes exactly; a
@@ -81,8 +82,12 @@ def run(loader: LowersLimit[B], step: Callable[[B], R], *, factor: float = 2) ->
     step come after it (0 for the last part, and for every batch that is not split): a step
     accumulates the parts' gradients and updates the model when it is 0 (under
     ``DistributedDataParallel``, ``backward`` within ``model.no_sync()`` while it is not).
-    A state saved between the parts of a step resumes at the start of that step, as the
-    model saved with it has not been updated by the step's first parts (a warning says so).
+    Under ranks a state saved between the parts of a step resumes at the start of that step,
+    as the model saved with it has not been updated by the step's first parts (a warning says
+    so). On one process only a batch that costs nothing is split within its step, and a state
+    between its parts is refused (``RuntimeError``): none resumes exactly there. The loader's
+    ``stats.num_batches`` counts its steps: each part of a batch planned again, a step split
+    within it once.
 
     Args:
         loader: A ``FastLoader`` or ``FastSizeAwareLoader``

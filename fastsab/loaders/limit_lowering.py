@@ -80,6 +80,15 @@ class LimitLowering(EpochCursor, Generic[T]):
     def _step_open(self) -> bool:
         if self.parts_left <= 0:
             return False
+        if self.world_size == 1:
+            # NOTE: one process splits a step within it only where no lower limit splits its batch
+            # (it costs nothing). A state at the step's start would run its parts done again, one
+            # after them would lose those of a loop that commits when parts_left is 0: none is exact
+            raise RuntimeError(
+                f"state_dict() was called between the parts of a split step ({self.parts_left} part(s) still to "
+                "run): its batch costs nothing, so no lower limit makes its parts steps of their own, and no state "
+                "resumes exactly between them. Save states when loader.parts_left is 0."
+            )
         warnings.warn(
             f"state_dict() was called between the parts of a split step ({self.parts_left} part(s) still to run): "
             "the state resumes at the start of that step, so its parts already run will run again. Save states "

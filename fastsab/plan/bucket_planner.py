@@ -282,14 +282,21 @@ class BucketPlanner:
         return checked
 
     def smaller_limit(self, ids: np.ndarray, current: list[int], factor: float) -> list[int]:
-        """``current`` with the failed batch's bucket ``factor`` times smaller (cut to ``batch_size_multiple``)."""
+        """The failed batch's bucket's size ``factor`` times below the batch's rows (cut to ``batch_size_multiple``).
+
+        Never above ``current``. The rows of a bucket's last batch kept short (``partial="keep"``) are
+        fewer than the bucket's size: a size under them splits that batch, as a smaller one of the bucket's.
+        """
         if not len(ids):
             return list(current)
         k = int(self.buckets.bucket_of(np.asarray([self.lengths_of(ids).max()]))[0])
         if k == len(current):  # an oversize item's own batch: no bucket to shrink
             return list(current)
         lowered = list(current)
-        size = max(int(current[k] / factor), 1)
+        # NOTE: from the batch's rows (fillers included: they take memory), not the bucket's size,
+        # which a short last batch is below: halving the size would leave that batch whole, to be
+        # split within its step, where no state between its parts resumes exactly
+        size = max(int(min(current[k], len(ids)) / factor), 1)
         multiple = 1 if self.rule is None else self.rule.batch_size_multiple
         lowered[k] = size - size % multiple if size >= multiple else size
         return lowered

@@ -30,7 +30,8 @@ class EpochStats:
 
     Attributes:
         epoch: The epoch number.
-        num_batches: Batches yielded so far.
+        num_batches: Batches yielded so far: the loader's steps. A batch split within its step
+            (``fastsab.adaptive.run`` under ranks, or a batch that costs nothing) counts once.
         num_items: Items in those batches.
         num_skipped: Oversize items skipped (size-aware loaders).
         skipped: Their dataset indices.
@@ -40,7 +41,7 @@ class EpochStats:
         limit_changes: ``(batches yielded before, old limit, new limit)`` for every time
             the batch size or cap was lowered during the epoch (out-of-memory adaptation).
         num_splits: Batches split because their step ran out of memory
-            (``fastsab.adaptive.run``).
+            (``fastsab.adaptive.run``): once per split, a part split again counting once more.
         num_padded: Steps filled by repeating batches so that every rank runs the same
             number of steps (``even_batches="pad"`` under ``torch.distributed``), over all ranks.
         padded: The indices this rank yields a second time in the epoch: its share of those
