@@ -308,7 +308,11 @@ class BucketPlanner:
         }
         if self.per_group:  # (absent when unset, as the options of other planners)
             options["per_group"] = True
-        return PlanInputs("BucketPlanner", options, self.lengths.fingerprint(self.order.n))
+        # NOTE: a multiple decides a bucket plan only through the bucket lengths, which the options name:
+        # the plan without it is the same, as a loader made it before it charged its collator's multiple
+        older = ({key: value for key, value in options.items() if key != "pad_to_multiple_of"},)
+        sizes = self.lengths.fingerprint(self.order.n)
+        return PlanInputs("BucketPlanner", options, sizes, older if "pad_to_multiple_of" in options else ())
 
     def skipped_warning(self, skipped: list[int], epoch: int) -> str:
         """The warning for the items ``skipped`` in ``epoch`` (longer than every bucket), and the fixes."""
