@@ -96,8 +96,9 @@ class BucketPlanner:
         multiple = None if rule is None else rule.pad_to_multiple_of
         if multiple is not None and any(length % multiple for length in buckets.lengths):
             raise ValueError(
-                f"bucket lengths {list(buckets.lengths)!r} must be multiples of pad_to_multiple_of={multiple}: "
-                "each batch is padded to its bucket's length."
+                f"bucket lengths {list(buckets.lengths)!r} must be multiples of pad_to_multiple_of={multiple} (given "
+                "to the loader, or its collator's): each batch is padded to its bucket's length. Give lengths that "
+                "are multiples of it, or a number of buckets (buckets=K chooses such lengths)."
             )
         self.buckets = buckets
         self.units = np.asarray(unit_cost(np.asarray(buckets.lengths)), dtype=np.float64).reshape(-1)

@@ -121,7 +121,7 @@ def test_a_table_gives_the_batch_sizes_without_a_budget() -> None:
         (
             {"buckets": [100, 300], "collate_fn": PadCollator(pad_to_multiple_of=64)},
             ValueError,
-            "not all multiples of it",
+            r"multiples of pad_to_multiple_of=64 \(given to the loader, or its collator's\)",
         ),
     ],
 )
