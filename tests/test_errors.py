@@ -323,5 +323,8 @@ def test_the_errors_page_runs_and_shows_what_it_says(tmp_path):
         "loader must be a fastsab.FastLoader or fastsab.FastSizeAwareLoader",
         "run: [[0, 1, 2], [3, 4, 5]]",
         "buckets: [[1, 3], [0, 2, 4]]",
+        "collate_fn PadCollator(pad_value=0, pad_to_multiple_of=8) rounds every batch's length up to a multiple "
+        "of 8, but pad_to_multiple_of=4 charges lengths rounded up to a multiple of 4",
+        "charged: [(2, 16), (1, 16)]",
         "bfloat16 sizes: [[0, 1], [2], [3]]",
     ]
