@@ -327,6 +327,9 @@ def test_the_errors_page_runs_and_shows_what_it_says(tmp_path):
         "last part: [2, 3] parts left: 0 steps: 1",
         "buckets: [[1, 3], [0, 2, 4]]",
         "refused: batch_sizes must be at most 2**63 - 1 (int64's largest), got 100000000000000000000 at position 1",
+        "collate_fn PadCollator(pad_value=0, pad_to_multiple_of=8) rounds every batch's length up to a multiple "
+        "of 8, but pad_to_multiple_of=4 charges lengths rounded up to a multiple of 4",
+        "charged: [(2, 16), (1, 16)]",
         "bfloat16 sizes: [[0, 1], [2], [3]]",
         "peaks must not all be 0, got 9 peaks of 0",
         "two items of 100: 204800",

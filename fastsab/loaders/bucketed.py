@@ -18,7 +18,7 @@ import numpy as np
 from fastsab._checks import short_repr
 from fastsab.plan.batching import OversizePolicy
 from fastsab.plan.bucket_planner import BucketPlanner, Partial
-from fastsab.plan.cost_sources import CostSource, FeatureRows, feature_rows, padded_length
+from fastsab.plan.cost_sources import CostSource, FeatureRows, feature_rows, pad_multiple, padded_length
 from fastsab.plan.costs import BatchCost
 from fastsab.plan.epochs import EpochOrder
 from fastsab.plan.shape_buckets import ShapeBuckets
@@ -146,14 +146,13 @@ def bucket_collators(collators: Mapping[str, object], planner: BucketPlanner) ->
     lengths = planner.buckets.lengths
     made: dict[str, object] = {}
     for where, collator in collators.items():
-        multiple = getattr(collator, "pad_to_multiple_of", None)
-        if isinstance(multiple, (int, np.integer)) and not isinstance(multiple, bool) and multiple > 1:
-            if any(length % int(multiple) for length in lengths):
-                raise ValueError(
-                    f"{where} {short_repr(collator)} pads to a multiple of {multiple}, but the bucket lengths "
-                    f"{list(lengths)!r} are not all multiples of it: a batch would be padded past its bucket's length. "
-                    "Choose bucket lengths that are multiples of it (pad_to_multiple_of= on the loader does so)."
-                )
+        multiple = pad_multiple(collator)
+        if multiple is not None and any(length % multiple for length in lengths):
+            raise ValueError(
+                f"{where} {short_repr(collator)} pads to a multiple of {multiple}, but the bucket lengths "
+                f"{list(lengths)!r} are not all multiples of it: a batch would be padded past its bucket's length. "
+                "Give bucket lengths that are multiples of it."
+            )
         if isinstance(collator, PadCollator):
             if collator.bucket_lengths is None and where != DATASET_COLLATOR:
                 collator = collator.padded_to(lengths)

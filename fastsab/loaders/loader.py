@@ -13,6 +13,7 @@ the given ``collate_fn``, which a type checker infers.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
@@ -34,7 +35,7 @@ from fastsab.loaders.options import (
 )
 from fastsab.plan.batching import CostMode, OversizePolicy
 from fastsab.plan.bucket_planner import BucketPlanner, Partial
-from fastsab.plan.cost_sources import feature_rows
+from fastsab.plan.cost_sources import feature_rows, pad_multiple
 from fastsab.plan.costs import BatchCost, CostSource, LastBatch, make_cost_source
 from fastsab.plan.fixed_size import FixedSizePlanner
 from fastsab.plan.planners import SizeAwarePlanner
@@ -63,6 +64,27 @@ def resolve_padding(padding: object, cost: object, features: object) -> Padding:
     if checked == "features" and cost != "padded":
         raise ValueError(f"padding='features' pads a padded batch's features, so it needs cost='padded', got {cost!r}.")
     return checked
+
+
+def resolve_multiple(given: int | None, cost: object, padding: Padding, collators: Mapping[str, object]) -> int | None:
+    """The ``pad_to_multiple_of`` a budget charges: ``given``, else the one of the collators that pad its batches.
+
+    A padded budget of lengths (``cost="padded"``, ``padding="costs"``) charges what the loader's
+    collators pad to: with none given, the multiple of each (``pad_multiple``; the least common
+    multiple of several), as if it were given. A multiple given is kept (``check_collators`` refuses
+    one that does not cover a collator's); a token budget (``cost="sum"``) and padded features charge
+    no padded length.
+
+    Examples:
+        >>> resolve_multiple(None, "padded", "costs", {"collate_fn": PadCollator(pad_to_multiple_of=8)})
+        8
+        >>> resolve_multiple(None, "sum", "costs", {"collate_fn": PadCollator(pad_to_multiple_of=8)}) is None
+        True
+    """
+    if given is not None or cost != "padded" or padding != "costs":
+        return given
+    multiples = [multiple for multiple in map(pad_multiple, collators.values()) if multiple is not None]
+    return math.lcm(*multiples) if multiples else None
 
 
 class FastLoader(LoaderBase[T]):
@@ -154,8 +176,11 @@ class FastSizeAwareLoader(LoaderBase[T]):
             length rounded up to a multiple of this, the length a ``PadCollator`` with the same
             ``pad_to_multiple_of`` pads to, so that a padded ``(B, L)`` batch stays within
             ``max_total_size`` (items are oversize, windows sorted and batches split by the
-            rounded lengths). A ``PadCollator`` (``collate_fn``, or a ``RaggedDataset``'s
-            ``collator``) that pads to a multiple this one is not a multiple of is refused.
+            rounded lengths). ``None`` (default): the multiple of the loader's collator (``collate_fn``,
+            or a ``RaggedDataset``'s ``collator``: a ``PadCollator``, or any collator with a
+            ``pad_to_multiple_of``), charged as if given here; none without one. A collator that pads
+            to a multiple the one given is not a multiple of is refused. With ``buckets``, chosen
+            bucket lengths are multiples of it.
         buckets: Shape buckets, for compiled models: every batch is padded to one of ``K``
             lengths and a batch of bucket ``k`` holds a fixed ``B_k`` items, so that an epoch has
             at most ``K`` batch shapes (see ``fastsab.plan.shape_buckets``). ``K`` (the lengths
@@ -219,24 +244,28 @@ class FastSizeAwareLoader(LoaderBase[T]):
         super().__init__(dataset, LoaderOptions.given_to(type(self).__name__, options))
         self._max_total_size = max_total_size
         costs: CostSource = make_cost_source(sizeof, self.order.n, features)
+        collators = {"collate_fn": self.options.collate_fn, DATASET_COLLATOR: getattr(dataset, "collator", None)}
         if buckets is not None:
             if last_batch != "keep":
                 raise ValueError(
                     f"last_batch={last_batch!r} cuts the epoch's last batch, but with buckets each bucket has a last "
                     "batch, which partial decides: pass partial='fill' or 'keep' and leave last_batch unset."
                 )
-            rule_options = {
-                "max_total_size": max_total_size,
-                "fixed_cost": fixed_cost,
-                "max_batch_size": max_batch_size,
-                "batch_size_multiple": batch_size_multiple,
-                "pad_to_multiple_of": pad_to_multiple_of,
-            }
             if cost == "sum" and features is not None:
                 # NOTE: a memory model's sum over a bucket batch's rows, each padded to L_k, is its padded
                 # cost B_k * sizeof(L_k): its loader_options (cost="sum") size the buckets as cost="padded"
                 cost = "padded"
             padded = resolve_padding(padding, cost or "padded", features)
+            rule_options = {
+                "max_total_size": max_total_size,
+                "fixed_cost": fixed_cost,
+                "max_batch_size": max_batch_size,
+                "batch_size_multiple": batch_size_multiple,
+                # (a table of batch sizes charges no budget: it pads to its own lengths)
+                "pad_to_multiple_of": pad_to_multiple_of
+                if max_total_size is None
+                else resolve_multiple(pad_to_multiple_of, "padded", padded, collators),
+            }
             bucketed = bucket_planner(
                 self.order,
                 costs,
@@ -249,7 +278,7 @@ class FastSizeAwareLoader(LoaderBase[T]):
                 partial=partial or "fill",
                 per_group=self._chunked,  # (a chunk read once an epoch: no batch holds items of two)
             )
-            self._use_buckets(bucketed)
+            self._use_buckets(bucketed, collators)
             return
         if partial is not None:
             raise ValueError(
@@ -259,7 +288,8 @@ class FastSizeAwareLoader(LoaderBase[T]):
             raise TypeError("FastSizeAwareLoader needs max_total_size, the inclusive cap of a batch's cost.")
         cost = cost or "sum"
         feature_cost = None
-        if resolve_padding(padding, cost, features) == "features":
+        padded = resolve_padding(padding, cost, features)
+        if padded == "features":
             rows = feature_rows(costs)
             costs, feature_cost = rows, rows.item_costs
         # NOTE: keyword arguments named as the rule's; alike only in shape to other such calls
@@ -271,33 +301,29 @@ class FastSizeAwareLoader(LoaderBase[T]):
             last_batch=last_batch,
             fixed_cost=fixed_cost,
             feature_cost=feature_cost,
-            pad_to_multiple_of=pad_to_multiple_of,
+            pad_to_multiple_of=resolve_multiple(pad_to_multiple_of, cost, padded, collators),
         )
         planner = SizeAwarePlanner(self.order, costs, rule, oversize=oversize, sort_window=sort_window)
-        collators = {
-            "collate_fn": self.options.collate_fn,
-            "the dataset's collator": getattr(dataset, "collator", None),
-        }
         planner.rule.check_collators(collators)
         pad_collators = [c for c in collators.values() if isinstance(c, PadCollator)]
         if pad_collators and features is None:  # (sizeof gives the lengths the collator pads)
             planner.figures.pad_with(pad_collators[0].pad_to_multiple_of)
         self._use_planner(planner)
 
-    def _use_buckets(self, planner: BucketPlanner) -> None:
-        """Plan with ``planner``, padding with collators that pad to its buckets' lengths.
+    def _use_buckets(self, planner: BucketPlanner, given: Mapping[str, object]) -> None:
+        """Plan with ``planner``, padding with the ``given`` collators made to pad to its buckets' lengths.
 
         Raises:
             TypeError: With ``partial="fill"``, if the batches are gathered rows of a tensor (or a
                 sequence of them): they cannot hold the ``sample_mask`` key.
+            ValueError: If a collator pads further than the budget charges, or to other lengths.
         """
         gathered = self.maker.fetcher.kind == "gather" and self.options.collate_fn is None
         if planner.partial == "fill" and gathered and not isinstance(self.dataset, Mapping):
             raise not_a_mapping(type(self.dataset).__name__)
-        collators = bucket_collators(
-            {"collate_fn": self.options.collate_fn, DATASET_COLLATOR: getattr(self.dataset, "collator", None)},
-            planner,
-        )
+        if planner.rule is not None:
+            planner.rule.check_collators(given)
+        collators = bucket_collators(given, planner)
         if collators["collate_fn"] is not self.options.collate_fn:
             self.options = dataclasses.replace(self.options, collate_fn=collators["collate_fn"])  # type: ignore[arg-type]
             self.maker.fetcher.collate_fn = self.options.collate_fn

@@ -96,8 +96,9 @@ class BucketPlanner:
         multiple = None if rule is None else rule.pad_to_multiple_of
         if multiple is not None and any(length % multiple for length in buckets.lengths):
             raise ValueError(
-                f"bucket lengths {list(buckets.lengths)!r} must be multiples of pad_to_multiple_of={multiple}: "
-                "each batch is padded to its bucket's length."
+                f"bucket lengths {list(buckets.lengths)!r} must be multiples of pad_to_multiple_of={multiple} (given "
+                "to the loader, or its collator's): each batch is padded to its bucket's length. Give lengths that "
+                "are multiples of it, or a number of buckets (buckets=K chooses such lengths)."
             )
         self.buckets = buckets
         self.units = np.asarray(unit_cost(np.asarray(buckets.lengths)), dtype=np.float64).reshape(-1)
@@ -318,7 +319,11 @@ class BucketPlanner:
         }
         if self.per_group:  # (absent when unset, as the options of other planners)
             options["per_group"] = True
-        return PlanInputs("BucketPlanner", options, self.lengths.fingerprint(self.order.n))
+        # NOTE: a multiple decides a bucket plan only through the bucket lengths, which the options name:
+        # the plan without it is the same, as a loader made it before it charged its collator's multiple
+        older = ({key: value for key, value in options.items() if key != "pad_to_multiple_of"},)
+        sizes = self.lengths.fingerprint(self.order.n)
+        return PlanInputs("BucketPlanner", options, sizes, older if "pad_to_multiple_of" in options else ())
 
     def skipped_warning(self, skipped: list[int], epoch: int) -> str:
         """The warning for the items ``skipped`` in ``epoch`` (longer than every bucket), and the fixes."""

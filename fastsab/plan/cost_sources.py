@@ -23,6 +23,7 @@ __all__ = [
     "FeatureRows",
     "feature_rows",
     "make_cost_source",
+    "pad_multiple",
     "padded_length",
     "size_array",
 ]
@@ -63,6 +64,26 @@ def padded_length(length: _Length, multiple: int | None, buckets: Sequence[int] 
     at = np.searchsorted(ladder, rounded, side="left")
     padded = np.where(at < len(ladder), ladder[np.minimum(at, len(ladder) - 1)], rounded)
     return padded if isinstance(rounded, np.ndarray) else type(rounded)(padded)
+
+
+def pad_multiple(collator: object) -> int | None:
+    """The multiple ``collator`` rounds a batch's padded length up to: its ``pad_to_multiple_of``, if above 1.
+
+    ``PadCollator`` has one, and so have transformers' padding collators; a multiple of 1 rounds
+    nothing, and a collator without one gives ``None``.
+
+    Examples:
+        >>> from types import SimpleNamespace
+        >>> pad_multiple(SimpleNamespace(pad_to_multiple_of=np.int64(8))), pad_multiple(print)
+        (8, None)
+        >>> pad_multiple(SimpleNamespace(pad_to_multiple_of=1)) is None
+        True
+    """
+    multiple = getattr(collator, "pad_to_multiple_of", None)
+    # NOTE: any integer (a multiple read from a configuration may be a numpy one), not a bool
+    if not isinstance(multiple, (int, np.integer)) or isinstance(multiple, bool) or multiple <= 1:
+        return None
+    return int(multiple)
 
 
 class CostSource(Protocol):

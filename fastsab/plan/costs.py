@@ -26,7 +26,7 @@ from fastsab._checks import (
     check_positive_real,
     short_repr,
 )
-from fastsab.plan.cost_sources import CostSource, PaddedLengths, make_cost_source
+from fastsab.plan.cost_sources import CostSource, PaddedLengths, make_cost_source, pad_multiple
 from fastsab.plan.exact_caps import dtype_caps, threshold
 
 __all__ = ["BatchCost", "CostMode", "CostSource", "LastBatch", "make_cost_source"]
@@ -135,10 +135,11 @@ class BatchCost:
     def check_collators(self, collators: Mapping[str, object]) -> None:
         """Refuse a collator that pads lengths further than this rule charges them.
 
-        A collator with a ``pad_to_multiple_of`` (``PadCollator``, or
+        A collator with a ``pad_to_multiple_of`` (``pad_multiple``: ``PadCollator``, or
         transformers' padding collators) pads a batch to its longest length rounded up to that
         multiple; a padded rule of lengths charges it only if its own ``pad_to_multiple_of`` is
-        a multiple of the collator's.
+        a multiple of the collator's. A loader that sees the collator charges its multiple where
+        none is given (``resolve_multiple``).
 
         Args:
             collators: Where each collator is given (e.g. ``"collate_fn"``) -> the collator, or ``None``.
@@ -150,19 +151,23 @@ class BatchCost:
         # what feature_cost says of them: neither charges the padded length a collator makes
         if self.cost != "padded" or self.feature_cost is not None:
             return
+        charged = self.pad_to_multiple_of
         for where, collator in collators.items():
-            multiple = getattr(collator, "pad_to_multiple_of", None)
-            # NOTE: any integer (a multiple read from a configuration may be a numpy one), not a bool
-            if not isinstance(multiple, (int, np.integer)) or isinstance(multiple, bool):
+            multiple = pad_multiple(collator)
+            if multiple is None or (charged or 1) % multiple == 0:
                 continue
-            multiple = int(multiple)
-            if multiple > 1 and (self.pad_to_multiple_of or 1) % multiple:
+            head = f"{where} {short_repr(collator)} rounds every batch's length up to a multiple of {multiple}, "
+            if charged is None:  # (a collator the loader did not see when it planned: data_loader's)
                 raise ValueError(
-                    f"{where} {short_repr(collator)} rounds every batch's length up to a multiple of {multiple}, "
-                    f"which the padded budget does not charge (its pad_to_multiple_of is {self.pad_to_multiple_of!r}): "
-                    f"pass pad_to_multiple_of={multiple} (or a multiple of it) to FastSizeAwareLoader so that the "
-                    "budget charges the padded length."
+                    f"{head}which the padded budget does not charge (its pad_to_multiple_of is None): pass "
+                    f"pad_to_multiple_of={multiple} (or a multiple of it) to FastSizeAwareLoader, or give it this "
+                    "collator, so that the budget charges the padded length."
                 )
+            raise ValueError(
+                f"{head}but pad_to_multiple_of={charged} charges lengths rounded up to a multiple of {charged}, "
+                f"which does not cover it: pass pad_to_multiple_of={multiple} (or a multiple of it), or leave "
+                f"pad_to_multiple_of unset and the budget charges the collator's {multiple}."
+            )
 
     @property
     def limit(self) -> Caps:

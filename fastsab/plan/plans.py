@@ -239,11 +239,14 @@ class PlanInputs(NamedTuple):
         kind: The planner's name.
         options: Its options and configured limits (plain JSON once numbers are made plain).
         sizes: Bytes of the per-item sizes (all of an array of sizes, a sample of computed ones).
+        older: The options of the same batches as an older fastsab named them: a state saved
+            with one of them resumes.
     """
 
     kind: str
     options: dict[str, Any]
     sizes: bytes | memoryview
+    older: tuple[dict[str, Any], ...] = ()
 
 
 class Planner(Protocol[LimitT]):

@@ -27,7 +27,7 @@ from fastsab.plan.planners import SizeAwarePlanner
 from fastsab.position.batch_count import KnownBatches, counted
 from fastsab.position.distributed import EvenBatches
 from fastsab.position.epoch_state import STATE_FORMAT, Limit, ResumePoint, Segment, lowered_at, parse_state
-from fastsab.position.fingerprint import _plain, plan_identity
+from fastsab.position.fingerprint import _plain, older_fingerprints, plan_identity
 from fastsab.position.resumed import epoch_stream, loaded_point, saved_point, steps_left
 from fastsab.position.shares import EpochShares, Planner
 from fastsab.position.stats import EpochStats
@@ -370,6 +370,7 @@ class EpochCursor:
             fingerprint=fingerprint,
             check_limit=self.check_lowered_limit,
             plan=plan,
+            older=lambda: older_fingerprints(self.planner),
         )
         history, current = segments[:-1], segments[-1]
         resuming = bool(history) or current.steps > 0 or bool(current.lowered)

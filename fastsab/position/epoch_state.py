@@ -10,7 +10,7 @@ the first bad one.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from numbers import Integral, Real
 from typing import Any, TypeAlias
@@ -186,6 +186,7 @@ def parse_state(
     fingerprint: str,
     check_limit: Callable[[Any], Limit],
     plan: dict[str, Any] | None = None,
+    older: Callable[[], Sequence[str]] = tuple,
 ) -> tuple[int, list[Segment]]:
     """The epoch of ``state`` and its stretches (the last one is where the state was taken).
 
@@ -195,6 +196,8 @@ def parse_state(
         check_limit: Checks a lowered limit and returns it as the planner uses it.
         plan: The reader's plan settings (``plan_identity``): a refusal names what differs
             from the state's. The fingerprint alone decides whether a state is refused.
+        older: The fingerprints an older fastsab gave the reader's batches (``older_fingerprints``),
+            asked for only where the state's is not the reader's: a state of one of them resumes.
 
     Raises:
         TypeError: If ``state`` or one of its values has the wrong type.
@@ -220,7 +223,7 @@ def parse_state(
     saved_plan = state.get("plan")
     if saved_plan is not None and not isinstance(saved_plan, dict):
         raise TypeError(f"state['plan'] must be a dict from state_dict(), got {saved_plan!r}.")
-    if state["fingerprint"] != fingerprint:
+    if state["fingerprint"] != fingerprint and state["fingerprint"] not in older():
         raise ValueError(_refusal(state["fingerprint"], fingerprint, saved_plan, plan))
     epoch = _state_int("epoch", state["epoch"])
     if epoch >= 2**63:

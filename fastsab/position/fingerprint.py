@@ -18,7 +18,7 @@ import numpy as np
 
 from fastsab.plan.plans import Planner
 
-__all__ = ["plan_differences", "plan_fingerprint", "plan_identity"]
+__all__ = ["older_fingerprints", "plan_differences", "plan_fingerprint", "plan_identity"]
 
 #: The loader argument each plan option is given as, where the names differ.
 _ARGUMENTS = {"limit": "max_total_size"}
@@ -68,16 +68,28 @@ def plan_identity(planner: Planner[Any]) -> tuple[str, dict[str, Any]]:
         >>> settings["n"], settings["options"]
         (10, {'batch_size': 3, 'drop_last': False})
     """
-    kind, options, sizes = planner.plan_inputs()
+    kind, options, sizes, _ = planner.plan_inputs()
     order = planner.order
     plain = _plain(options)
+    settings = {"kind": kind, "n": order.n, "shuffle": order.shuffle, "group_size": order.group_size}
+    settings |= {"rotate": order.rotate, "options": plain}
+    return _digest(planner, kind, plain, sizes), _plain(settings)
+
+
+def older_fingerprints(planner: Planner[Any]) -> list[str]:
+    """The fingerprints an older fastsab gave ``planner``'s batches (``PlanInputs.older``): their states resume."""
+    kind, _, sizes, older = planner.plan_inputs()
+    return [_digest(planner, kind, _plain(options), sizes) for options in older]
+
+
+def _digest(planner: Planner[Any], kind: str, plain: dict[str, Any], sizes: bytes | memoryview) -> str:
+    """The fingerprint of ``planner``'s order with ``kind``, the ``plain`` options and ``sizes``."""
+    order = planner.order
     digest = hashlib.blake2b(digest_size=12)
     digest.update(repr((kind, order.n, order.shuffle, order.group_size, order.rotate)).encode())
     digest.update(json.dumps(plain).encode())
     digest.update(sizes)
-    settings = {"kind": kind, "n": order.n, "shuffle": order.shuffle, "group_size": order.group_size}
-    settings |= {"rotate": order.rotate, "options": plain}
-    return digest.hexdigest(), _plain(settings)
+    return digest.hexdigest()
 
 
 def plan_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:

@@ -121,7 +121,7 @@ def test_a_table_gives_the_batch_sizes_without_a_budget() -> None:
         (
             {"buckets": [100, 300], "collate_fn": PadCollator(pad_to_multiple_of=64)},
             ValueError,
-            "not all multiples of it",
+            r"multiples of pad_to_multiple_of=64 \(given to the loader, or its collator's\)",
         ),
     ],
 )
@@ -245,3 +245,22 @@ def test_a_dataset_read_in_chunks_lowers_and_resumes_exactly(shuffle: bool) -> N
     resumed = loader()
     resumed.load_state_dict(state)
     assert [batch["index"].tolist() for batch in resumed] == rest
+
+
+def test_a_state_saved_without_pad_to_multiple_of_resumes_where_it_only_chose_the_lengths() -> None:
+    # invariant: a multiple decides a bucket plan only through its bucket lengths: the state of the same
+    # lengths saved without it resumes with it, the batches of the uninterrupted epoch
+    options: dict[str, Any] = {"buckets": [64, 128, 256], "partial": "keep", "oversize": "own_batch", "seed": 1}
+
+    def made(**more: Any) -> FastSizeAwareLoader:
+        return FastSizeAwareLoader(Texts(LENGTHS), LENGTHS, 8192, collate_fn=PadCollator(), **options, **more)
+
+    saved = made()
+    iterator = iter(saved)
+    next(iterator), next(iterator)
+    resumed = made(pad_to_multiple_of=8)
+    resumed.load_state_dict(saved.state_dict())
+    rest = [batch["index"].tolist() for batch in resumed]
+    assert rest == [batch["index"].tolist() for batch in made(pad_to_multiple_of=8)][2:]
+    with pytest.raises(ValueError, match=r"pad_to_multiple_of was 8 when the state was saved and is None here"):
+        made().load_state_dict(made(pad_to_multiple_of=8).state_dict())

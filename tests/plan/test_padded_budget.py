@@ -118,27 +118,6 @@ def test_an_item_whose_padded_length_exceeds_the_cap_is_oversize():
         list(FastSizeAwareLoader(torch.arange(3), lengths, 12, cost="padded", pad_to_multiple_of=8, oversize="error"))
 
 
-@pytest.mark.parametrize("given", [None, 4, 12])
-def test_a_collator_that_pads_further_than_the_budget_charges_is_refused(given):
-    lengths = [5, 9, 14]
-    message = (
-        r"collate_fn PadCollator\(pad_value=0, pad_to_multiple_of=8\) rounds every batch's length up to a multiple "
-        rf"of 8, which the padded budget does not charge \(its pad_to_multiple_of is {given}\): pass "
-        r"pad_to_multiple_of=8 \(or a multiple of it\) to FastSizeAwareLoader"
-    )
-    with pytest.raises(ValueError, match=message):
-        FastSizeAwareLoader(
-            Samples(lengths),
-            lengths,
-            64,
-            cost="padded",
-            collate_fn=PadCollator(pad_to_multiple_of=8),
-            pad_to_multiple_of=given,
-        )
-    with pytest.raises(ValueError, match=r"the dataset's collator PadCollator\(pad_value=0, pad_to_multiple_of=8\)"):
-        FastSizeAwareLoader(ragged(lengths, 8), lengths, 64, cost="padded", pad_to_multiple_of=given)
-
-
 class _ConfiguredCollator:
     """A collator whose multiple was read from a configuration as a numpy integer."""
 
@@ -150,11 +129,15 @@ class _ConfiguredCollator:
 
 def test_a_collators_multiple_held_as_a_numpy_integer_is_charged_too():
     lengths = [5, 9, 14]
-    with pytest.raises(ValueError, match=r"rounds every batch's length up to a multiple of 8, which the padded budget"):
-        FastSizeAwareLoader(Samples(lengths), lengths, 64, cost="padded", collate_fn=_ConfiguredCollator())
-    FastSizeAwareLoader(
+    inferred = FastSizeAwareLoader(Samples(lengths), lengths, 64, cost="padded", collate_fn=_ConfiguredCollator())
+    explicit = FastSizeAwareLoader(
         Samples(lengths), lengths, 64, cost="padded", collate_fn=_ConfiguredCollator(), pad_to_multiple_of=8
     )
+    assert inferred.planner.rule.pad_to_multiple_of == 8 and inferred.state_dict() == explicit.state_dict()
+    with pytest.raises(ValueError, match=r"multiple of 8, but pad_to_multiple_of=4 charges lengths rounded up"):
+        FastSizeAwareLoader(
+            Samples(lengths), lengths, 64, cost="padded", collate_fn=_ConfiguredCollator(), pad_to_multiple_of=4
+        )
 
 
 def test_collators_the_budget_covers_are_accepted():

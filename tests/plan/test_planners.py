@@ -200,8 +200,10 @@ def test_plan_inputs() -> None:
         "FixedSizePlanner",
         {"batch_size": 3, "drop_last": True},
         b"",
+        (),
     )
-    kind, options, sizes = size_aware(12, max_batch_size=4).plan_inputs()
+    kind, options, sizes, older = size_aware(12, max_batch_size=4).plan_inputs()
+    assert older == ()  # (no older form of these batches)
     assert kind == "SizeAwarePlanner" and sizes == SIZES.tobytes()
     assert options == {"limit": [12], "oversize": "skip", "cost": "sum", "max_batch_size": 4, "batch_size_multiple": 1}
 
