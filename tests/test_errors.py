@@ -10,6 +10,8 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch.utils.data import Dataset, IterableDataset
 
 import fastsab
@@ -21,7 +23,7 @@ from fastsab import (
     size_aware_batching,
     split_batches,
 )
-from fastsab._checks import user_stacklevel
+from fastsab._checks import short_repr, user_stacklevel
 from fastsab.adaptive import run
 from tests.docs_pages import page_script
 
@@ -257,6 +259,63 @@ def test_an_iterable_dataset_is_pointed_at_the_streaming_api():
     assert "fastsab.size_aware_batching" in message and "fastsab.integrations.webdataset" in message
 
 
+# -- 6b. an empty container is no dataset; arrays of 0 rows are a dataset of 0 items ----------------
+
+
+def both_loaders(dataset):
+    """``dataset`` in each loader (size-aware: every item of size 1)."""
+    return [FastLoader(dataset, 2), FastSizeAwareLoader(dataset, lambda x: torch.ones(len(x)), 4)]
+
+
+# hypothesis: containers that nest only empty ones (a list is a sequence of samples: empty, or a leaf)
+EMPTY_TREES = st.recursive(
+    st.sampled_from([{}, (), []]),
+    lambda inner: st.one_of(
+        st.dictionaries(st.text(max_size=2), inner, min_size=1, max_size=3),
+        st.lists(inner, min_size=1, max_size=3).map(tuple),
+    ),
+    max_leaves=6,
+)
+
+
+@settings(max_examples=40, deadline=None)
+@given(EMPTY_TREES, st.sampled_from(["fixed", "size-aware"]))
+def test_an_empty_container_is_refused_with_what_a_dataset_is(tree, kind):
+    # invariant: nothing holding neither an array nor a sample is taken as a dataset (of 0 items or 1)
+    with pytest.raises(ValueError, match="holds no tensor, array or sample") as caught:
+        if kind == "fixed":
+            FastLoader(tree, 2)
+        else:
+            FastSizeAwareLoader(tree, lambda x: torch.ones(len(x)), 4)
+    message = str(caught.value)
+    assert f"got {short_repr(tree)}" in message and "read item by item" not in message
+    assert "tensor or a numpy array" in message and "__getitem__" in message
+
+
+@pytest.mark.parametrize("dataset", [{}, {"a": {}}, [], (), ({}, ()), {"a": []}], ids=repr)
+def test_the_empty_containers_users_pass_are_refused_without_a_warning(dataset):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "read item by item" advice for what is no dataset
+        for make in (lambda: FastLoader(dataset, 2), lambda: FastSizeAwareLoader(dataset, [], 4)):
+            with pytest.raises(ValueError, match=rf"dataset must hold data, got {re.escape(repr(dataset))}"):
+                make()
+
+
+@pytest.mark.parametrize(
+    "dataset",
+    [torch.zeros(0), {"a": torch.zeros(0)}, {"a": torch.zeros(0, 3), "b": np.zeros(0), "name": "x", "c": {}}],
+    ids=["tensor", "dict", "dict-with-an-empty-one"],
+)
+def test_arrays_of_no_rows_are_a_dataset_of_no_items(dataset):
+    for loader in both_loaders(dataset):
+        assert len(loader) == 0 and list(loader) == []
+
+
+def test_a_list_of_empty_samples_is_a_dataset_of_samples():
+    loader = quiet(lambda: FastLoader([{}, {}, {}], 2, shuffle=False))
+    assert len(loader) == 2 and list(loader) == [{}, {}]  # (default_collate of empty dicts)
+
+
 # -- 7. bfloat16 sizes work as float16 sizes do ----------------------------------------------------
 
 HALF = [3.0, 5.0, 2.0, 7.0, 1.0, 4.0, 6.0, 2.0]
@@ -320,6 +379,8 @@ def test_the_errors_page_runs_and_shows_what_it_says(tmp_path):
         "own_batch: [[0], [1], [2, 3]]",
         "gathered: (100, 16)",
         "streamed: [[3, 5], [2], [7, 1]]",
+        "dataset must hold data, got {}",
+        "0 items: 0 []",
         "loader must be a fastsab.FastLoader or fastsab.FastSizeAwareLoader",
         "run: [[0, 1, 2], [3, 4, 5]]",
         "first part: [0, 1] parts left: 1",

@@ -23,6 +23,7 @@
    ``list`` is a sequence of samples, not a container, and a class defining
    ``__getitem__`` is a dataset, whose items need not be rows of its tensors.
 3. Otherwise ``dataset[i]`` per index and ``collate_fn``: correct, but slow; warned about.
+An empty container is refused (``check_holds_data``); arrays of 0 rows are a dataset of 0 items.
 
 Indices are checked: every one must be in ``[0, len(dataset))`` (negative indices do not
 count from the end).
@@ -40,11 +41,11 @@ from torch.utils.data import TensorDataset, default_collate
 
 from fastsab._arrays import tensor_rows
 from fastsab._checks import short_repr, user_stacklevel
+from fastsab.fetch.pytree import check_holds_data, tree_arrays, tree_map_arrays
 from fastsab.fetch.pytree import children as _children
 from fastsab.fetch.pytree import is_array as _is_array
 from fastsab.fetch.pytree import is_dataclass_tree as _is_dataclass_tree  # noqa: F401  # an older import path
 from fastsab.fetch.pytree import is_namedtuple as _is_namedtuple  # noqa: F401  # an older import path
-from fastsab.fetch.pytree import tree_arrays, tree_map_arrays
 from fastsab.fetch.pytree import walk as _walk
 
 __all__ = ["Fetcher", "GatheredRows", "UnequalSamplesError", "collate_batch", "getitems_in_memory", "indexable"]
@@ -77,7 +78,8 @@ class Fetcher:
         TypeError: If the dataset can be neither indexed nor gathered, is a pytree with a
             list or another object among its containers, or has a ``getitems_in_memory``
             that is not a bool.
-        ValueError: If the arrays of a gathered dataset do not share their first dimension.
+        ValueError: If the arrays of a gathered dataset do not share their first dimension, or
+            the dataset holds nothing (``{}``, ``()``, ``[]``, containers nesting only empty ones).
 
     Examples:
         >>> fetch = Fetcher({"x": torch.arange(10), "y": torch.arange(10) * 2}, None)
@@ -322,7 +324,9 @@ def _gather_source(dataset: Any) -> tuple[Any, list[Any]]:
     Raises:
         TypeError: If ``dataset`` is a pytree container holding arrays and a list or
             another object that is not a plain leaf.
+        ValueError: If ``dataset`` holds nothing (see ``check_holds_data``).
     """
+    check_holds_data(dataset)
     if _is_plain_tensor_dataset(dataset):
         arrays: list[Any] = []
         plain = _walk(dataset.tensors, "dataset.tensors", arrays) is None and arrays

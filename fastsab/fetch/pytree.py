@@ -27,7 +27,18 @@ import numpy as np
 import optree
 import torch
 
-__all__ = ["children", "is_array", "tree_arrays", "tree_leaves", "tree_map_arrays", "walk"]
+from fastsab._arrays import short_repr
+
+__all__ = [
+    "check_holds_data",
+    "children",
+    "holds_nothing",
+    "is_array",
+    "tree_arrays",
+    "tree_leaves",
+    "tree_map_arrays",
+    "walk",
+]
 
 D = TypeVar("D")
 
@@ -147,6 +158,38 @@ def children(node: Any) -> list[tuple[str, Any]] | None:
     if is_dataclass_tree(node):
         return [(f".{field.name}", getattr(node, field.name)) for field in dataclasses.fields(node)]
     return None
+
+
+def holds_nothing(node: Any) -> bool:
+    """Whether ``node`` is an empty container, or a dataset container whose children all hold nothing.
+
+    A list is a sequence of samples: it holds nothing only when it is empty.
+
+    Examples:
+        >>> holds_nothing({}), holds_nothing({"a": ((), [])}), holds_nothing([{}]), holds_nothing({"a": None})
+        (True, True, False, False)
+    """
+    if type(node) is list:
+        return not node
+    parts = children(node)
+    return parts is not None and all(holds_nothing(child) for _, child in parts)
+
+
+def check_holds_data(dataset: Any) -> None:
+    """Refuse a dataset that ``holds_nothing``.
+
+    Raises:
+        ValueError: If ``dataset`` is ``{}``, ``()``, ``[]`` or containers nesting only empty ones.
+    """
+    if holds_nothing(dataset):
+        # NOTE: read item by item it would be a dataset of len() items none of which can be read: of 0
+        # items for {} or [], of 1 for {"a": {}}. Arrays of 0 rows are a dataset of 0 items
+        raise ValueError(
+            f"dataset must hold data, got {short_repr(dataset)}: it holds no tensor, array or sample. A dataset is a "
+            "tensor or a numpy array (its rows are the items; with 0 rows, a dataset of 0 items), a pytree of them "
+            "(dict, tuple, namedtuple, dataclass) with a common first dimension, or an object with __len__ and "
+            "__getitem__ or __getitems__ (a list of samples, a torch Dataset)."
+        )
 
 
 def walk(node: Any, path: str, arrays: list[Any]) -> str | None:

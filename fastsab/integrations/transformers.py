@@ -46,6 +46,12 @@ LOADER_STATE_NAME = "fastsab_train_loader.json"
 class FastTrainer(Trainer):
     """A ``transformers.Trainer`` that trains on the batches of a fast loader.
 
+    The batches are the loader's, passed on as they are: with shape buckets (``buckets=``, and
+    ``partial="fill"``, the default) every batch holds a ``sample_mask`` (``False`` on filler
+    rows), which Trainer's ``compute_loss`` would pass to ``model(**batch)``. Override
+    ``compute_loss`` to take it out and leave the filler rows out of the loss (an example is
+    on the transformers page of the docs).
+
     Args:
         *args: What ``Trainer`` takes (``model``, ``args``, ...).
         **kwargs: What ``Trainer`` takes (``eval_dataset``, ...); ``train_dataset`` is not needed.

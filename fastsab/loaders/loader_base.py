@@ -10,10 +10,13 @@ side of ``fastsab.adaptive.run``) ``LimitLowering``'s.
 
 from __future__ import annotations
 
+import sys
+import warnings
 from typing import Any
 
 import torch
 
+from fastsab._checks import user_stacklevel
 from fastsab.fetch.batch_maker import BatchMaker
 from fastsab.fetch.fetcher import Fetcher
 from fastsab.fetch.transfer import Transfer
@@ -28,7 +31,7 @@ from fastsab.plan.fixed_size import FixedSizePlanner
 from fastsab.plan.planners import SizeAwarePlanner
 from fastsab.plan.shuffle import DEFAULT_GROUP_SIZE
 from fastsab.position.distributed import resolve_rank
-from fastsab.position.trainer_sampler import CountedLength, TrainerSampler, loaded_at_epoch_end
+from fastsab.position.trainer_sampler import CountedLength, TrainerSampler, lightning_read, loaded_at_epoch_end
 
 __all__ = ["LoaderBase"]
 
@@ -145,7 +148,44 @@ class LoaderBase(LoaderIteration[T], metaclass=TakesDataLoaderKeywords):
         return PlannedDataLoader(self.dataset, self.batch_sampler(), **options)
 
     def __len__(self) -> int:
-        """Exact number of steps of the next epoch (see ``__len__``)."""
+        """Exact number of steps of the next epoch (see ``__len__``).
+
+        A size-aware loader's epochs differ in length. Lightning keeps the length it read when it
+        loaded the training loader for every epoch until it loads it again, so where it does not
+        load it every epoch (``reload_dataloaders_every_n_epochs=1``) the loader reports no length to
+        it (with a warning, once): Lightning then runs every epoch to its end, and its data fetcher,
+        which reads the length again as each epoch starts, gets that epoch's.
+
+        Raises:
+            TypeError: Where Lightning reads it to count the steps of epochs to come, as above.
+        """
+        read = None if isinstance(self.planner, FixedSizePlanner) else lightning_read(self, sys._getframe(1))
+        if read is not None and read.reload != 1:
+            if not self._counted.withhold(True):
+                warnings.warn(
+                    f"{type(self).__name__} reports no length to this Lightning trainer: its epochs differ in "
+                    f"their number of batches, and with reload_dataloaders_every_n_epochs={read.reload} the "
+                    "trainer would stop a longer epoch after the length it read first, so it runs every epoch to "
+                    "its end instead. For a length (a progress bar's total, val_check_interval as a fraction, "
+                    "estimated_stepping_batches), pass Trainer(reload_dataloaders_every_n_epochs=1) and call "
+                    "loader.set_epoch(self.trainer.current_epoch) in train_dataloader().",
+                    stacklevel=user_stacklevel(),
+                )
+            if read.counts_epochs:
+                raise TypeError(
+                    f"{type(self).__name__} has no length for a Lightning trainer that loads it every "
+                    f"reload_dataloaders_every_n_epochs={read.reload} epochs: size-aware epochs differ in length."
+                )
+            if read.epoch is not None and not (self._resuming or self.finished_steps):
+                # NOTE: the fit loop makes the epoch's iteration before it sets the epoch, and reads no
+                # length again: resumed from a checkpoint saved at an epoch's end, it loads no state
+                # into the loader, and sets the next epoch, not the one train_dataloader() saw
+                self.set_epoch(read.epoch)
+            # NOTE: resumed from a state saved after an epoch's last step, Lightning counts that epoch's
+            # steps into the next one when it does not know the epoch's length (as FastDataModule's loader)
+            return self._counted.read(super().__len__() + self.finished_steps, counted=True)
+        if read is not None:
+            self._counted.withhold(False)
         return self._counted.read(super().__len__())
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

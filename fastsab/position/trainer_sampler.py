@@ -13,14 +13,26 @@ the length a trainer counts: the first ``len()`` read after the loader was made 
 started, before the trainer set the next epoch. When the trainer set an epoch that has more
 steps than that (size-aware epochs differ in length), the iteration refuses to start rather
 than be cut short: a shorter epoch ends early, which trainers handle exactly.
+
+``lightning_read`` tells a loader that Lightning's fit reads its ``len()`` as the length of a
+training loader, what for and how often that trainer loads the loader again: a loader whose
+epochs differ in length gives no length to a trainer that would keep it for later epochs (as
+``FastDataModule`` does), and each epoch's own to the fetcher that starts its iteration.
 """
 
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from types import FrameType
+from typing import NamedTuple
 
-__all__ = ["CountedLength", "TrainerSampler", "loaded_at_epoch_end"]
+__all__ = ["CountedLength", "LightningRead", "TrainerSampler", "lightning_read", "loaded_at_epoch_end"]
+
+#: The modules whose frames are Lightning's: the ``lightning`` package and the standalone ones.
+_LIGHTNING = ("lightning.", "lightning_fabric.", "pytorch_lightning.")
+#: How many frames from ``len()``'s caller Lightning's loop is looked for (it is 2 to 9 up).
+_DEPTH = 16
 
 #: The last state loaded at its epoch's very end in this process: the plan's fingerprint, the
 #: next epoch, the steps a trainer counted of the ended one, and the loader that loaded it.
@@ -36,6 +48,73 @@ def loaded_at_epoch_end(fingerprint: str, epoch: int, steps: int, loader: object
     the note when its epoch starts (``CountedLength.start``).
     """
     _ENDED[:] = [(fingerprint, epoch, steps, weakref.ref(loader))]
+
+
+class LightningRead(NamedTuple):
+    """A ``len()`` that Lightning's fit reads of a training loader."""
+
+    #: The trainer's ``reload_dataloaders_every_n_epochs``: how often it loads the loader again (0: never).
+    reload: int
+    #: Read to count the steps of the epochs to come (kept until the next reload); else read by the
+    #: data fetcher as an epoch's iteration is made, to know its last batch.
+    counts_epochs: bool
+    #: Where the fit loop reads as it loads the loader: the epoch it sets next (``None`` elsewhere).
+    epoch: int | None
+
+
+def lightning_read(loader: object, caller: FrameType | None) -> LightningRead | None:
+    """What Lightning's fit reads ``len(loader)`` for, where ``loader`` is one of its training loaders.
+
+    Lightning's fit loop reads the training loader's ``len()`` when it loads the loader (also before it
+    sets the epoch to run), and keeps it as every epoch's number of steps until it loads the loader
+    again (every ``reload_dataloaders_every_n_epochs`` epochs; never with 0). Its data fetcher reads it
+    each time it makes an epoch's iteration, to know the epoch's last batch.
+
+    Args:
+        loader: The loader whose ``len()`` is read.
+        caller: The frame that called ``len()``.
+
+    Returns:
+        The read, where ``caller`` is Lightning's and a Lightning loop up the stack fits with
+        ``loader`` as (one of) its training loaders; ``None`` where anything else reads the length
+        (the user's code, another trainer, an evaluation loop).
+    """
+    # NOTE: the trainer is found on the stack because it gives a bare loader no other sign: it
+    # reads len() before it calls anything else of it. Only Lightning's own objects are read
+    if caller is None or not caller.f_globals.get("__name__", "").startswith(_LIGHTNING):
+        return None
+    frame: FrameType | None = caller
+    below: FrameType | None = None  # the frame the one looked at called
+    for _ in range(_DEPTH):
+        if frame is None:
+            return None
+        owner = frame.f_locals.get("self")
+        if type(owner).__module__.startswith(_LIGHTNING):
+            trainer = getattr(owner, "trainer", None)
+            reload = getattr(trainer, "reload_dataloaders_every_n_epochs", None)
+            if isinstance(reload, int) and type(trainer).__module__.startswith(_LIGHTNING):
+                if not _holds(getattr(trainer, "train_dataloader", None), loader):
+                    return None
+                # NOTE: the epoch Lightning passes to set_epoch once the loader is loaded
+                progress = getattr(getattr(owner, "epoch_progress", None), "current", None)
+                epoch = getattr(progress, "processed", None)
+                return LightningRead(
+                    reload,
+                    # (the loop's own reads go through Lightning's functions; its fetcher's through its methods)
+                    counts_epochs=below is None or "self" not in below.f_locals,
+                    epoch=epoch if isinstance(epoch, int) and frame.f_code.co_name == "setup_data" else None,
+                )
+        frame, below = frame.f_back, frame
+    return None
+
+
+def _holds(loaders: object, loader: object) -> bool:
+    """Whether ``loaders`` (a loader, or a list, tuple or mapping of them, nested) is or holds ``loader``."""
+    if loaders is loader:
+        return True
+    if isinstance(loaders, Mapping):
+        loaders = list(loaders.values())
+    return isinstance(loaders, (list, tuple)) and any(_holds(each, loader) for each in loaders)
 
 
 class TrainerSampler:
@@ -67,6 +146,18 @@ class CountedLength:
         self._open = True  # the next len() read is the length a trainer keeps
         self._set_by_trainer = False  # the trainer set the coming epoch through the loader's sampler
         self.counted: int | None = None  # that length, once read
+        self.withheld = False  # the trainer was told the loader has no length: it counts no steps
+
+    def withhold(self, withheld: bool) -> bool:
+        """Whether the trainer is told that the loader has no length; return whether it was told so before.
+
+        A trainer told so runs each epoch to its end: it counts nothing, and the ``len()`` that other
+        code reads is not its count.
+        """
+        before, self.withheld = self.withheld, withheld
+        if withheld:
+            self.counted = None
+        return before
 
     def set_by_trainer(self) -> None:
         """The trainer set the coming epoch (through the loader's ``sampler``)."""
@@ -74,9 +165,9 @@ class CountedLength:
         # last batch) still stops at the length it read first: later reads do not count
         self._open, self._set_by_trainer = False, True
 
-    def read(self, length: int) -> int:
-        """Note ``length``, a ``len()`` the loader answered; return it."""
-        if self._open:
+    def read(self, length: int, *, counted: bool = False) -> int:
+        """Note ``length``, a ``len()`` the loader answered (``counted``: the one the trainer counts); return it."""
+        if counted or (self._open and not self.withheld):
             self.counted, self._open = length, False
         return length
 

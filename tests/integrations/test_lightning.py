@@ -333,7 +333,8 @@ def interrupted_and_resumed(tmp_path, make, crash_at_step, every, for_the_epoch=
     whole = BareRecorder(make, for_the_epoch=for_the_epoch)
     trainer(tmp_path / "whole", **options).fit(whole)
     crashing = BareRecorder(make, crash_at_step, for_the_epoch=for_the_epoch)
-    checkpoints = pl.callbacks.ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=every, save_top_k=-1)
+    saving = every if isinstance(every, dict) else {"every_n_train_steps": every}
+    checkpoints = pl.callbacks.ModelCheckpoint(dirpath=tmp_path / "ckpt", save_top_k=-1, **saving)
     run = trainer(tmp_path / "crash", enable_checkpointing=True, callbacks=[checkpoints], **options)
     with pytest.raises(Crash):
         run.fit(crashing)
@@ -381,15 +382,45 @@ def epochs_of(batches):
     return [out[epoch] for epoch in sorted(out)]
 
 
-def test_a_longer_epoch_than_lightning_counts_is_refused_before_any_batch_is_lost(tmp_path):
-    lengths = epoch_lengths(size_aware(5), 2)
-    assert lengths == [13, 14]  # Lightning, reading len() once, would stop epoch 1 after 13 batches
-    whole = BareRecorder(size_aware(5))
-    trainer(tmp_path / "whole", max_epochs=2, reload_dataloaders_every_n_epochs=1, limit_val_batches=0).fit(whole)
-    refused = BareRecorder(size_aware(5))
-    with pytest.raises(ValueError, match=r"epoch 1 has 14 steps, but the trainer counts 13 .*reload_dataloaders"):
-        trainer(tmp_path / "refused", max_epochs=2, limit_val_batches=0).fit(refused)
-    assert refused.train_batches == whole.train_batches[:13]  # epoch 0 whole, no batch of epoch 1 run
+def loader_epochs(make, count):
+    """The batches of ``count`` epochs of one loader iterated on its own."""
+    loader = make()
+    return [[batch.tolist() for batch in loader] for _ in range(count)]
+
+
+@pytest.mark.parametrize("reload", [0, 2])
+def test_a_bare_size_aware_loader_lightning_does_not_reload_every_epoch_runs_each_epoch_to_its_end(tmp_path, reload):
+    # invariant: every epoch whole, also one longer than the length Lightning read (13, 14, 13, 14 batches)
+    expected = loader_epochs(size_aware(5), 4)
+    assert [len(batches) for batches in expected] == [13, 14, 13, 14]
+    model = BareRecorder(size_aware(5))
+    run = trainer(tmp_path, max_epochs=4, limit_val_batches=0, reload_dataloaders_every_n_epochs=reload)
+    with pytest.warns(UserWarning, match=r"reports no length .*reload_dataloaders_every_n_epochs=1"):
+        run.fit(model)
+    assert epochs_of(model.train_batches) == expected
+
+
+@pytest.mark.filterwarnings("ignore:FastSizeAwareLoader reports no length")
+@pytest.mark.parametrize(
+    ("every", "crash_at_step", "for_the_epoch"),
+    [
+        (4, 22, True),  # saved at step 20: mid epoch 1, which is longer than epoch 0
+        (4, 22, False),  # the same, the loader left at epoch 0 when built: the state names epoch 1
+        (13, 15, True),  # saved after epoch 0's last step
+        (14, 16, True),  # saved after epoch 1's first step
+        (27, 29, True),  # saved after epoch 1's last step (its 14th)
+        ({"every_n_epochs": 1}, 15, True),  # saved at epoch 0's end: Lightning loads no state into the loader
+        ({"every_n_epochs": 1}, 15, False),
+    ],
+)
+def test_a_bare_size_aware_loader_lightning_does_not_reload_resumes_the_uninterrupted_steps(
+    tmp_path, every, crash_at_step, for_the_epoch
+):
+    whole, resumed = interrupted_and_resumed(
+        tmp_path, size_aware(5), crash_at_step=crash_at_step, every=every, for_the_epoch=for_the_epoch
+    )
+    assert [len(batches) for batches in epochs_of(whole)] == [13, 14, 13]
+    assert resumed == whole
 
 
 def test_a_resume_from_an_epochs_last_step_into_a_longer_reloaded_epoch_is_refused(tmp_path):
@@ -469,8 +500,8 @@ def test_the_lightning_docs_page_runs_and_shows_what_it_promises(tmp_path):
     script.write_text(page_script("trainers/lightning.md"))
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert "[13, 14, 13]" in out.stdout
-    assert "epoch 1 has 14 steps, but the trainer counts 13" in out.stdout
+    assert "reports no length to this Lightning trainer" in out.stdout
+    assert out.stdout.count("[13, 14, 13]") == 2
 
 
 @pytest.mark.slow

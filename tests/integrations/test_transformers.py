@@ -212,9 +212,14 @@ def test_items_skipped_as_oversize_are_reported_every_epoch(tmp_path: Path) -> N
     ]
 
 
-def test_docs_page_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_docs_page_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.chdir(tmp_path)
     exec(compile(page_script("trainers/transformers.md"), "transformers.md", "exec"), {})
+    out = capsys.readouterr().out
+    # the shape buckets' section: what reaches model(**batch), and a compute_loss that takes it out
+    assert "['attention_mask', 'input_ids', 'labels', 'sample_mask']" in out
+    assert "48 real rows trained on" in out
+    assert "got an unexpected keyword argument 'sample_mask'" in out
 
 
 def test_a_limit_lowered_mid_epoch_is_refused_at_the_next_batch(tmp_path: Path) -> None:
