@@ -1,6 +1,6 @@
 """pytest-benchmark suite: the adaptive decorator's overhead on its cached path (toma's benchmark).
 
-Run with ``python -m pytest benchmarks --benchmark-enable -k adaptive``; compare within the
+Run with ``python -m pytest benchmarks -n 0 --benchmark-enable -k adaptive``; compare within the
 group: ``direct`` is the operation called without a wrapper.
 """
 

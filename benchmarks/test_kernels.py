@@ -1,6 +1,6 @@
 """pytest-benchmark suite for the split kernel and grouped permutations.
 
-Run with ``python -m pytest benchmarks --benchmark-enable``. Compare within a group: the
+Run with ``python -m pytest benchmarks -n 0 --benchmark-enable``. Compare within a group: the
 floor of each group (``np.cumsum``, ``numpy permutation``) is measured in the same run.
 """
 

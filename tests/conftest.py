@@ -8,6 +8,7 @@ Tests scale their own ``max_examples`` by the loaded profile's ``max_examples / 
 
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 import sys
@@ -57,8 +58,28 @@ settings.load_profile("default")
 _BENCH = (Path(_ROOT) / "fastsab" / "bench", Path(_ROOT) / "tests" / "bench")
 
 
+_GPU = Path(_ROOT) / "tests" / "gpu"
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The bench's suites and their doctests are benchmarks: they run with ``-m slow``."""
+    """The bench's suites and their doctests are benchmarks: they run with ``-m slow``.
+
+    The GPU tests share one device (real out-of-memory errors, peaks): under pytest-xdist they run
+    one after another in one worker (``--dist loadgroup``).
+    """
     for item in items:
         if any(item.path.is_relative_to(folder) for folder in _BENCH):
             item.add_marker(pytest.mark.slow)
+        if item.path.is_relative_to(_GPU):
+            item.add_marker(pytest.mark.xdist_group("gpu"))
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Leave what was imported and collected out of every later garbage collection.
+
+    NOTE: torch, transformers, Lightning and the collected tests are some 500,000 objects, and a full
+    ``gc.collect()`` walks them all (0.2 s and more a call). The code under test collects after
+    every out-of-memory error (``adaptive``'s retries, ``max_batch_sizes``' search); frozen, those
+    collections walk only what the tests made. Nothing frozen was ever garbage.
+    """
+    gc.freeze()

@@ -95,7 +95,8 @@ def run_limited(command: list[str], seconds: int) -> tuple[int | None, str, floa
 
 def run_tests(junit: Path) -> dict[str, Any]:
     """Run ``tests/gpu``; its counts, the failed tests' names and the end of its output."""
-    command = [sys.executable, "-m", "pytest", "tests/gpu", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}"]
+    command = [sys.executable, "-m", "pytest", "tests/gpu", "-q", "-n", "0", "-p", "no:cacheprovider"]
+    command.append(f"--junitxml={junit}")
     code, output, seconds = run_limited(command, TESTS_SECONDS)
     # NOTE: no report where pytest was stopped by the time limit: nothing counted, and the exit code says why
     none: dict[str, Any] = {"passed": 0, "failed": 0, "skipped": 0, "failures": []}

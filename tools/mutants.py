@@ -172,7 +172,7 @@ def run_tests(modules: list[str], tests: list[str], keyword: str, timeout: float
     first = [f"test_{name}" for name in FIRST.get(Path(modules[0]).stem, Path(modules[0]).stem).split()]
     rank = {t: first.index(Path(t.split("::")[0]).stem) for t in tests if Path(t.split("::")[0]).stem in first}
     own = sorted(rank, key=rank.__getitem__)
-    command = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "--timeout", "60"]
+    command = [sys.executable, "-m", "pytest", "-q", "-x", "-n", "0", "-p", "no:cacheprovider", "--timeout", "60"]
     command += ["-k", keyword] if keyword else []
     command += own + [t for t in tests if t not in own] + modules
     env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", PYTHONPYCACHEPREFIX=tempfile.mkdtemp(prefix="mutants-"))

@@ -93,19 +93,21 @@ def test_a_cycle_left_by_an_item_is_freed_before_the_next_item():
 
 
 def test_objects_alive_before_are_left_out_of_collections_during_the_measurement_only():
-    counts = []
-    collect_peak_alloc([1, 2], lambda n: counts.append(gc.get_freeze_count()) or n, progress=False)
-    assert len(counts) == 2 and min(counts) > 0 and gc.get_freeze_count() == 0
-    with pytest.raises(ValueError, match="boom"):
-        collect_peak_alloc([1], lambda n: (_ for _ in ()).throw(ValueError("boom")), progress=False)
-    assert gc.get_freeze_count() == 0
-    gc.freeze()  # a process that froze objects itself keeps them frozen
+    # NOTE: the suite freezes what it imported (tests/conftest.py): thawed here, and frozen again after
+    gc.unfreeze()
     try:
+        counts = []
+        collect_peak_alloc([1, 2], lambda n: counts.append(gc.get_freeze_count()) or n, progress=False)
+        assert len(counts) == 2 and min(counts) > 0 and gc.get_freeze_count() == 0
+        with pytest.raises(ValueError, match="boom"):
+            collect_peak_alloc([1], lambda n: (_ for _ in ()).throw(ValueError("boom")), progress=False)
+        assert gc.get_freeze_count() == 0
+        gc.freeze()  # a process that froze objects itself keeps them frozen
         frozen = gc.get_freeze_count()
         collect_peak_alloc([1], lambda n: n, progress=False)
         assert gc.get_freeze_count() == frozen
     finally:
-        gc.unfreeze()
+        gc.freeze()
 
 
 def test_linear_forward_activation_is_measured_exactly():
