@@ -23,7 +23,8 @@
    ``list`` is a sequence of samples, not a container, and a class defining
    ``__getitem__`` is a dataset, whose items need not be rows of its tensors.
 3. Otherwise ``dataset[i]`` per index and ``collate_fn``: correct, but slow; warned about.
-An empty container is refused (``check_holds_data``); arrays of 0 rows are a dataset of 0 items.
+An empty container is refused (``check_holds_data``); arrays of 0 rows and ``[]`` (a list of 0
+samples) are a dataset of 0 items.
 
 Indices are checked: every one must be in ``[0, len(dataset))`` (negative indices do not
 count from the end).
@@ -79,7 +80,8 @@ class Fetcher:
             list or another object among its containers, or has a ``getitems_in_memory``
             that is not a bool.
         ValueError: If the arrays of a gathered dataset do not share their first dimension, or
-            the dataset holds nothing (``{}``, ``()``, ``[]``, containers nesting only empty ones).
+            the dataset holds nothing (``{}``, ``()``, containers nesting only empty ones; ``[]`` is a
+            list of 0 samples).
 
     Examples:
         >>> fetch = Fetcher({"x": torch.arange(10), "y": torch.arange(10) * 2}, None)
@@ -115,6 +117,8 @@ class Fetcher:
             )
         self.kind = "per_item"
         self.length = _length(dataset)
+        if not self.length:  # (no item is read: no advice about slow reads)
+            return
         name = type(dataset).__name__
         # NOTE: advising __getitems__ alone misleads: one that loops over the indices is as slow
         warnings.warn(

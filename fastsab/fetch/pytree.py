@@ -176,14 +176,16 @@ def holds_nothing(node: Any) -> bool:
 
 
 def check_holds_data(dataset: Any) -> None:
-    """Refuse a dataset that ``holds_nothing``.
+    """Refuse a dataset that ``holds_nothing``, but a list: ``[]`` is a list of 0 samples.
 
     Raises:
-        ValueError: If ``dataset`` is ``{}``, ``()``, ``[]`` or containers nesting only empty ones.
+        ValueError: If ``dataset`` is ``{}``, ``()`` or containers nesting only empty ones (``{"a": []}``).
     """
-    if holds_nothing(dataset):
+    # NOTE: a list is a sequence of samples, as DataLoader takes it: one filtered down to none is a
+    # dataset of 0 items, as arrays of 0 rows and range(0) are
+    if type(dataset) is not list and holds_nothing(dataset):
         # NOTE: read item by item it would be a dataset of len() items none of which can be read: of 0
-        # items for {} or [], of 1 for {"a": {}}. Arrays of 0 rows are a dataset of 0 items
+        # items for {}, of 1 for {"a": {}}
         raise ValueError(
             f"dataset must hold data, got {short_repr(dataset)}: it holds no tensor, array or sample. A dataset is a "
             "tensor or a numpy array (its rows are the items; with 0 rows, a dataset of 0 items), a pytree of them "

@@ -65,11 +65,12 @@ class BatchFitReport:
 
         Examples:
             >>> report = compare_peaks(np.array([0.0, 50.0]), np.array([64.0, 50.0]), [1, 1], margin=0.0)
-            >>> report.advice[:75]
-            'Batch 0 (1 items) used memory where the model predicts none (no fixed cost,'
+            >>> report.advice[:74]
+            'Batch 0 (1 item) used memory where the model predicts none (no fixed cost,'
         """
         use = self.mean_utilization
-        batch = f"Batch {self.worst_batch} ({self.worst_batch_items} items)"
+        items = f"{self.worst_batch_items} item{'' if self.worst_batch_items == 1 else 's'}"
+        batch = f"Batch {self.worst_batch} ({items})"
         if math.isinf(self.worst_under_prediction):
             return (
                 f"{batch} used memory where the model predicts none (no fixed cost, nothing for its items), so no "

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -142,7 +143,7 @@ def choose_lengths(
     the longest), and each length counts at the first candidate that holds it.
 
     Args:
-        lengths: The items' lengths (non-negative integers, any array-like).
+        lengths: The items' lengths (non-negative integers, any array-like; padded, up to ``2**63 - 1``).
         num_buckets: ``K``; fewer lengths are returned when there are fewer distinct lengths.
         pad_to_multiple_of: Round lengths up to a multiple of this first (bucket lengths are then
             multiples of it, at least the multiple itself: a length of 0 pads to one multiple).
@@ -172,6 +173,16 @@ def choose_lengths(
         least = values.min().item()
         raise ValueError(f"lengths must be non-negative integers to choose bucket lengths, got {least!r}.")
     multiple = 1 if pad_to_multiple_of is None else check_positive_int("pad_to_multiple_of", pad_to_multiple_of)
+    # NOTE: a bucket length is an int64 (a loader pads to it): one a length pads to past it is refused,
+    # where numpy would wrap it around to a negative length, and the ladder leave its item out
+    past = values > (_INT64_MAX // multiple) * multiple if multiple <= _INT64_MAX else np.ones(len(values), bool)
+    if past.any():
+        at = int(np.argmax(past))
+        padded = f" padded to a multiple of {multiple}" if multiple > 1 else ""
+        raise ValueError(
+            f"lengths[{at}] = {values[at].item()!r}{padded} is past int64's largest (2**63 - 1), the longest bucket "
+            "length: check the lengths (tokens per item) and pad_to_multiple_of."
+        )
     values = padded_length(values.astype(np.int64), multiple)
     weights = None if counts is None else as_numpy("counts", counts).reshape(-1)
     if weights is not None and len(weights) != len(values):
@@ -209,7 +220,11 @@ def _best_boundaries(values: np.ndarray, counts: np.ndarray, k: int) -> np.ndarr
     below = np.zeros(m + 1, dtype=np.int64)  # items with one of the first j values
     np.cumsum(counts, out=below[1:])
     top = np.concatenate([[0], values]).astype(np.int64)  # the bucket length ending at value j - 1
-    huge = np.iinfo(np.int64).max // 4
+    huge: float = np.iinfo(np.int64).max // 4
+    if int(values[-1]) * int(below[-1]) >= huge:
+        # NOTE: padded tokens past int64 would wrap around (and a length be chosen twice): summed in
+        # float64 instead, exact up to its rounding, with no sum that stands for "no ladder" but inf
+        below, top, huge = below.astype(np.float64), top.astype(np.float64), math.inf
     best = np.where(np.arange(m + 1) > 0, top * below, huge)
     best[0] = huge
     choices = []

@@ -250,7 +250,8 @@ def test_model_advice_is_the_held_back_batches_where_they_call_for_action() -> N
     held_back = model.report.num_batches
     assert model.advice == f"Of the {held_back} batches held back from a first fit: {model.report.advice}"
     worst = model.report.worst_batch  # its position among every batch measured
-    assert model.report.advice.startswith(f"Batch {worst} ({len(batches[worst])} items) used 0.8% more than")
+    items = len(batches[worst])
+    assert model.report.advice.startswith(f"Batch {worst} ({items} item{'' if items == 1 else 's'}) used 0.8% more")
 
 
 def test_report_names_the_under_predicted_batch_and_what_to_do() -> None:
@@ -271,7 +272,7 @@ def test_report_of_a_badly_fitted_model_says_to_act() -> None:
     model, batches, peaks = _exact_model()
     report = fit_report(model, batches[:3], [peaks[0] * 1.645, peaks[1], peaks[2] * 0.97])
     assert report.mean_utilization > 1.09 and report.worst_under_prediction == pytest.approx(0.645)
-    assert report.advice.startswith("Batch 0 (1 items) used 64.5% more than the model predicts")
+    assert report.advice.startswith("Batch 0 (1 item) used 64.5% more than the model predicts")
 
 
 def test_report_says_when_batches_would_fill_little_of_the_budget() -> None:

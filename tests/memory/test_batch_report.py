@@ -28,7 +28,7 @@ def test_a_batch_predicted_nothing_that_used_memory_is_an_unbounded_under_predic
     assert report.mean_utilization == math.inf and report.min_utilization == math.inf
     assert report.worst_batch == 0 and report.worst_batch_items == 1 and report.calls_for_action
     assert report.advice == (
-        "Batch 0 (1 items) used memory where the model predicts none (no fixed cost, nothing for its items), so no "
+        "Batch 0 (1 item) used memory where the model predicts none (no fixed cost, nothing for its items), so no "
         "budget covers batches like it: measure more batches like it and fit on all the batches measured, so that "
         "the model charges for them (a lower budget does not help)."
     )
@@ -63,7 +63,7 @@ def test_model_advice_names_a_held_back_batch_the_first_fit_predicts_nothing_for
     model = fit_batch_memory(batches, peaks, degree=1, held_out=0.2, seed=3)  # the batch of an empty item held back
     assert model.report is not None and model.report.worst_batch == 9
     assert model.report.worst_under_prediction == math.inf
-    assert model.advice.startswith("Of the 2 batches held back from a first fit: Batch 9 (1 items) used memory where")
+    assert model.advice.startswith("Of the 2 batches held back from a first fit: Batch 9 (1 item) used memory where")
     # the model handed on is fitted on it too, and covers it
     assert model.predict([[0]])[0] >= 64 and model.fit.worst_under_prediction <= 0
 

@@ -77,6 +77,44 @@ def test_chosen_lengths_are_multiples_of_pad_to_multiple_of_for_every_length(
     assert padded_tokens(padded, chosen) == best
 
 
+@settings(max_examples=100, deadline=None)
+@given(
+    lengths=st.lists(
+        st.one_of(st.integers(0, 40), st.integers(2**40, 2**62), st.just(2**63 - 1)), min_size=1, max_size=12
+    ),
+    k=st.integers(1, 4),
+)
+def test_chosen_lengths_of_huge_lengths_pad_the_fewest_tokens(lengths: list[int], k: int) -> None:
+    # lengths near int64's largest: the padded tokens sum past int64, which once wrapped around
+    # and chose one length twice (a ladder ShapeBuckets refuses)
+    chosen = choose_lengths(lengths, k)
+    distinct = sorted({max(length, 1) for length in lengths})
+    assert list(chosen) == sorted(set(chosen)) and chosen[-1] == distinct[-1]
+    assert len(chosen) == min(k, len(distinct))
+    best = min(
+        padded_tokens(lengths, (*combo, distinct[-1]))
+        for combo in itertools.combinations(distinct[:-1], min(k, len(distinct)) - 1)
+    )
+    # invariant: within float64's rounding of sums past int64, no other ladder pads fewer tokens
+    assert padded_tokens(lengths, chosen) <= best * (1 + 2**-40)
+    assert ShapeBuckets.fit(lengths, k).lengths == chosen
+
+
+def test_chosen_lengths_of_huge_lengths_are_distinct() -> None:
+    lengths = [3] * 100 + [2**58, 2**59, 2**60]
+    assert choose_lengths(lengths, 2) == (3, 2**60)
+
+
+@pytest.mark.parametrize("multiple", [3, 8, 2**40])
+def test_a_length_that_pads_past_int64_is_refused_naming_it(multiple: int) -> None:
+    # 2**63 - 1 rounded up to a multiple of 8 is past int64: it once wrapped around to a negative
+    # length, and the chosen ladder left the longest item out
+    with pytest.raises(ValueError, match=rf"lengths\[1\] = {2**63 - 1} padded to a multiple of {multiple} .* past"):
+        choose_lengths([5, 2**63 - 1], 2, pad_to_multiple_of=multiple)
+    with pytest.raises(ValueError, match="past"):
+        FastSizeAwareLoader({"x": torch.arange(2)}, [5, 2**63 - 1], 2**200, buckets=2, pad_to_multiple_of=multiple)
+
+
 @pytest.mark.parametrize(
     ("call", "message"),
     [
