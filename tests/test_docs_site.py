@@ -149,3 +149,31 @@ def test_the_site_builds_strictly(tmp_path):
     )
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "site" / "api" / "fastsab" / "index.html").is_file()
+
+
+def _quickstart(text: str) -> list[str]:
+    """The command lines of the ``bash`` block between a page's quickstart markers (as .ci/run reads them)."""
+    block = text.split("<!-- quickstart:start -->\n", 1)[1].split("<!-- quickstart:end -->", 1)[0]
+    return [line for line in block.splitlines() if not line.startswith("```")]
+
+
+def test_the_quickstart_is_two_lines_and_the_install_page_gives_the_same():
+    readme = _quickstart((ROOT / "README.md").read_text())
+    assert len(readme) == 2 and "fastsab bench" in readme[0] and readme[1].startswith("python -m pytest")
+    page = (DOCS / "getting-started.md").read_text()
+    install = page.split("## Install\n\n```bash\n", 1)[1].split("```", 1)[0].splitlines()
+    assert install == readme
+
+
+def test_the_test_extra_installs_every_extra_and_the_peers_the_tests_import():
+    import tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    [own, *peers] = extras["test"]
+    # invariant: a new extra (or one the tests come to need) is in the test extra, or named here as left out
+    assert set(own.removeprefix("fastsab[").removesuffix("]").split(",")) == set(extras) - {"test", "bench"}
+    assert set(extras["bench"]) <= set(extras["dev"])
+    imported = {"toma": "toma", "bionemo-size-aware-batching": "bionemo.size_aware_batching"}
+    for peer in peers:
+        name = peer.split("==")[0]
+        assert importlib.util.find_spec(imported[name]) is not None, f"the test extra's {name} is not installed"
