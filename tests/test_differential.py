@@ -732,7 +732,9 @@ def lockstep_state(loaders: list[Any]) -> dict[str, Any]:
     return json.loads(json.dumps(states[0]))
 
 
-@settings(max_examples=examples(40))
+# NOTE: 10 of the 40 cases in the quick suite, the other 30 in the slow one
+# (test_resume_at_every_step_more_cases): a resume at every step is the heaviest property here
+@settings(max_examples=examples(10))
 @given(case=cases(world_sizes=(1, 2, 3, 4), windows=WINDOWS), data=st.data())
 def test_resume_at_every_step(case: Case, data: Any) -> None:
     with ExitStack() as stack:
@@ -777,6 +779,13 @@ def test_resume_at_every_step(case: Case, data: Any) -> None:
         for loader in fresh:
             loader.load_state_dict(state)
         assert [epoch(loader, case) for loader in fresh] == following
+
+
+@pytest.mark.slow
+@settings(max_examples=examples(30))
+@given(case=cases(world_sizes=(1, 2, 3, 4), windows=WINDOWS), data=st.data())
+def test_resume_at_every_step_more_cases(case: Case, data: Any) -> None:
+    test_resume_at_every_step.hypothesis.inner_test(case, data)  # type: ignore[attr-defined]
 
 
 def steps_run_before(state: dict[str, Any] | None) -> int:

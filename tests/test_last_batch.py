@@ -79,9 +79,17 @@ def test_round_down_ranks_share_the_single_process_plan(case: differential.Case)
     differential.test_ranks_share_the_single_process_plan.hypothesis.inner_test(case)  # type: ignore[attr-defined]
 
 
-@settings(max_examples=differential.examples(25))
+# NOTE: 6 of the 25 cases in the quick suite, the other 19 in the slow one
+@settings(max_examples=differential.examples(6))
 @given(case=round_down_cases(world_sizes=(1, 2, 3), windows=differential.WINDOWS), data=st.data())
 def test_round_down_resume_at_every_step(case: differential.Case, data: Any) -> None:
+    differential.test_resume_at_every_step.hypothesis.inner_test(case, data)  # type: ignore[attr-defined]
+
+
+@pytest.mark.slow
+@settings(max_examples=differential.examples(19))
+@given(case=round_down_cases(world_sizes=(1, 2, 3), windows=differential.WINDOWS), data=st.data())
+def test_round_down_resume_at_every_step_more_cases(case: differential.Case, data: Any) -> None:
     differential.test_resume_at_every_step.hypothesis.inner_test(case, data)  # type: ignore[attr-defined]
 
 
