@@ -158,6 +158,8 @@ class LoaderBase(LoaderIteration[T], metaclass=TakesDataLoaderKeywords):
 
         Raises:
             TypeError: Where Lightning reads it to count the steps of epochs to come, as above.
+            ValueError: There, where the trainer takes a fraction of it (``limit_train_batches=0.5``,
+                ``val_check_interval=0.5``), which it refuses without a length.
         """
         read = None if isinstance(self.planner, FixedSizePlanner) else lightning_read(self, sys._getframe(1))
         if read is not None and read.reload != 1:
@@ -170,6 +172,14 @@ class LoaderBase(LoaderIteration[T], metaclass=TakesDataLoaderKeywords):
                     "estimated_stepping_batches), pass Trainer(reload_dataloaders_every_n_epochs=1) and call "
                     "loader.set_epoch(self.trainer.current_epoch) in train_dataloader().",
                     stacklevel=user_stacklevel(),
+                )
+            if read.counts_epochs and read.fraction is not None:
+                raise ValueError(
+                    f"Trainer({read.fraction}) takes a fraction of the training loader's length, but "
+                    f"{type(self).__name__} reports none to a trainer that loads it every "
+                    f"reload_dataloaders_every_n_epochs={read.reload} epochs: size-aware epochs differ in length. "
+                    "Pass Trainer(reload_dataloaders_every_n_epochs=1) and call "
+                    "loader.set_epoch(self.trainer.current_epoch) in train_dataloader(), or give a number of batches."
                 )
             if read.counts_epochs:
                 raise TypeError(

@@ -60,6 +60,8 @@ class LightningRead(NamedTuple):
     counts_epochs: bool
     #: Where the fit loop reads as it loads the loader: the epoch it sets next (``None`` elsewhere).
     epoch: int | None
+    #: A trainer option that takes a fraction of the epoch's length (``"limit_train_batches=0.5"``), or ``None``.
+    fraction: str | None = None
 
 
 def lightning_read(loader: object, caller: FrameType | None) -> LightningRead | None:
@@ -100,11 +102,22 @@ def lightning_read(loader: object, caller: FrameType | None) -> LightningRead | 
                 epoch = getattr(progress, "processed", None)
                 return LightningRead(
                     reload,
+                    fraction=_fraction(trainer),
                     # (the loop's own reads go through Lightning's functions; its fetcher's through its methods)
                     counts_epochs=below is None or "self" not in below.f_locals,
                     epoch=epoch if isinstance(epoch, int) and frame.f_code.co_name == "setup_data" else None,
                 )
         frame, below = frame.f_back, frame
+    return None
+
+
+def _fraction(trainer: object) -> str | None:
+    """The option of ``trainer`` that takes a fraction of the training loader's length, as ``name=value``."""
+    for name in ("limit_train_batches", "val_check_interval"):
+        value = getattr(trainer, name, None)
+        # NOTE: 1.0 is the whole epoch, which Lightning takes without a length; an int counts batches
+        if isinstance(value, float) and value != 1.0:
+            return f"{name}={value}"
     return None
 
 

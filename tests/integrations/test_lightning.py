@@ -580,3 +580,15 @@ def test_bare_bucket_loader_resumes_every_epoch_exactly(tmp_path, reload):
         assert sorted(i for batch in batches for i in batch) == list(range(60))
         assert all(max(SIZES[batch]) <= (3 if len(batch) > 2 else 7) for batch in batches)
     assert resumed == whole  # 22 steps an epoch: resumed at step 28, in the second epoch, step by step
+
+
+@pytest.mark.filterwarnings("ignore:FastSizeAwareLoader reports no length")
+@pytest.mark.parametrize("option", [{"limit_train_batches": 0.5}, {"val_check_interval": 0.5}])
+def test_a_bare_size_aware_loader_without_reloading_refuses_a_fraction_of_an_epoch_before_any_step(tmp_path, option):
+    # a fraction of a length the loader does not report: refused with the remedy, not as an IterableDataset's
+    model = BareRecorder(size_aware(10))
+    run = trainer(tmp_path, max_epochs=2, limit_val_batches=0, **option)
+    name, value = next(iter(option.items()))
+    with pytest.raises(ValueError, match=rf"Trainer\({name}={value}\) .*reload_dataloaders_every_n_epochs=1"):
+        run.fit(model)
+    assert model.train_batches == []
