@@ -96,6 +96,7 @@ class Fetcher:
         self.collate_fn = collate_fn
         self.row_bytes = 0
         self._source: Any = None
+        self._items: Any = getattr(dataset, "fetch_ids", None)  # (a Mixture's ids name their source epoch too)
         self.in_memory = False
         if callable(getattr(dataset, "__getitems__", None)):
             self.kind = "getitems"
@@ -146,7 +147,7 @@ class Fetcher:
             ValueError: If ``indices`` is not one-dimensional.
             IndexError: If an index is negative or not less than ``length``.
         """
-        index = check_indices(indices, self.length)
+        index = check_indices(indices if self._items is None else self._items(np.asarray(indices)), self.length)
         if self.kind == "gather":
             return self.collate(self._gather(index))
         if self.kind == "getitems":

@@ -10,6 +10,7 @@ handed out one batch at a time, counted in the epoch's stats and position, and a
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Generator, Iterable, Iterator
 from typing import Any, Protocol, cast
 
@@ -22,6 +23,7 @@ from fastsab.fetch.workers import PersistentWorkers, worker_batches
 from fastsab.loaders.limit_lowering import LimitLowering
 from fastsab.loaders.options import LoaderOptions, T
 from fastsab.plan.epochs import EpochOrder
+from fastsab.plan.mixed_order import MixedOrder
 from fastsab.position.cursor import EpochCursor, Stream
 from fastsab.position.stats import EpochStats
 from fastsab.position.trainer_sampler import CountedLength
@@ -89,6 +91,8 @@ class LoaderIteration(LimitLowering[T]):
         self._counted.start(self, self.epoch, lambda: EpochCursor.__len__(self), self.fingerprint)
         stats = EpochStats(self.epoch)
         epoch, stream = self._start_epoch(stats)
+        if isinstance(self.order, MixedOrder):
+            stats.source_figures = functools.partial(self.order.source_figures, epoch)
         progress = self._progress
         if self._chunked:
             dataset: _ChunkedDataset = self.dataset  # type: ignore[assignment]  # checked in LoaderBase.__init__

@@ -23,6 +23,7 @@ from typing_extensions import Unpack
 
 from fastsab._checks import check_choice, check_positive_int
 from fastsab.fetch.fillers import not_a_mapping
+from fastsab.fetch.mixture import Mixture
 from fastsab.loaders.bucketed import DATASET_COLLATOR, bucket_collators, bucket_planner
 from fastsab.loaders.loader_base import LoaderBase
 from fastsab.loaders.options import (
@@ -243,6 +244,8 @@ class FastSizeAwareLoader(LoaderBase[T]):
     ) -> None:
         super().__init__(dataset, LoaderOptions.given_to(type(self).__name__, options))
         self._max_total_size = max_total_size
+        if isinstance(dataset, Mixture):  # (sizes and features per source, laid end to end)
+            sizeof, features = dataset.joined("sizeof", sizeof), dataset.joined("features", features)  # type: ignore[assignment]
         costs: CostSource = make_cost_source(sizeof, self.order.n, features)
         collators = {"collate_fn": self.options.collate_fn, DATASET_COLLATOR: getattr(dataset, "collator", None)}
         if buckets is not None:

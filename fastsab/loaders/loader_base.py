@@ -10,15 +10,18 @@ side of ``fastsab.adaptive.run``) ``LimitLowering``'s.
 
 from __future__ import annotations
 
+import functools
 import sys
 import warnings
 from typing import Any
 
+import numpy as np
 import torch
 
 from fastsab._checks import user_stacklevel
 from fastsab.fetch.batch_maker import BatchMaker
 from fastsab.fetch.fetcher import Fetcher
+from fastsab.fetch.mixture import Mixture
 from fastsab.fetch.transfer import Transfer
 from fastsab.loaders.bucketed import bucket_collators
 from fastsab.loaders.dataloader_keywords import TakesDataLoaderKeywords
@@ -28,6 +31,7 @@ from fastsab.loaders.planned import PlannedBatchSampler, PlannedDataLoader
 from fastsab.plan.bucket_planner import BucketPlanner
 from fastsab.plan.epochs import EpochOrder
 from fastsab.plan.fixed_size import FixedSizePlanner
+from fastsab.plan.mixed_order import MixedOrder
 from fastsab.plan.planners import SizeAwarePlanner
 from fastsab.plan.shuffle import DEFAULT_GROUP_SIZE
 from fastsab.position.distributed import resolve_rank
@@ -68,9 +72,18 @@ class LoaderBase(LoaderIteration[T], metaclass=TakesDataLoaderKeywords):
             # NOTE: a chunked dataset (OutOfCoreDataset) is shuffled with its chunks as the
             # groups, unrotated, so every chunk is read once per epoch
             group_size = chunk_size if isinstance(chunk_size, int) and self._chunked else DEFAULT_GROUP_SIZE
-        self.order = EpochOrder(
-            fetcher.length, shuffle=options.shuffle, seed=options.seed, group_size=group_size, rotate=not self._chunked
-        )
+        if isinstance(dataset, Mixture):
+            self.order: EpochOrder = dataset.order(
+                shuffle=options.shuffle, seed=options.seed, group_size=options.group_size
+            )
+        else:
+            self.order = EpochOrder(
+                fetcher.length,
+                shuffle=options.shuffle,
+                seed=options.seed,
+                group_size=group_size,
+                rotate=not self._chunked,
+            )
         transfer = Transfer.create(options.device, options.pin_memory, options.non_blocking)
         self.maker = BatchMaker(fetcher, transfer, options.chunk_bytes)
         self.stats = None
@@ -107,6 +120,8 @@ class LoaderBase(LoaderIteration[T], metaclass=TakesDataLoaderKeywords):
     # -- epochs, state and what trainers read ------------------------------------------
 
     def _use_planner(self, planner: FixedSizePlanner | SizeAwarePlanner | BucketPlanner) -> None:
+        if isinstance(self.order, MixedOrder) and not isinstance(planner, FixedSizePlanner):
+            self.order.use_costs(functools.partial(_item_costs, planner))
         self._init_cursor(planner, self.rank, self.world_size, self.options.even_batches, self.options.balance)
 
     def batch_sampler(self) -> PlannedBatchSampler:
@@ -208,3 +223,14 @@ class LoaderBase(LoaderIteration[T], metaclass=TakesDataLoaderKeywords):
     def sampler(self) -> TrainerSampler:
         """Where a trainer written for ``DataLoader`` sets the epoch (see ``TrainerSampler``)."""
         return TrainerSampler(self.set_epoch, self._counted)
+
+
+def _item_costs(planner: SizeAwarePlanner | BucketPlanner, ids: np.ndarray) -> np.ndarray:
+    """What a mixture's weights count of each item: its cost under ``planner`` (the first column), or its length."""
+    if isinstance(planner, BucketPlanner):
+        costs = planner.lengths(ids)
+    else:
+        costs = planner.costs(ids)
+        if planner.rule.feature_cost is not None:
+            costs = planner.rule.feature_cost(costs)
+    return np.asarray(costs, dtype=np.float64).reshape(len(ids), -1)[:, 0]

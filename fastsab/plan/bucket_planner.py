@@ -68,7 +68,7 @@ class BucketPlanner:
         partial: Partial = "fill",
         per_group: bool = False,
     ) -> None:
-        self.order, self.lengths, self.rule, self.unit_cost = order, lengths, rule, unit_cost
+        self.order, self.lengths, self.rule, self.unit_cost = order, order.read_by_ids(lengths), rule, unit_cost
         if per_group and order.rotate:
             raise ValueError("per_group closes the buckets of each shuffle group: it needs groups that do not rotate.")
         self.per_group = per_group
@@ -229,11 +229,19 @@ class BucketPlanner:
 
     def num_batches(self, epoch: int) -> int:
         """Exact number of batches of an epoch, counted from the lengths (the same in every epoch)."""
-        per_bucket = self._counts()
+        per_bucket = self._counts() if self.order.each_item_once else self._epoch_counts(epoch)
         if per_bucket[:, -1].any() and self.oversize == "error":
             self.set_oversize_aside(np.arange(self.order.n, dtype=np.int64))
         batches = -(-per_bucket[:, :-1] // np.asarray(self.batch_sizes, dtype=np.int64))
         return int(batches.sum()) + (int(per_bucket[:, -1].sum()) if self.oversize == "own_batch" else 0)
+
+    def _epoch_counts(self, epoch: int) -> np.ndarray:
+        """Items per bucket of ``epoch``, read from its order (a mixture's: some items twice, some left for later)."""
+        columns = len(self.batch_sizes) + 1
+        counts = np.zeros(columns, dtype=np.int64)
+        for ids in self.order.chunks(epoch):
+            counts += np.bincount(self.buckets.bucket_of(self.lengths_of(ids)), minlength=columns)
+        return counts[None, :]
 
     def _counts(self) -> np.ndarray:
         """Items per bucket (the last column: longer than every bucket), one row per group with ``per_group``."""

@@ -9,10 +9,12 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 
 from fastsab._checks import check_positive_int
+from fastsab.plan.cost_sources import CostSource
 from fastsab.plan.shuffle import DEFAULT_GROUP_SIZE, GroupedPermutation
 
 __all__ = ["FIRST_CHUNK", "EpochOrder"]
@@ -41,6 +43,29 @@ class EpochOrder:
         self.permutation = GroupedPermutation(n, self.group_size, seed, rotate=rotate)
         self.rotate = rotate
         self.seed = self.permutation.seed
+
+    #: Whether every epoch visits each of the ``n`` items once (a mixture's may not).
+    each_item_once = True
+
+    @property
+    def id_bound(self) -> int:
+        """Ids the order yields are below this: ``n`` (a mixture's ids also name a source epoch)."""
+        return self.n
+
+    def read_by_ids(self, costs: CostSource) -> CostSource:
+        """``costs`` read with the ids this order yields: as they are (a mixture's name their item otherwise)."""
+        return costs
+
+    def state_entry(self, epoch: int, item: int | None) -> dict[str, Any]:
+        """What a state saves of the order besides the seed: nothing (a mixture's rule saves where it stands)."""
+        return {}
+
+    def load_entry(self, epoch: int, entry: object, planner: object) -> None:
+        """Take up what ``state_entry`` saved: nothing to take up."""
+
+    def epoch_length(self, epoch: int) -> int:
+        """Items of ``epoch``: all ``n``."""
+        return self.n
 
     def group_order(self, epoch: int) -> np.ndarray:
         """The order in which ``epoch`` visits the blocks ``[k * group_size, (k + 1) * group_size)``."""

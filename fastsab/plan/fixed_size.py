@@ -23,7 +23,7 @@ class FixedSizePlanner:
         self.drop_last = drop_last
 
     def num_batches(self, epoch: int) -> int:
-        n, size = self.order.n, self.batch_size
+        n, size = self.order.epoch_length(epoch), self.batch_size
         return n // size if self.drop_last else -(-n // size)
 
     def plan_inputs(self) -> PlanInputs:
@@ -85,7 +85,7 @@ class FixedSizeEpoch:
     def __init__(self, planner: FixedSizePlanner, epoch: int, *, start: int = 0) -> None:
         self.planner = planner
         self.batch_size = planner.batch_size
-        n = planner.order.n
+        n = planner.order.epoch_length(epoch)
         self._keep = n - n % planner.batch_size if planner.drop_last else n  # items batched at all
         self._seen = start  # items of the order before the next chunk
         self._chunks = planner.order.plan_chunks(epoch, start)

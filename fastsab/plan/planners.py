@@ -58,6 +58,7 @@ class SizeAwarePlanner:
         self.rule = rule
         # NOTE: every reader of the costs (split, oversize, sorted windows, balancing, lowering)
         # sees what the rule charges: with pad_to_multiple_of, the padded lengths
+        costs = order.read_by_ids(costs)
         self.costs = self.rule.charged(costs)
         self.figures = BatchFigures(self.rule, self.costs, costs)  # each planned batch's fill and tokens
         self.oversize: OversizePolicy = check_choice("oversize", oversize, ("skip", "own_batch", "error"))  # type: ignore[assignment]
@@ -84,6 +85,10 @@ class SizeAwarePlanner:
             self._cache = (epoch, chunks)
             return sum(chunk.num_batches for chunk in chunks)
         return sum(chunk.num_batches for chunk in SizeAwareEpoch(self, epoch))
+
+    def forget_plans(self) -> None:
+        """Forget the plans kept (a mixture's order taken up from a state may plan its epoch otherwise)."""
+        self._cache = self._window_cache = None
 
     def chunks(self, epoch: int) -> SizeAwareEpoch | SortedWindowEpoch:
         if self.sort_window is not None:

@@ -348,6 +348,7 @@ class EpochCursor:
         }
         if point is not None:
             state["resume"] = point.as_dict()
+        state |= self.planner.order.state_entry(epoch, None if point is None else point.item)  # (a mixture's)
         state |= self._batches.entry(epoch, [*history, current])  # (a lowered limit: another count)
         return _plain(state)  # type: ignore[no-any-return]
 
@@ -372,6 +373,7 @@ class EpochCursor:
             plan=plan,
             older=lambda: older_fingerprints(self.planner),
         )
+        self.planner.order.load_entry(epoch, state.get("mixture"), self.planner)  # (a mixture's rule takes it up)
         history, current = segments[:-1], segments[-1]
         resuming = bool(history) or current.steps > 0 or bool(current.lowered)
         point = loaded_point(self._shares, state, history, current, self._new_segment())

@@ -49,7 +49,7 @@ STATE_KEYS = ("format", "seed", "epoch", "history", "fingerprint")
 #: The entries a state may lack: the plan's settings (states saved before they were kept have none),
 #: where planning resumes (``ResumePoint``: states saved before it was kept, or where none applies)
 #: and the epoch's global batches (where the saving run knew them: ``fastsab.position.batch_count``).
-OPTIONAL_KEYS = ("plan", "resume", "batches")
+OPTIONAL_KEYS = ("plan", "resume", "batches", "mixture")
 #: The entries of a state's ``"resume"``.
 RESUME_KEYS = ("batch", "item", "rng")
 #: The resume points an iteration keeps for the steps behind the last one handed out (a consumer's lag).

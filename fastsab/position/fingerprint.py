@@ -87,9 +87,20 @@ def _digest(planner: Planner[Any], kind: str, plain: dict[str, Any], sizes: byte
     order = planner.order
     digest = hashlib.blake2b(digest_size=12)
     digest.update(repr((kind, order.n, order.shuffle, order.group_size, order.rotate)).encode())
+    digest.update(order_identity(order))
     digest.update(json.dumps(plain).encode())
     digest.update(sizes)
     return digest.hexdigest()
+
+
+def order_identity(order: Any) -> bytes:
+    """What decides a mixture's order besides its seed and sizes: its sources, their items, ``stop`` and ``by``.
+
+    Empty for one dataset (so that its digests stay as they were). A mixture's weights are left
+    out: weights given anew at a resume apply from the next epoch (``MixedOrder.load_entry``).
+    """
+    identity = getattr(order, "identity", None)
+    return b"" if identity is None else json.dumps(identity, sort_keys=True).encode()
 
 
 def plan_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:

@@ -41,7 +41,7 @@ def loaded_point(
     point = parse_resume_point(state)
     if point is None:
         return None
-    n = shares.planner.order.n
+    n = shares.planner.order.id_bound
     if point.item >= n:
         raise ValueError(f"state['resume'] names item {point.item!r}, past the {n} items of the dataset.")
     world = segment.world_size

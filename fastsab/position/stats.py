@@ -96,6 +96,8 @@ class EpochStats:
     spread_after: float = 0.0
     # gives the figures of chunks planned without them (set by the loader's cursor)
     measure: Measure | None = field(default=None, repr=False, compare=False)
+    # a mixture's figures per source (set by the loader: MixedOrder.source_figures of the epoch)
+    source_figures: Callable[[], dict[str, Any]] | None = field(default=None, repr=False, compare=False)
     _figures: _Figures = field(default_factory=lambda: _Figures(), repr=False, compare=False)
 
     def clear_reports(self) -> None:
@@ -127,6 +129,16 @@ class EpochStats:
     def replanned(self, position: int) -> None:
         """The batches from the ``position``-th one on are planned again (a lowered limit)."""
         self._figures.replanned(position)
+
+    @property
+    def sources(self) -> dict[str, Any] | None:
+        """A ``Mixture``'s epoch per source (``SourceFigures``: items, cost, source epochs, share, target).
+
+        ``None`` for one dataset.
+
+        Counted in the epoch's plan (all ranks together, to its end), from the mixing rule's states.
+        """
+        return None if self.source_figures is None else self.source_figures()
 
     @property
     def mean_fill(self) -> float | None:

@@ -1,0 +1,326 @@
+"""A mixture's epoch order: its sources' orders merged by the mixing rule (``fastsab.plan.mixing``).
+
+``MixedOrder`` gives what ``EpochOrder`` gives (an epoch's ids chunk by chunk, taken up at any
+position) for a mixture, so that every planner batches a mixture as it batches one dataset.
+
+Ids: the sources are laid end to end (source ``s``'s item ``i`` is ``offsets[s] + i`` of ``n``
+items in all), and the id a mixture's order yields also names the source epoch it comes from:
+``offsets[s] + i + n * source_epoch``. An upsampled source yields an item once per source epoch,
+so that every id of a mixture epoch is distinct; ``id % n`` is the item (``fetch_ids``,
+``MixedCosts``), ``locate`` names its source.
+
+Each source walks its own seeded grouped permutation (``EpochOrder``, its seed drawn from the
+mixture's seed and the source's name), epoch after epoch: a source's epochs run on across the
+mixture's epochs, and the mixture's epoch ``e`` starts where epoch ``e - 1`` ended (``starts``).
+Where the rule stands is kept every chunk (``MixState``), so that an epoch is taken up at any
+position by walking at most a chunk.
+"""
+
+from __future__ import annotations
+
+import bisect
+import zlib
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from fastsab.plan.epochs import FIRST_CHUNK, EpochOrder
+from fastsab.plan.mix_weights import StopRule, WeightSchedule
+from fastsab.plan.mixing import MixState, SourceHeads, mix_walk
+
+__all__ = ["MixedCosts", "MixedOrder", "SourceFigures"]
+
+#: Epochs whose chunk states are kept (the current one, the next one planned ahead, one before).
+_KEPT_EPOCHS = 3
+
+
+class MixedOrder(EpochOrder):
+    """The order of a mixture's epochs: the sources' orders merged by the mixing rule.
+
+    Args:
+        names: The sources' names, in order.
+        orders: Each source's ``EpochOrder`` (its own seed and groups).
+        schedule: The weights (``WeightSchedule``).
+        stop: When an epoch ends (``StopRule``).
+        shuffle, seed, group_size: As an ``EpochOrder``'s (``group_size``: items per chunk of the merged order).
+        by_items: Weights count items (each costs 1), not the items' costs.
+    """
+
+    def __init__(
+        self,
+        names: Sequence[str],
+        orders: Sequence[EpochOrder],
+        schedule: WeightSchedule,
+        stop: StopRule,
+        *,
+        shuffle: bool,
+        seed: int,
+        group_size: int,
+        by_items: bool,
+    ) -> None:
+        self.names = list(names)
+        self.orders = list(orders)
+        self.lengths = [order.n for order in self.orders]
+        self.offsets = np.concatenate([[0], np.cumsum(self.lengths)]).astype(np.int64)
+        self.n = int(self.offsets[-1])
+        self.schedule, self.stop = schedule, stop
+        self.shuffle, self.seed, self.group_size, self.by_items = shuffle, seed, group_size, by_items
+        self.rotate = True  # (no group spans a rank's share: see EpochShares)
+        self._item_costs: Callable[[np.ndarray], np.ndarray] | None = None
+        self._starts: dict[int, MixState] = {0: MixState.start(len(self.names))}
+        self._marks: dict[int, dict[int, MixState]] = {}  # epoch -> chunk start position -> state
+        self._lengths: dict[int, int] = {}  # epoch -> items, once walked to its end
+        self._schedules: dict[int, WeightSchedule] = {}  # an epoch resumed with the weights it was saved with
+        self._groups: list[tuple[int, int, np.ndarray]] = [(-1, 0, np.empty(0, np.int64))] * len(self.names)
+
+    @property
+    def identity(self) -> dict[str, Any]:
+        """What decides this order besides the seed, the weights and the costs (the plan's fingerprint reads it)."""
+        sources = dict(zip(self.names, self.lengths))
+        return {"mixture": sources, "stop": self.stop.as_dict(), "by_items": self.by_items}
+
+    each_item_once = False
+
+    @property
+    def id_bound(self) -> int:
+        """Ids the order yields are below this (they name a source epoch too)."""
+        return 2**62
+
+    def read_by_ids(self, costs: Any) -> MixedCosts:
+        """``costs`` read with this order's ids (each id's item is ``id % n``)."""
+        return MixedCosts(costs, self.n)
+
+    @staticmethod
+    def source_seed(seed: int, name: str) -> int:
+        """The seed of source ``name``'s permutations: drawn from the mixture's seed and the name."""
+        return int(np.random.default_rng([seed, zlib.crc32(name.encode())]).integers(2**62))
+
+    def use_costs(self, item_costs: Callable[[np.ndarray], np.ndarray]) -> None:
+        """Weigh items by ``item_costs(ids)`` (1-D float64 per item id in ``[0, n)``); unset: 1 each."""
+        self._item_costs = None if self.by_items else item_costs
+        self.forget()
+
+    def forget(self) -> None:
+        """Forget every epoch walked (after the costs changed)."""
+        self._starts = {0: MixState.start(len(self.names))}
+        self._marks.clear()
+        self._lengths.clear()
+
+    # -- reading the sources ------------------------------------------------------------
+
+    def _read(self, s: int, source_epoch: int, start: int, count: int) -> tuple[np.ndarray, np.ndarray]:
+        """Source ``s``'s items ``[start, start + count)`` of ``source_epoch``: mixture ids and costs."""
+        epoch, first, group = self._groups[s]
+        if epoch != source_epoch or not first <= start < first + len(group):
+            group = next(self.orders[s].chunks_from(source_epoch, start))
+            self._groups[s] = (source_epoch, start, group)
+            first = start
+        local = group[start - first : start - first + count]
+        ids = local + self.offsets[s]
+        costs = np.ones(len(ids)) if self._item_costs is None else self._item_costs(ids)
+        return ids + self.n * source_epoch, costs
+
+    def _walk(self, epoch: int, state: MixState, count: int) -> tuple[np.ndarray, bool]:
+        heads = SourceHeads(self.lengths, self._read)
+        ids, ended = mix_walk(state, heads, self._schedules.get(epoch, self.schedule), self.stop, count)
+        return np.asarray(ids, dtype=np.int64), ended
+
+    # -- epochs -------------------------------------------------------------------------
+
+    def start_state(self, epoch: int) -> MixState:
+        """Where the rule stands at ``epoch``'s start (earlier epochs walked if not known)."""
+        known = max(e for e in self._starts if e <= epoch)
+        while known < epoch:
+            for _ in self.chunks(known):
+                pass
+            known += 1
+        return self._starts[epoch].copy()
+
+    def state_at(self, epoch: int, position: int) -> MixState:
+        """Where the rule stands after ``position`` items of ``epoch``."""
+        marks = self._marks.get(epoch, {})
+        before = [p for p in marks if p <= position]
+        at = max(before) if before else 0
+        state = marks[at].copy() if before else self.start_state(epoch)
+        if position > at:
+            self._walk(epoch, state, position - at)
+        return state
+
+    def _chunk_states(self, epoch: int, position: int, sizes: Iterator[int]) -> Iterator[np.ndarray]:
+        state = self.state_at(epoch, position)
+        marks = self._marks.setdefault(epoch, {})
+        for old in sorted(self._marks)[:-_KEPT_EPOCHS]:
+            del self._marks[old]
+        for size in sizes:
+            marks.setdefault(position, state.copy())
+            ids, ended = self._walk(epoch, state, size)
+            position += len(ids)
+            if len(ids):
+                yield ids
+            if ended:
+                self._lengths[epoch] = position
+                self._starts.setdefault(epoch + 1, state.next_epoch())
+                return
+
+    def chunks(self, epoch: int, start: int = 0) -> Iterator[np.ndarray]:
+        """The chunks of ``epoch``, ``group_size`` items each, from chunk number ``start`` on."""
+        return self._chunk_states(epoch, start * self.group_size, iter(lambda: self.group_size, None))
+
+    def chunks_from(self, epoch: int, position: int) -> Iterator[np.ndarray]:
+        """The chunks of ``epoch`` from its ``position``-th item on: the rest of its chunk, then the next ones."""
+        first = self.group_size - position % self.group_size
+        return self._chunk_states(epoch, position, _sizes(first, self.group_size))
+
+    def chunks_first_small(self, epoch: int) -> Iterator[np.ndarray]:
+        """The chunks of ``epoch``, the first of ``FIRST_CHUNK`` items (see ``EpochOrder.chunks_first_small``)."""
+        first = min(FIRST_CHUNK, self.group_size)
+        return self._chunk_states(epoch, 0, _sizes(first, self.group_size))
+
+    def plan_chunks(self, epoch: int, start: int = 0) -> Iterator[np.ndarray]:
+        """The chunks planners plan ``epoch`` from: from item ``start`` on, or whole with a small first chunk."""
+        return self.chunks_from(epoch, start) if start else self.chunks_first_small(epoch)
+
+    def epoch_length(self, epoch: int) -> int:
+        """Items of ``epoch`` (walked to its end once)."""
+        if epoch not in self._lengths:
+            for _ in self.chunks(epoch):
+                pass
+        return self._lengths[epoch]
+
+    def position_of(self, epoch: int, index: int) -> int:
+        """Where the id ``index`` comes in ``epoch``: found from the chunk state before it, a chunk walked at most.
+
+        Raises:
+            ValueError: If ``epoch`` does not yield ``index``.
+        """
+        s, local, source_epoch = (int(v[0]) for v in self.locate(np.array([index])))
+        progress = source_epoch * self.lengths[s] + self.orders[s].position_of(source_epoch, local)
+        marks = self._marks.get(epoch) or {0: self.start_state(epoch)}
+        positions = sorted(marks)
+        done = [marks[p].source_epochs[s] * self.lengths[s] + marks[p].positions[s] for p in positions]
+        at = positions[max(bisect.bisect_right(done, progress) - 1, 0)]
+        state = marks[at].copy()
+        if state.source_epochs[s] * self.lengths[s] + state.positions[s] > progress:
+            raise ValueError(f"mixture epoch {epoch} does not yield id {index}: it comes before the epoch.")
+        while True:
+            ids, ended = self._walk(epoch, state, self.group_size)
+            hit = np.flatnonzero(ids == index)
+            if len(hit):
+                return at + int(hit[0])
+            at += len(ids)
+            if ended or not len(ids):
+                raise ValueError(f"mixture epoch {epoch} does not yield id {index}: it comes after the epoch.")
+
+    def source_figures(self, epoch: int) -> dict[str, SourceFigures]:
+        """What ``epoch``'s plan took of each source (all ranks together), from the rule's states at its ends."""
+        start, end = self.start_state(epoch), self.start_state(epoch + 1)
+        total = end.cost - start.cost
+        figures = {}
+        for s, name in enumerate(self.names):
+            n = self.lengths[s]
+            items = (end.source_epochs[s] - start.source_epochs[s]) * n + end.positions[s] - start.positions[s]
+            cost = end.costs[s] - start.costs[s]
+            target = cost - (end.deviations[s] - start.deviations[s])
+            figures[name] = SourceFigures(
+                items=items,
+                cost=cost,
+                source_epochs=end.source_epochs[s],
+                share=cost / total if total else 0.0,
+                target=target / total if total else 0.0,
+            )
+        return figures
+
+    # -- ids, state ---------------------------------------------------------------------
+
+    def locate(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Each id's source (its number), index in that source and source epoch."""
+        ids = np.asarray(ids, dtype=np.int64)
+        items, source_epochs = ids % self.n, ids // self.n
+        sources = np.searchsorted(self.offsets, items, side="right") - 1
+        return sources, items - self.offsets[sources], source_epochs
+
+    def state_entry(self, epoch: int, item: int | None) -> dict[str, Any]:
+        """A state's ``"mixture"``: ``epoch``'s start, the weights, the rule's state where ``item`` comes."""
+        entry: dict[str, Any] = {
+            "start": self.start_state(epoch).as_dict(),
+            "weights": self.schedule.as_list(),
+            "over": self.schedule.over,
+        }
+        if item is not None:
+            position = self.position_of(epoch, item)
+            entry["at"] = [position, self.state_at(epoch, position).as_dict()]
+        return {"mixture": entry}
+
+    def load_entry(self, epoch: int, entry: object, planner: object) -> None:
+        """Take up ``entry`` (from ``state_entry``) of a state of ``epoch``; ``planner`` forgets the plans it kept.
+
+        Raises:
+            ValueError: If ``entry`` is malformed.
+        """
+        if entry is None:  # (a state without one: each epoch's start is walked to)
+            return
+        if not isinstance(entry, dict) or "start" not in entry:
+            raise ValueError(f"state['mixture'] must be the mixture's entry of a state, got {entry!r}.")
+        sources = len(self.names)
+        start = MixState.from_dict(entry["start"], sources, "state['mixture']['start']")
+        saved = WeightSchedule(
+            self.names, [tuple(point) for point in entry.get("weights", [])] or [(0, {})], entry.get("over", "cost")
+        )
+        # NOTE: the saved epoch runs on with the weights it was saved with (its steps run are
+        # theirs, and so is every replay of it); weights given anew apply from the next epoch on
+        self._schedules = {} if saved.same_as(self.schedule) else {epoch: saved}
+        self._starts = {0: MixState.start(sources), epoch: start}
+        self._marks = {epoch: {0: start.copy()}}
+        self._lengths.clear()
+        at = entry.get("at")
+        if at is not None:
+            position = int(at[0])
+            self._marks[epoch][position] = MixState.from_dict(at[1], sources, "state['mixture']['at']")
+        forget = getattr(planner, "forget_plans", None)
+        if forget is not None:
+            forget()
+
+
+@dataclass(frozen=True)
+class SourceFigures:
+    """What a mixture's epoch took of one source (``stats.sources``), counted in the plan of all ranks.
+
+    Attributes:
+        items: Items taken (a source upsampled within the epoch counts each source epoch's).
+        cost: Their cost (as the weights count it: the loader's cost, or 1 per item).
+        source_epochs: The source's epochs completed since the mixture's start, at the epoch's end.
+        share: ``cost`` over the epoch's cost.
+        target: The share the weights gave the source over the epoch (each item's cost
+            shared by the weights in force).
+    """
+
+    items: int
+    cost: float
+    source_epochs: int
+    share: float
+    target: float
+
+
+def _sizes(first: int, size: int) -> Iterator[int]:
+    yield first
+    while True:
+        yield size
+
+
+class MixedCosts:
+    """A cost source read with a mixture's ids: each id's item is ``id % n``."""
+
+    def __init__(self, source: Any, n: int) -> None:
+        self.source, self.n = source, n
+
+    def __call__(self, ids: np.ndarray) -> np.ndarray:
+        return self.source(np.asarray(ids, dtype=np.int64) % self.n)  # type: ignore[no-any-return]
+
+    def fingerprint(self, n: int) -> bytes | memoryview:
+        return self.source.fingerprint(n)  # type: ignore[no-any-return]
+
+    def __getattr__(self, name: str) -> Any:
+        # NOTE: what else a cost source offers (FeatureRows' item_costs) reads rows, not ids
+        return getattr(self.source, name)
