@@ -315,3 +315,75 @@ def largest_batch(cap: Any, fixed: Any, unit: Any, max_batch_size: int | None, m
     while fixed + (rows + 1) * unit <= cap and (max_batch_size is None or rows + 1 <= max_batch_size):
         rows += 1
     return rows - rows % multiple if rows >= multiple else rows
+
+
+def mix_loop(
+    permutations: Sequence[Callable[[int], Sequence[int]]],
+    cost: Callable[[int, int], float],
+    weights: Callable[[float, int], Sequence[float]],
+    stop: tuple[str, float],
+    epochs: int,
+) -> list[list[tuple[int, int, int]]]:
+    """The mixing rule, one item at a time: ``epochs`` mixture epochs of ``(source, item, source epoch)``.
+
+    ``permutations[s](k)`` is source ``s``'s order in its source epoch ``k`` (its items, each
+    once); ``cost(s, item)`` an item's cost for the weights; ``weights(cost, items)`` the weights
+    in force after ``cost`` and ``items`` since the mixture's start. ``stop``: ``("first", 0)``,
+    ``("last", 0)``, ``("cost", total)`` or ``("items", count)``.
+
+    Each source's deviation is its cost so far minus its target: the sum, over every item taken,
+    of the item's cost times the source's share of the weights then. The next item comes from the
+    sources with a positive weight that are not ahead (deviation <= 0; all with a positive weight
+    where none is), the one whose deviation after its next item, over its weight, is least (the
+    source named first on a tie).
+    """
+    sources = len(permutations)
+    deviation = [0.0] * sources
+    source_epoch = [0] * sources
+    position = [0] * sources
+    orders = [list(permutations[s](0)) for s in range(sources)]
+    total_cost, total_items = 0.0, 0
+    result = []
+    for _ in range(epochs):
+        epoch: list[tuple[int, int, int]] = []
+        epoch_cost, ended = 0.0, [False] * sources
+        while True:
+            w = list(weights(total_cost, total_items))
+            positive = [s for s in range(sources) if w[s] > 0]
+            behind = [s for s in positive if deviation[s] <= 0] or positive
+            heads = {s: cost(s, orders[s][position[s]]) for s in behind}
+            chosen = min(behind, key=lambda s: ((deviation[s] + heads[s]) / w[s], s))
+            c = heads[chosen]
+            epoch.append((chosen, orders[chosen][position[chosen]], source_epoch[chosen]))
+            for s in positive:
+                deviation[s] -= w[s] / sum(w) * c
+            deviation[chosen] += c
+            total_cost += c
+            total_items += 1
+            epoch_cost += c
+            position[chosen] += 1
+            finished = position[chosen] == len(orders[chosen])
+            if finished:
+                if kind_stops_forever(stop, chosen, permutations, cost, source_epoch[chosen]):
+                    raise ValueError(f"source {chosen} costs nothing")
+                source_epoch[chosen] += 1
+                position[chosen] = 0
+                orders[chosen] = list(permutations[chosen](source_epoch[chosen]))
+                ended[chosen] = True
+            kind, amount = stop
+            if (
+                (kind == "first" and finished)
+                or (kind == "last" and finished and all(ended[s] or not w[s] for s in range(sources)))
+                or (kind == "cost" and epoch_cost >= amount)
+                or (kind == "items" and len(epoch) >= amount)
+            ):
+                break
+        result.append(epoch)
+    return result
+
+
+def kind_stops_forever(
+    stop: tuple[str, float], s: int, permutations: Sequence[Callable[[int], Sequence[int]]], cost: Any, epoch: int
+) -> bool:
+    """Whether source ``s``, which just ended a source epoch costing nothing, would hold ``stop`` off forever."""
+    return stop[0] in ("last", "cost") and sum(cost(s, item) for item in permutations[s](epoch)) == 0

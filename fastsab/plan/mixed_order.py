@@ -123,7 +123,7 @@ class MixedOrder(EpochOrder):
         return ids + self.n * source_epoch, costs
 
     def _walk(self, epoch: int, state: MixState, count: int) -> tuple[np.ndarray, bool]:
-        heads = SourceHeads(self.lengths, self._read)
+        heads = SourceHeads(self.lengths, self._read, self.names)
         ids, ended = mix_walk(state, heads, self._schedules.get(epoch, self.schedule), self.stop, count)
         return np.asarray(ids, dtype=np.int64), ended
 

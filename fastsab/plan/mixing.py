@@ -57,6 +57,7 @@ class MixState:
     positions: list[int]
     deviations: list[float]
     costs: list[float] = field(default_factory=list)
+    source_starts: list[float] = field(default_factory=list)  # each source's cost when its source epoch began
     cost: float = 0.0
     items: int = 0
     epoch_cost: float = 0.0
@@ -66,7 +67,8 @@ class MixState:
     @classmethod
     def start(cls, sources: int) -> MixState:
         """The state before the first item."""
-        return cls([0] * sources, [0] * sources, [0.0] * sources, [0.0] * sources, ended=[False] * sources)
+        zeros = [0.0] * sources
+        return cls([0] * sources, [0] * sources, list(zeros), list(zeros), list(zeros), ended=[False] * sources)
 
     def next_epoch(self) -> MixState:
         """The state at the start of the next mixture epoch (epoch counts reset)."""
@@ -80,6 +82,7 @@ class MixState:
             positions=list(self.positions),
             deviations=list(self.deviations),
             costs=list(self.costs),
+            source_starts=list(self.source_starts),
             ended=list(self.ended),
         )
 
@@ -90,6 +93,7 @@ class MixState:
             "positions": list(self.positions),
             "deviations": list(self.deviations),
             "costs": list(self.costs),
+            "source_starts": list(self.source_starts),
             "cost": self.cost,
             "items": self.items,
             "epoch_cost": self.epoch_cost,
@@ -111,13 +115,15 @@ class MixState:
                 [int(v) for v in entry["positions"]],
                 [float(v) for v in entry["deviations"]],
                 [float(v) for v in entry["costs"]],
+                [float(v) for v in entry["source_starts"]],
                 float(entry["cost"]),
                 int(entry["items"]),
                 float(entry["epoch_cost"]),
                 int(entry["epoch_items"]),
                 [bool(v) for v in entry["ended"]],
             )
-            columns = (state.source_epochs, state.positions, state.deviations, state.costs, state.ended)
+            columns: list[list[Any]] = [state.source_epochs, state.positions, state.deviations, state.costs]
+            columns += [state.source_starts, state.ended]
             assert all(len(column) == sources for column in columns)
             assert min(state.source_epochs + state.positions + [state.items, state.epoch_items]) >= 0
         except (AssertionError, KeyError, TypeError, ValueError):
@@ -136,9 +142,12 @@ class SourceHeads:
     """
 
     def __init__(
-        self, lengths: Sequence[int], read: Callable[[int, int, int, int], tuple[np.ndarray, np.ndarray]]
+        self,
+        lengths: Sequence[int],
+        read: Callable[[int, int, int, int], tuple[np.ndarray, np.ndarray]],
+        names: Sequence[str] = (),
     ) -> None:
-        self.lengths = list(lengths)
+        self.lengths, self.names = list(lengths), list(names)
         self.read = read
         self._ids: list[list[int]] = [[] for _ in self.lengths]
         self._costs: list[list[float]] = [[] for _ in self.lengths]
@@ -225,6 +234,9 @@ def mix_walk(
             state.source_epochs[s] += 1
             state.positions[s] = 0
             state.ended[s] = ended = True
+            if state.costs[s] == state.source_starts[s] and stop.kind in ("last", "cost"):
+                raise _costs_nothing(heads, s, stop)
+            state.source_starts[s] = state.costs[s]
         if _stops(state, stop, weights, ended):
             return out, True
         if offset[s] == len(ids_of[s]):
@@ -241,3 +253,13 @@ def _stops(state: MixState, stop: StopRule, weights: list[float], ended: bool) -
     if stop.kind == "cost":
         return state.epoch_cost >= stop.amount
     return state.epoch_items >= stop.amount
+
+
+def _costs_nothing(heads: SourceHeads, s: int, stop: StopRule) -> ValueError:
+    """The error for source ``s``, whose items all cost 0: the rule would take it at every turn."""
+    name = heads.names[s] if heads.names else s
+    return ValueError(
+        f"source {name!r} costs nothing: each of its {heads.lengths[s]} items has cost 0, so under weights that "
+        f"count cost it is always behind its share and would be taken at every turn, and stop={stop.kind!r} "
+        "would never come. Give it weight 0, leave it out, or pass by='items'."
+    )
