@@ -141,7 +141,8 @@ class MixedOrder(EpochOrder):
     def state_at(self, epoch: int, position: int) -> MixState:
         """Where the rule stands after ``position`` items of ``epoch``."""
         marks = self._marks.get(epoch, {})
-        before = [p for p in marks if p <= position]
+        # NOTE: a snapshot (one C call): a prefetch thread may add states while this one reads them
+        before = [p for p in list(marks) if p <= position]
         at = max(before) if before else 0
         state = marks[at].copy() if before else self.start_state(epoch)
         if position > at:
@@ -152,7 +153,7 @@ class MixedOrder(EpochOrder):
         state = self.state_at(epoch, position)
         marks = self._marks.setdefault(epoch, {})
         for old in sorted(self._marks)[:-_KEPT_EPOCHS]:
-            del self._marks[old]
+            self._marks.pop(old, None)
         for size in sizes:
             marks.setdefault(position, state.copy())
             ids, ended = self._walk(epoch, state, size)
