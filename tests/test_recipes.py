@@ -303,7 +303,7 @@ def test_mixing(tmp_path, monkeypatch, capsys):
     web, books = ns["web"], ns["books"]
     largest = max(int(lengths.max()) for lengths in sizeof.values())
 
-    def make(weights: dict[str, float], stop: object = "last", **options: Any) -> Any:
+    def make(weights: object, stop: object = "last", **options: Any) -> Any:
         mix = mixture({"web": web, "books": books}, weights=weights, stop=stop)
         return loader_of(mix, sizeof=sizeof, max_total_size=8192, seed=5, **options)
 
@@ -318,12 +318,24 @@ def test_mixing(tmp_path, monkeypatch, capsys):
             assert abs(tokens[1] - 0.3 * tokens.sum()) <= largest
             for source, index in zip(batch["source"].tolist(), batch["index"].tolist()):
                 streams[source].append(index)
-    # invariant: every item of a source once per source epoch, the passes running on across epochs
-    for source, n in ((0, 3000), (1, 300)):
-        stream = streams[source]
-        assert len(stream) > n
-        for start in range(0, len(stream) - n + 1, n):
-            assert sorted(stream[start : start + n]) == list(range(n))
+    # invariant: every item of a source once per source epoch, the passes running on across
+    # epochs (above, under constant weights; here under every stop, through weights that change)
+    schedule = [(0, {"web": 1}), (100_000, {"web": 1, "books": 1}, "linear"), (400_000, {"books": 1})]
+    runs = [streams]
+    for stop in ("first", {"cost": 150_000}, {"items": 1000}, "last"):
+        loader = make(schedule, stop=stop)
+        runs.append({0: [], 1: []})
+        for epoch in range(4):
+            loader.set_epoch(epoch)
+            for batch in loader:
+                for source, index in zip(batch["source"].tolist(), batch["index"].tolist()):
+                    runs[-1][source].append(index)
+    for run in runs:
+        for source, n in ((0, 3000), (1, 300)):
+            passes = [run[source][start : start + n] for start in range(0, len(run[source]), n)]
+            assert all(len(set(items)) == len(items) for items in passes)
+    # (every run passes over the books more than once, the first over the web too)
+    assert len(runs[0][0]) > 3000 and all(len(run[1]) > 300 for run in runs)
     # invariant: with three sources too, after every item (the plan's order), within the largest item
     code_lengths = np.random.default_rng(1).integers(50, 600, 1000)
     three = {"web": web, "books": books, "code": {"index": torch.arange(1000)}}
