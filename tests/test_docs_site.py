@@ -30,6 +30,9 @@ PAGES = [
     "coming-from/toma.md",
     "coming-from/fairseq.md",
     "coming-from/lhotse.md",
+    "coming-from/megatron.md",
+    "coming-from/mosaic-streaming.md",
+    "coming-from/interleave-datasets.md",
 ]
 
 

@@ -367,6 +367,30 @@ def test_adaptive_run_names_what_it_takes():
         run(FastLoader(torch.arange(4), batch_size=2), 3)
 
 
+# -- 9. a mixture's sources, weights and stop ----------------------------------------------------
+
+
+def test_a_mixtures_refusals_name_the_source_and_the_value():
+    data = {"web": torch.arange(6), "code": torch.arange(100, 104)}
+    with pytest.raises(ValueError, match=re.escape("weights' points must increase in their 'at': point 1 is at 500.0")):
+        fastsab.Mixture(data, weights=[(1000, {"web": 1}), (500, {"code": 1})])
+    with pytest.raises(ValueError, match="weights' first point cannot be 'linear'"):
+        fastsab.Mixture(data, weights=[(0, {"web": 1}, "linear")])
+    with pytest.raises(ValueError, match="source 'code' has no items: leave it out of the mixture, or give it data"):
+        fastsab.Mixture({"web": data["web"], "code": torch.arange(0)})
+    with pytest.raises(ValueError, match=re.escape("stop={'items': 0} needs a positive integer")):
+        fastsab.Mixture(data, stop={"items": 0})
+    with pytest.raises(TypeError, match=re.escape("stop must be 'first', 'last', {'cost': total} or {'items': count}")):
+        fastsab.Mixture(data, stop=100)
+    free = fastsab.Mixture(data, stop={"cost": 100})
+    with pytest.raises(ValueError, match=r"source 'code' costs nothing: each of its 4 items has cost 0.*by='items'"):
+        list(FastSizeAwareLoader(free, sizeof={"web": np.ones(6), "code": np.zeros(4)}, max_total_size=8))
+    unequal = fastsab.Mixture({"a": {"x": torch.zeros(3, 2)}, "b": {"x": torch.zeros(3, 5)}})
+    with pytest.raises(ValueError, match=r"the samples of sources \['a', 'b'\] cannot share a batch") as caught:
+        next(iter(FastLoader(unequal, batch_size=6, shuffle=False)))
+    assert type(caught.value).__name__ == "MixtureSamplesError"
+
+
 # -- the page docs/errors.md ------------------------------------------------------------------------
 
 
@@ -405,4 +429,13 @@ def test_the_errors_page_runs_and_shows_what_it_says(tmp_path):
         "bfloat16 sizes: [[0, 1], [2], [3]]",
         "peaks must not all be 0, got 9 peaks of 0",
         "two items of 100: 204800",
+        "weights[0]['web'] must be a finite number >= 0, got -1.",
+        "weights[0] gives every source weight 0: give at least one source a positive weight.",
+        "weights[0] names source 'books', which the mixture does not have: it has ['web', 'code'].",
+        "stop's key must be one of 'cost', 'items', got 'steps'.",
+        "sizeof must give the values of every source of the mixture and of no other: missing ['code'], unknown [].",
+        "source 'free' costs nothing",
+        "by items: 11 items",
+        "the samples of sources ['text', 'longer'] cannot share a batch",
+        "padded: [(4, 9)]",
     ]

@@ -7,6 +7,7 @@ import json
 import multiprocessing
 import re
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -291,3 +292,106 @@ def test_static_shapes(tmp_path, monkeypatch, capsys):
             real = batch["attention_mask"][batch["sample_mask"]].sum(1)
             seen += real.tolist()
         assert sorted(seen) == sorted(lengths.tolist())
+
+
+def test_mixing(tmp_path, monkeypatch, capsys):
+    page = "recipes/mixing.md"
+    ns, printed = run_page(page, tmp_path, monkeypatch, capsys)
+    # the figures on the page are this run's
+    assert_shows_what_it_prints(page, printed)
+    mixture, loader_of, sizeof = ns["Mixture"], ns["FastSizeAwareLoader"], ns["sizeof"]
+    web, books = ns["web"], ns["books"]
+    largest = max(int(lengths.max()) for lengths in sizeof.values())
+
+    def make(weights: object, stop: object = "last", **options: Any) -> Any:
+        mix = mixture({"web": web, "books": books}, weights=weights, stop=stop)
+        return loader_of(mix, sizeof=sizeof, max_total_size=8192, seed=5, **options)
+
+    # invariant: after every step, each source's tokens are within the largest item of its share
+    loader = make({"web": 0.7, "books": 0.3})
+    streams: dict[int, list[int]] = {0: [], 1: []}
+    for epoch in range(3):
+        loader.set_epoch(epoch)
+        tokens = np.zeros(2)
+        for batch in loader:
+            np.add.at(tokens, batch["source"].numpy(), batch["length"].numpy())
+            assert abs(tokens[1] - 0.3 * tokens.sum()) <= largest
+            for source, index in zip(batch["source"].tolist(), batch["index"].tolist()):
+                streams[source].append(index)
+    # invariant: every item of a source once per source epoch, the passes running on across
+    # epochs (above, under constant weights; here under every stop, through weights that change)
+    schedule = [(0, {"web": 1}), (100_000, {"web": 1, "books": 1}, "linear"), (400_000, {"books": 1})]
+    runs = [streams]
+    for stop in ("first", {"cost": 150_000}, {"items": 1000}, "last"):
+        loader = make(schedule, stop=stop)
+        runs.append({0: [], 1: []})
+        for epoch in range(4):
+            loader.set_epoch(epoch)
+            for batch in loader:
+                for source, index in zip(batch["source"].tolist(), batch["index"].tolist()):
+                    runs[-1][source].append(index)
+    for run in runs:
+        for source, n in ((0, 3000), (1, 300)):
+            passes = [run[source][start : start + n] for start in range(0, len(run[source]), n)]
+            assert all(len(set(items)) == len(items) for items in passes)
+    # (every run passes over the books more than once, the first over the web too)
+    assert len(runs[0][0]) > 3000 and all(len(run[1]) > 300 for run in runs)
+    # invariant: with three sources too, after every item (the plan's order), within the largest item
+    code_lengths = np.random.default_rng(1).integers(50, 600, 1000)
+    three = {"web": web, "books": books, "code": {"index": torch.arange(1000)}}
+    lengths = {**sizeof, "code": code_lengths}
+    weights = {"web": 0.6, "books": 0.1, "code": 0.3}
+    mix = mixture(three, weights=weights, stop="last")
+    planned = loader_of(mix, sizeof=lengths, max_total_size=8192, seed=2)
+    taken = dict.fromkeys(weights, 0.0)
+    for ids in planned.batch_sampler():
+        for name, index in mix.locate(ids):
+            taken[name] += float(lengths[name][index])
+            total = sum(taken.values())
+            assert all(abs(taken[s] - weights[s] * total) <= largest + 1e-6 for s in weights)
+    # (by items, where plain weighted fair queueing runs a heavy source ahead by more than an item)
+    weights = {"web": 0.8, "books": 0.1, "code": 0.1}
+    mix = mixture(three, weights=weights, stop="last", by="items")
+    counts = dict.fromkeys(weights, 0)
+    for ids in ns["FastLoader"](mix, batch_size=64, seed=2).batch_sampler():
+        for name, _ in mix.locate(ids):
+            counts[name] += 1
+            total = sum(counts.values())
+            assert all(abs(counts[s] - weights[s] * total) <= 1 + 1e-9 for s in weights)
+    # invariant: the batches depend only on the seed and the epoch
+    assert [b["index"].tolist() for b in make({"web": 0.7, "books": 0.3})] == [
+        b["index"].tolist() for b in make({"web": 0.7, "books": 0.3})
+    ]
+    # invariant: a state saved at any step resumes, on 1, 2 or 3 ranks, with exactly the items not yet run
+    uninterrupted = make({"web": 0.7, "books": 0.3})
+    whole = [ns["rows"](batch) for batch in uninterrupted]
+    uninterrupted.set_epoch(1)
+    after = [ns["rows"](batch) for batch in uninterrupted]  # a state saved after the last step starts epoch 1
+    names = ("web", "books")
+    for step in (0, 1, 7, len(whole) - 1, len(whole)):
+        rest = whole[step:] or after
+        saved = make({"web": 0.7, "books": 0.3})
+        batches = iter(saved)
+        for _ in range(step):
+            next(batches)
+        state = saved.state_dict()
+        for world in (1, 2, 3):
+            seen: Counter[tuple[int, int]] = Counter()
+            for rank in range(world):
+                resumed = make({"web": 0.7, "books": 0.3}, rank=rank, world_size=world)
+                resumed.load_state_dict(state)
+                got = [ns["rows"](batch) for batch in resumed]
+                if world == 1:
+                    assert got == rest
+                seen.update(row for batch in got for row in batch)
+                padded = resumed.dataset.locate(resumed.stats.padded)
+                seen.subtract((names.index(name), index) for name, index in padded)
+            assert +seen == Counter(row for batch in rest for row in batch)
+    # invariant: the state grows with the sources, not with their items
+    small = {"web": {k: v[:300] for k, v in web.items()}, "books": {k: v[:30] for k, v in books.items()}}
+    sizes = {"web": sizeof["web"][:300], "books": sizeof["books"][:30]}
+    for data, lengths in (({"web": web, "books": books}, sizeof), (small, sizes)):
+        few = loader_of(mixture(data, weights={"web": 0.7, "books": 0.3}), sizeof=lengths, max_total_size=8192)
+        next(iter(few))
+        entry = few.state_dict()["mixture"]
+        assert len(json.dumps(entry["start"])) < 400 and len(entry["at"][1]["positions"]) == 2
