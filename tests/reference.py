@@ -347,6 +347,8 @@ def mix_loop(
     for _ in range(epochs):
         epoch: list[tuple[int, int, int]] = []
         epoch_cost, ended = 0.0, [False] * sources
+        # a source epoch begun in an earlier mixture epoch, finished in this one, does not end it
+        began = [position[s] == 0 for s in range(sources)]
         while True:
             w = list(weights(total_cost, total_items))
             positive = [s for s in range(sources) if w[s] > 0]
@@ -369,7 +371,9 @@ def mix_loop(
                 source_epoch[chosen] += 1
                 position[chosen] = 0
                 orders[chosen] = list(permutations[chosen](source_epoch[chosen]))
-                ended[chosen] = True
+                finished = began[chosen]
+                ended[chosen] = ended[chosen] or finished
+                began[chosen] = True
             kind, amount = stop
             if (
                 (kind == "first" and finished)

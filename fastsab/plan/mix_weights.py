@@ -25,9 +25,12 @@ StopKind = Literal["first", "last", "cost", "items"]
 class StopRule:
     """When a mixture's epoch ends.
 
-    ``"first"``: when a source ends its source epoch (no source starts a second one within the
-    epoch). ``"last"``: when every source with a positive weight has ended a source epoch in it
-    (a source that ends before starts its next source epoch: it is upsampled). ``"cost"`` /
+    A source's epochs run on across the mixture's: a source epoch that a mixture epoch does not
+    finish is finished by the next one. ``"first"``: when a source ends a source epoch that began
+    within the mixture epoch. ``"last"``: when every source with a positive weight has ended a
+    source epoch that began within it (a source that ends one before starts its next: it is
+    upsampled). So every mixture epoch holds a whole source epoch of one source (``"first"``) or of
+    every source (``"last"``), besides what it finishes of the epochs carried over. ``"cost"`` /
     ``"items"``: with the item that brings the epoch's cost (or items) to ``amount`` or past it.
     """
 

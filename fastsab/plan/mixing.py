@@ -49,8 +49,9 @@ class MixState:
 
     A source's cost and deviation (its cost minus its target), ``cost`` and ``items`` count from
     the mixture's start (what a schedule reads); ``epoch_cost`` and ``epoch_items`` from the
-    mixture epoch's start, and ``ended`` marks the sources that ended a source epoch in it
-    (``stop="last"``).
+    mixture epoch's start. ``began`` marks the sources whose current source epoch began within the
+    mixture epoch (a source that carries a source epoch over from the one before has not), and
+    ``ended`` those that ended a source epoch they began within it (what ``stop`` reads).
     """
 
     source_epochs: list[int]
@@ -63,16 +64,26 @@ class MixState:
     epoch_cost: float = 0.0
     epoch_items: int = 0
     ended: list[bool] = field(default_factory=list)
+    began: list[bool] = field(default_factory=list)
 
     @classmethod
     def start(cls, sources: int) -> MixState:
         """The state before the first item."""
         zeros = [0.0] * sources
-        return cls([0] * sources, [0] * sources, list(zeros), list(zeros), list(zeros), ended=[False] * sources)
+        return cls(
+            [0] * sources,
+            [0] * sources,
+            list(zeros),
+            list(zeros),
+            list(zeros),
+            ended=[False] * sources,
+            began=[True] * sources,
+        )
 
     def next_epoch(self) -> MixState:
         """The state at the start of the next mixture epoch (epoch counts reset)."""
-        return replace(self, epoch_cost=0.0, epoch_items=0, ended=[False] * len(self.positions))
+        began = [position == 0 for position in self.positions]
+        return replace(self, epoch_cost=0.0, epoch_items=0, ended=[False] * len(self.positions), began=began)
 
     def copy(self) -> MixState:
         """An independent copy."""
@@ -84,6 +95,7 @@ class MixState:
             costs=list(self.costs),
             source_starts=list(self.source_starts),
             ended=list(self.ended),
+            began=list(self.began),
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -99,6 +111,7 @@ class MixState:
             "epoch_cost": self.epoch_cost,
             "epoch_items": self.epoch_items,
             "ended": list(self.ended),
+            "began": list(self.began),
         }
 
     @classmethod
@@ -121,9 +134,10 @@ class MixState:
                 float(entry["epoch_cost"]),
                 int(entry["epoch_items"]),
                 [bool(v) for v in entry["ended"]],
+                [bool(v) for v in entry["began"]],
             )
             columns: list[list[Any]] = [state.source_epochs, state.positions, state.deviations, state.costs]
-            columns += [state.source_starts, state.ended]
+            columns += [state.source_starts, state.ended, state.began]
             assert all(len(column) == sources for column in columns)
             assert min(state.source_epochs + state.positions + [state.items, state.epoch_items]) >= 0
         except (AssertionError, KeyError, TypeError, ValueError):
@@ -233,7 +247,10 @@ def mix_walk(
         if state.positions[s] == lengths[s]:  # the source's epoch ends: its next one starts
             state.source_epochs[s] += 1
             state.positions[s] = 0
-            state.ended[s] = ended = True
+            # NOTE: a source epoch carried over from the mixture's epoch before does not end this one
+            ended = state.began[s]
+            state.ended[s] = state.ended[s] or ended
+            state.began[s] = True
             if state.costs[s] == state.source_starts[s] and stop.kind in ("last", "cost"):
                 raise _costs_nothing(heads, s, stop)
             state.source_starts[s] = state.costs[s]
