@@ -183,15 +183,16 @@ class FastDataModule(pl.LightningDataModule):
 
     def _wrap_train(self, loader: FastLoader | FastSizeAwareLoader) -> _TrainLoader:
         # NOTE: Lightning reads len() once per reload of the training loader and stops the
-        # epoch after that many batches. Size-aware epochs differ in length, so without a
-        # reload every epoch the length is left out (Lightning then runs each epoch to its
-        # end) rather than cutting off batches.
+        # epoch after that many batches. Size-aware epochs differ in length, and so do a
+        # mixture's, so without a reload every epoch the length is left out (Lightning then runs
+        # each epoch to its end) rather than cutting off batches.
         trainer = getattr(self, "trainer", None)
         reloads = trainer is not None and trainer.reload_dataloaders_every_n_epochs == 1
-        if isinstance(loader, FastLoader) or reloads:
+        if loader.equal_epochs or reloads:
             return _SizedTrainLoader(loader)
         warnings.warn(
-            "size-aware epochs differ in their number of batches: pass "
+            "the training loader's epochs differ in their number of batches (size-aware batches, or a mixture's "
+            "epochs): pass "
             "Trainer(reload_dataloaders_every_n_epochs=1) so that Lightning reads each epoch's exact length; "
             "until then the training loader reports none and every epoch runs to its end.",
             stacklevel=user_stacklevel(),

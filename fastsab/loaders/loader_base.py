@@ -165,7 +165,8 @@ class LoaderBase(LoaderIteration[T], metaclass=TakesDataLoaderKeywords):
     def __len__(self) -> int:
         """Exact number of steps of the next epoch (see ``__len__``).
 
-        A size-aware loader's epochs differ in length. Lightning keeps the length it read when it
+        A size-aware loader's epochs differ in length, and so do a ``Mixture``'s (unless they end at a
+        number of items: ``equal_epochs``). Lightning keeps the length it read when it
         loaded the training loader for every epoch until it loads it again, so where it does not
         load it every epoch (``reload_dataloaders_every_n_epochs=1``) the loader reports no length to
         it (with a warning, once): Lightning then runs every epoch to its end, and its data fetcher,
@@ -176,7 +177,7 @@ class LoaderBase(LoaderIteration[T], metaclass=TakesDataLoaderKeywords):
             ValueError: There, where the trainer takes a fraction of it (``limit_train_batches=0.5``,
                 ``val_check_interval=0.5``), which it refuses without a length.
         """
-        read = None if isinstance(self.planner, FixedSizePlanner) else lightning_read(self, sys._getframe(1))
+        read = None if self.equal_epochs else lightning_read(self, sys._getframe(1))
         if read is not None and read.reload != 1:
             if not self._counted.withhold(True):
                 warnings.warn(
@@ -192,14 +193,14 @@ class LoaderBase(LoaderIteration[T], metaclass=TakesDataLoaderKeywords):
                 raise ValueError(
                     f"Trainer({read.fraction}) takes a fraction of the training loader's length, but "
                     f"{type(self).__name__} reports none to a trainer that loads it every "
-                    f"reload_dataloaders_every_n_epochs={read.reload} epochs: size-aware epochs differ in length. "
+                    f"reload_dataloaders_every_n_epochs={read.reload} epochs: its epochs differ in length. "
                     "Pass Trainer(reload_dataloaders_every_n_epochs=1) and call "
                     "loader.set_epoch(self.trainer.current_epoch) in train_dataloader(), or give a number of batches."
                 )
             if read.counts_epochs:
                 raise TypeError(
                     f"{type(self).__name__} has no length for a Lightning trainer that loads it every "
-                    f"reload_dataloaders_every_n_epochs={read.reload} epochs: size-aware epochs differ in length."
+                    f"reload_dataloaders_every_n_epochs={read.reload} epochs: its epochs differ in length."
                 )
             if read.epoch is not None and not (self._resuming or self.finished_steps):
                 # NOTE: the fit loop makes the epoch's iteration before it sets the epoch, and reads no
@@ -218,6 +219,15 @@ class LoaderBase(LoaderIteration[T], metaclass=TakesDataLoaderKeywords):
         super().load_state_dict(state)
         if self.finished_steps:  # saved after its epoch's last step: a trainer may count them on
             loaded_at_epoch_end(self.fingerprint(), self.epoch, self.finished_steps, self)
+
+    @property
+    def equal_epochs(self) -> bool:
+        """Whether every epoch has as many steps: fixed-size batches of epochs of as many items.
+
+        Size-aware epochs differ in their number of batches; so do a ``Mixture``'s epochs, in items,
+        unless they end at a number of items (``stop={"items": n}``).
+        """
+        return isinstance(self.planner, FixedSizePlanner) and self.order.equal_epochs
 
     @property
     def sampler(self) -> TrainerSampler:

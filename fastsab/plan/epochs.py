@@ -48,6 +48,11 @@ class EpochOrder:
     each_item_once = True
 
     @property
+    def equal_epochs(self) -> bool:
+        """Whether every epoch has as many items: all ``n`` (a mixture's epochs may differ)."""
+        return True
+
+    @property
     def id_bound(self) -> int:
         """Ids the order yields are below this: ``n`` (a mixture's ids also name a source epoch)."""
         return self.n

@@ -84,6 +84,11 @@ class MixedOrder(EpochOrder):
     each_item_once = False
 
     @property
+    def equal_epochs(self) -> bool:
+        """Whether every epoch has as many items: where it ends at a number of items (``stop={"items": n}``)."""
+        return self.stop.kind == "items"
+
+    @property
     def id_bound(self) -> int:
         """Ids the order yields are below this (they name a source epoch too)."""
         return 2**62

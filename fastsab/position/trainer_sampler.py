@@ -219,9 +219,9 @@ class CountedLength:
                 raise ValueError(
                     f"{name} epoch {epoch} has {steps} steps, but the trainer counts {self.counted} (the len() it "
                     f"read when it got the loader) and would stop the epoch {steps - self.counted} batches early. "
-                    "Size-aware epochs differ in length: give the trainer a loader for each epoch "
-                    "(Trainer(reload_dataloaders_every_n_epochs=1), and in train_dataloader() call "
-                    "loader.set_epoch(self.trainer.current_epoch) before returning it), or use "
+                    "Its epochs differ in length (size-aware batches, or a mixture's epochs): give the trainer a "
+                    "loader for each epoch (Trainer(reload_dataloaders_every_n_epochs=1), and in train_dataloader() "
+                    "call loader.set_epoch(self.trainer.current_epoch) before returning it), or use "
                     "fastsab.integrations.lightning.FastDataModule."
                 )
         # NOTE: opened at the start, not at the end: a trainer that knows the epoch's length

@@ -286,3 +286,38 @@ def test_two_processes_resumed_past_an_epochs_first_chunk_see_the_uninterrupted_
     monkeypatch.setenv("FASTSAB_WORKER_N", str(240 * 40))
     full = launch(tmp_path / "full", 2, "train", "sized", tmp_path / "full")
     check_resumed(tmp_path, full, "sized", stop=len(per_epoch(full[0], 0)) + into_epoch)
+
+
+def test_a_mixture_resumed_mid_epoch_runs_the_uninterrupted_batches(accelerator):
+    # web's sample i is i, code's (a quarter as many, upsampled: stop="last") 1000 + i
+    import numpy as np
+
+    from fastsab import FastSizeAwareLoader, Mixture
+
+    def make() -> FastSizeAwareLoader:
+        sources = {"web": torch.arange(40), "code": torch.arange(1000, 1010)}
+        mixture = Mixture(sources, weights={"web": 0.6, "code": 0.4}, stop="last")
+        sizes = {"web": np.arange(40) % 7 + 1, "code": np.arange(10) % 5 + 3}
+        return FastSizeAwareLoader(mixture, sizes, 20, seed=5)
+
+    reference = make()
+    epochs = [[batch.tolist() for batch in reference] for _ in range(2)]
+    assert [len(batches) for batches in epochs] == [15, 15]
+    prepared = prepare_loader(accelerator, make())
+    received = []
+    for batch in prepared:
+        received.append(batch.tolist())
+        if len(received) == 9:
+            break
+    resumed = prepare_loader(accelerator, make())
+    resumed.load_state_dict(prepared.state_dict())
+    assert len(resumed) == 15  # the whole epoch's steps
+    rest, ends = [], []
+    for epoch in range(2):
+        resumed.set_epoch(epoch)
+        for batch in resumed:
+            rest.append(batch.tolist())
+            ends.append(accelerator.gradient_state.end_of_dataloader)
+    # invariant: received + resumed == the loader's own epochs, batch by batch; each epoch ends on its last
+    assert received + rest == epochs[0] + epochs[1]
+    assert [i for i, end in enumerate(ends) if end] == [15 - 9 - 1, 15 - 9 + 15 - 1]

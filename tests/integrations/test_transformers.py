@@ -22,6 +22,7 @@ pytest.importorskip("transformers")
 from fastsab import FastLoader, FastSizeAwareLoader
 from fastsab.integrations.transformers import LOADER_STATE_NAME, FastTrainer
 from tests.docs_pages import page_script
+from tests.integrations.transformers_trainer_worker import make_loader
 
 WORKER = Path(__file__).with_name("transformers_trainer_worker.py")
 ACCUMULATE = 2  # the worker's gradient accumulation
@@ -50,7 +51,7 @@ def _check_resume(root: Path, kind: str, world_size: int, stop: int | None = Non
     """
     _launch(root, kind, "first", world_size, stop)
     meta = json.loads((root / "meta.json").read_text())
-    epoch_steps, stop, n = meta["epoch_steps"], meta["stop"], meta["n"]
+    epoch_steps, stop, once, also = meta["epoch_steps"], meta["stop"], set(meta["once"]), set(meta["also"])
     updates = [-(-steps // ACCUMULATE) for steps in epoch_steps]
     # the interrupted run stopped in a later epoch, after the checkpoint of step `stop`
     stopped = {rank: _records(root / f"stopped.rank{rank}.jsonl") for rank in range(world_size)}
@@ -71,10 +72,11 @@ def _check_resume(root: Path, kind: str, world_size: int, stop: int | None = Non
         assert [len(batches) for batches in plan] == epoch_steps  # every rank runs as many steps
         for epoch, batches in enumerate(plan):
             covered[epoch].update(index for batch in batches for index in batch)
-    # invariant: every sample once per epoch over the ranks (a padded step may repeat some)
+    # invariant: every sample once per epoch over the ranks (a padded step may repeat some), and
+    # every sample of an upsampled source at least once
     for counts in covered:
-        assert set(counts) == set(range(n))
-        assert world_size > 1 or set(counts.values()) == {1}
+        assert set(counts) == once | also
+        assert world_size > 1 or {counts[index] for index in once} == {1}
     _launch(root, kind, "resume", world_size, stop)
     for rank in range(world_size):
         # invariant: stopped + resumed in a new process == uninterrupted, step by step
@@ -132,6 +134,22 @@ def test_a_resume_inside_and_past_an_epochs_first_chunk_is_exact(
     # falls in epoch 1, inside its first plan chunk of 4096 samples (13 on one rank, 6 on two) or past it
     monkeypatch.setenv("FASTSAB_WORKER_N", str(48 * 200))
     assert _check_resume(tmp_path, "sized", world_size, stop=stop) == [20 // world_size] * 3
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_a_mixture_resumes_exactly(tmp_path: Path, world_size: int) -> None:
+    # stopped in epoch 1 (of 42, 42 and 43 batches on one rank), the upsampled source's samples
+    # coming more than once in every epoch
+    epoch_steps = _check_resume(tmp_path, "mixed", world_size)
+    assert epoch_steps == [[42, 42, 43], [21, 21, 22]][world_size - 1]
+    # invariant: each rank's steps are the plan the loader gives that rank made in this one process
+    for rank in range(world_size):
+        planned = make_loader("mixed", rank=rank, world_size=world_size)
+        plan = [[batch["index"].tolist() for batch in planned] for _ in range(3)]
+        assert json.loads((tmp_path / f"plan.rank{rank}.json").read_text()) == plan
+        full = _records(tmp_path / f"full.rank{rank}.jsonl")
+        assert [record["indices"] for record in full] == [batch for batches in plan for batch in batches]
 
 
 def test_loader_type_is_checked() -> None:

@@ -2,8 +2,10 @@
 
 ``python tests/integrations/transformers_trainer_worker.py DIR KIND PHASE [STOP]`` (or under ``torchrun``):
 
-- ``KIND``: ``fixed`` (FastLoader, batch size 4) or ``sized`` (FastSizeAwareLoader, whose
-  epochs differ in their number of batches), with gradient accumulation over 2 batches.
+- ``KIND``: ``fixed`` (FastLoader, batch size 4), ``sized`` (FastSizeAwareLoader, whose
+  epochs differ in their number of batches) or ``mixed`` (a FastSizeAwareLoader over a ``Mixture``
+  of ``web``, whose sample ``i`` has index ``i``, and ``code``, a quarter as many, index
+  ``CODE + i``, upsampled: ``stop="last"``), with gradient accumulation over 2 batches.
 - ``PHASE``: ``first`` runs the whole training into ``DIR/full``, then the same training into
   ``DIR/stopped``, where the process ends right after the checkpoint of step ``STOPS[...]``;
   ``resume`` resumes ``DIR/stopped`` from that checkpoint in this new process. ``STOP`` gives
@@ -12,7 +14,8 @@
 Each rank writes one line per batch the model ran, ``{"epoch", "step", "indices"}``, to
 ``DIR/<run>.rank<R>.jsonl`` (the resumed run appends to the stopped one's); ``DIR/plan.rank<R>.json``
 holds the batches the loader alone gives the rank in each epoch, and ``DIR/meta.json`` the steps
-of each epoch and the step the interrupted run stopped after. With
+of each epoch, the step the interrupted run stopped after, the indices every epoch holds once
+(``once``) and those it holds at least once (``also``: an upsampled source's). With
 ``FASTSAB_PLAIN_TRAINER=1`` the loader is handed to a plain ``Trainer`` (its
 ``get_train_dataloader`` returns it), which the tests show loses exactness. ``FASTSAB_WORKER_N``
 (48 by default) sets the number of samples, the batch size and budget growing with it.
@@ -31,7 +34,7 @@ import torch
 import torch.distributed as dist
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
-from fastsab import FastLoader, FastSizeAwareLoader
+from fastsab import FastLoader, FastSizeAwareLoader, Mixture
 from fastsab.integrations.transformers import FastTrainer
 
 N = int(os.environ.get("FASTSAB_WORKER_N", 48))
@@ -40,7 +43,8 @@ EPOCHS = 3
 ACCUMULATE = 2
 # the optimizer step whose checkpoint the interrupted run stops after, by kind and world size: in
 # epoch 1 (fixed) or 2 (sized), where Trainer's count from the first epoch's length is wrong
-STOPS = {("fixed", 1): 8, ("fixed", 2): 4, ("sized", 1): 30, ("sized", 2): 16}
+STOPS = {("fixed", 1): 8, ("fixed", 2): 4, ("sized", 1): 30, ("sized", 2): 16, ("mixed", 1): 30, ("mixed", 2): 16}
+CODE = 10**6  # the index of the mixture's code sample i is CODE + i
 
 
 class Recorder(torch.nn.Module):
@@ -85,12 +89,19 @@ class PlainTrainer(Trainer):
         return self.plain_loader
 
 
-def make_loader(kind: str) -> FastLoader | FastSizeAwareLoader:
+def make_loader(kind: str, **ranks: int) -> FastLoader | FastSizeAwareLoader:
+    """The loader of ``kind`` (``ranks``: ``rank=`` and ``world_size=``, else torch.distributed's)."""
     data = {"index": torch.arange(N), "x": torch.linspace(0, 1, N)}
     if kind == "fixed":
-        return FastLoader(data, 4 * SCALE, seed=1)
-    sizes = np.random.default_rng(0).integers(1, 9, N)
-    return FastSizeAwareLoader(data, sizes, max_total_size=11 * SCALE, seed=0)
+        return FastLoader(data, 4 * SCALE, seed=1, **ranks)
+    rng = np.random.default_rng(0)
+    sizes = rng.integers(1, 9, N)
+    if kind == "mixed":  # epochs of 42, 42 and 43 batches on one rank (code: 21 or 22 samples of 12 each)
+        code = {"index": CODE + torch.arange(N // 4), "x": torch.linspace(0, 1, N // 4)}
+        mixture = Mixture({"web": data, "code": code}, weights={"web": 0.6, "code": 0.4}, stop="last")
+        costs = {"web": sizes, "code": rng.integers(3, 9, N // 4)}
+        return FastSizeAwareLoader(mixture, costs, max_total_size=11 * SCALE, seed=0, **ranks)
+    return FastSizeAwareLoader(data, sizes, max_total_size=11 * SCALE, seed=0, **ranks)
 
 
 def train(root: Path, kind: str, run: str, resume: bool, stopping: bool, stop: int | None) -> None:
@@ -127,7 +138,9 @@ def train(root: Path, kind: str, run: str, resume: bool, stopping: bool, stop: i
             epochs.append([batch["index"].tolist() for batch in plan])
         (root / f"plan.rank{rank}.json").write_text(json.dumps(epochs))
         steps = [loader.epoch_steps(e) for e in range(EPOCHS)]
-        (root / "meta.json").write_text(json.dumps({"epoch_steps": steps, "stop": stop, "n": N}))
+        also = list(range(CODE, CODE + N // 4)) if kind == "mixed" else []
+        meta = {"epoch_steps": steps, "stop": stop, "once": list(range(N)), "also": also}
+        (root / "meta.json").write_text(json.dumps(meta))
     trainer.train(resume_from_checkpoint=str(root / run / f"checkpoint-{stop}") if resume else None)
 
 

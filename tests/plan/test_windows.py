@@ -196,7 +196,7 @@ def test_an_out_of_core_dataset_is_read_chunk_by_chunk_once(lengths: np.ndarray)
         dataset.close()
 
 
-@pytest.mark.filterwarnings("ignore:size-aware epochs differ:UserWarning")
+@pytest.mark.filterwarnings("ignore:the training loader's epochs differ:UserWarning")
 def test_the_lightning_module_passes_the_window_on(lengths: np.ndarray) -> None:
     pytest.importorskip("lightning")
     from fastsab.integrations.lightning import FastDataModule
