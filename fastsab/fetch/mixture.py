@@ -48,11 +48,11 @@ class Mixture:
         weights: ``{name: weight}`` (constant), or a schedule ``[(at, {name: weight}), ...]``
             with ``(at, weights, "linear")`` for a linear segment (see ``WeightSchedule``).
             ``None``: equal weights.
-        stop: When the mixture's epoch ends: ``"first"`` (default; when a source ends its
-            source epoch), ``"last"`` (when every source has ended one; the others start their
-            next source epoch meanwhile: upsampled), ``{"cost": total}`` or ``{"items": count}``.
-            A source's epochs run on across the mixture's: every item of a source is yielded
-            once per source epoch.
+        stop: When the mixture's epoch ends: ``"first"`` (default; when a source ends a source
+            epoch begun within it), ``"last"`` (when every source has ended one; the others start
+            their next source epoch meanwhile: upsampled), ``{"cost": total}`` or ``{"items": count}``.
+            A source's epochs run on across the mixture's (one carried over is finished without
+            ending the next mixture epoch): every item of a source is yielded once per source epoch.
         by: What weights count: ``"cost"`` (default; the loader's cost of each item) or
             ``"items"``.
         over: What a schedule's ``at`` counts: ``"cost"`` or ``"items"`` since the mixture's start.
