@@ -4,7 +4,7 @@ from fastsab.bionemo.buckets import BucketBatchSampler, Buckets, create_buckets
 from fastsab.bionemo.samplers import SizeAwareBatchSampler
 from fastsab.bionemo.streaming import size_aware_batching
 from fastsab.fetch.fetcher import collate_batch
-from fastsab.fetch.mixture import Mixture
+from fastsab.fetch.mixture import Mixture, MixtureSamplesError
 from fastsab.loaders.loader import FastLoader, FastSizeAwareLoader
 from fastsab.loaders.planned import PlannedBatchSampler, PlannedDataLoader
 from fastsab.out_of_core import OutOfCoreDataset
@@ -25,6 +25,7 @@ __all__ = [
     "FastSizeAwareLoader",
     "GroupedPermutation",
     "Mixture",
+    "MixtureSamplesError",
     "OutOfCoreDataset",
     "PackCollator",
     "PadCollator",

@@ -94,8 +94,9 @@ class Mixture:
         )
         self.stop: StopRule = parse_stop(stop)
         self.by = check_choice("by", by, ("cost", "items"))
-        collators = {id(getattr(d, "collator", None)): getattr(d, "collator", None) for d in self.sources.values()}
-        #: The sources' collator where all have the same one (``RaggedDataset``s'): the mixture's batches' layout.
+        # NOTE: collators alike by their settings (each RaggedDataset makes its own PadCollator)
+        collators = {repr(getattr(d, "collator", None)): getattr(d, "collator", None) for d in self.sources.values()}
+        #: The sources' collator where all have one alike (``RaggedDataset``s'): the mixture's batches' layout.
         self.collator = next(iter(collators.values())) if len(collators) == 1 else None
 
     def __len__(self) -> int:
@@ -226,8 +227,8 @@ class Mixture:
         except (ValueError, TypeError, RuntimeError) as error:
             names = [self.names[s] for s in parts]
             raise MixtureSamplesError(
-                f"the samples of sources {names} cannot share a batch ({error}): give them the same structure, "
-                "dtypes and shapes, or pass a collate_fn that takes a list of samples."
+                f"the samples of sources {names} cannot share a batch ({error}): rows gathered from tensors are "
+                "joined before any collate_fn, so give the sources the same structure, dtypes and trailing shapes."
             ) from None
 
 

@@ -112,9 +112,9 @@ class FastTrainer(Trainer):
         return self._epochs
 
     def num_examples(self, dataloader: Any) -> int:
-        """The items of the training loader's dataset (Trainer's own count for its other loaders)."""
-        if dataloader is self._epochs:
-            return int(self.train_loader.order.n)
+        """The items of the training loader's next epoch (Trainer's own count for its other loaders)."""
+        if dataloader is self._epochs:  # (a mixture's epochs may hold more or fewer than its sources' items)
+            return int(self.train_loader.order.epoch_length(self.train_loader.epoch))
         return int(super().num_examples(dataloader))
 
     def steps_in_epoch(self, epoch: int) -> int:

@@ -95,16 +95,17 @@ class WeightSchedule:
     def __init__(self, names: Sequence[str], weights: object, over: str = "cost") -> None:
         self.names = list(names)
         self.over = check_choice("over", over, ("cost", "items"))
-        if isinstance(weights, Mapping):
-            weights = [(0, weights)]
+        self.at_points: list[float] = []
+        self.values: list[np.ndarray] = []
+        self.linear: list[bool] = []
+        if isinstance(weights, Mapping):  # (constant weights: named as given, not as a point)
+            self.at_points, self.values, self.linear = [0.0], [self.checked(weights)], [False]
+            return
         if isinstance(weights, (str, bytes)) or not isinstance(weights, Sequence) or not weights:
             raise TypeError(
                 "weights must be a mapping {source: weight} or a list of points [(at, {source: weight}), ...], "
                 f"got {short_repr(weights)}."
             )
-        self.at_points: list[float] = []
-        self.values: list[np.ndarray] = []
-        self.linear: list[bool] = []
         for number, point in enumerate(weights):
             at, values, shape = self._point(number, point)
             if self.at_points and not at > self.at_points[-1]:

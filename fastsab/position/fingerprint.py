@@ -21,7 +21,7 @@ from fastsab.plan.plans import Planner
 __all__ = ["older_fingerprints", "plan_differences", "plan_fingerprint", "plan_identity"]
 
 #: The loader argument each plan option is given as, where the names differ.
-_ARGUMENTS = {"limit": "max_total_size"}
+_ARGUMENTS = {"limit": "max_total_size", "mixture": "the Mixture (its sources and their items, stop, by)"}
 
 #: The value an option left out of the settings (unset) has as a loader argument; others are ``None``.
 _UNSET = {"fixed_cost": 0}
@@ -73,6 +73,9 @@ def plan_identity(planner: Planner[Any]) -> tuple[str, dict[str, Any]]:
     plain = _plain(options)
     settings = {"kind": kind, "n": order.n, "shuffle": order.shuffle, "group_size": order.group_size}
     settings |= {"rotate": order.rotate, "options": plain}
+    identity = getattr(order, "identity", None)
+    if identity is not None:  # (a mixture's: absent for one dataset, so that earlier states name nothing new)
+        settings["mixture"] = identity
     return _digest(planner, kind, plain, sizes), _plain(settings)
 
 
@@ -124,7 +127,7 @@ def plan_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str
         return [f"the dataset had {saved.get('n')!r} items when the state was saved and has {current['n']!r} here"]
     saved_options = saved.get("options")
     saved_options = saved_options if isinstance(saved_options, dict) else {}
-    pairs = [(key, saved.get(key), current.get(key)) for key in ("shuffle", "group_size", "rotate")]
+    pairs = [(key, saved.get(key), current.get(key)) for key in ("shuffle", "group_size", "rotate", "mixture")]
     options = current["options"]
     # NOTE: an option absent from one side is unset there (options are left out when unset): it
     # is named with the argument's default (fixed_cost=0), as the user left it
