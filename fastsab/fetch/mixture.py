@@ -94,8 +94,10 @@ class Mixture:
         )
         self.stop: StopRule = parse_stop(stop)
         self.by = check_choice("by", by, ("cost", "items"))
-        collators = {id(getattr(d, "collator", None)): getattr(d, "collator", None) for d in self.sources.values()}
-        #: The sources' collator where all have the same one (``RaggedDataset``s'): the mixture's batches' layout.
+        # NOTE: collators are told apart by their repr (what they do): RaggedDatasets given none
+        # each make a PadCollator() of their own
+        collators = {repr(getattr(d, "collator", None)): getattr(d, "collator", None) for d in self.sources.values()}
+        #: The sources' collator where all have an equal one (``RaggedDataset``s'): the mixture's batches' layout.
         self.collator = next(iter(collators.values())) if len(collators) == 1 else None
 
     def __len__(self) -> int:
