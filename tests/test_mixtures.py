@@ -682,6 +682,53 @@ def test_buckets_are_the_plain_loop(
 # -- sources of every kind ---------------------------------------------------------------------
 
 
+def counted_reads(dataset: OutOfCoreDataset) -> Counter[int]:
+    """Counts the reads of ``dataset``, by chunk."""
+    reads: Counter[int] = Counter()
+    read = dataset._read_chunk
+
+    def counting(chunk: int) -> Any:
+        reads[chunk] += 1
+        return read(chunk)
+
+    dataset._read_chunk = counting  # type: ignore[method-assign]
+    return reads
+
+
+@settings(max_examples=examples(20))
+@given(case=mix_cases(kinds=("dicts",), schedules=False), chunk=st.integers(1, 8))
+def test_out_of_core_sources_read_each_chunk_once_per_source_epoch(case: MixCase, chunk: int) -> None:
+    case = replace(case, kinds=("ooc",) * len(case.kinds), sort_window=None)
+    with ExitStack() as stack:
+        sources = {}
+        for name, first, n in zip(case.names, case.offsets, case.lengths):
+            dataset = OutOfCoreDataset(
+                range(first, first + n), dict_sample, cpu_memory_limit=16 * chunk, sample_bytes=8, read_ahead=False
+            )
+            stack.callback(dataset.close)
+            sources[name] = dataset
+        reads = {name: counted_reads(dataset) for name, dataset in sources.items()}
+        mix = Mixture(sources, case.weights, stop=case.stop, by=case.by)
+        options = {"shuffle": case.shuffle, "seed": case.seed, "prefetch": case.prefetch}
+        if case.loader == "fixed":
+            loader: Any = FastLoader(mix, case.batch_size, **options)
+        else:
+            loader = FastSizeAwareLoader(mix, sizes_of(case), list(case.caps), cost=case.cost, **options)
+        try:
+            mixed_epochs(case, loader, 3)
+        except ValueError:
+            return
+        ids = flat([flat(run_epoch(loader, case)) for _ in range(3)])
+        sources_of, items, source_epochs = loader.order.locate(np.array(ids, dtype=np.int64))
+        for s, name in enumerate(case.names):
+            mine = sources_of == s
+            visits = list(zip(source_epochs[mine].tolist(), (items[mine] // chunk).tolist()))
+            # invariant: a source's chunks are read at most once per source epoch that visits them
+            # (a chunk still held from the source epoch before is not read again)
+            assert sum(reads[name].values()) <= len(set(visits)), (name, visits, dict(reads[name]))
+            assert set(reads[name]) == {c for _, c in visits}
+
+
 def test_ragged_sources_with_their_own_equal_collators_share_a_batch() -> None:
     first = RaggedDataset.from_sequences([[1] * 3, [2] * 5, [3]])
     second = RaggedDataset.from_sequences([[7] * 2, [8] * 4], collator=PadCollator())
