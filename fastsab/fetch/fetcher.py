@@ -150,8 +150,8 @@ class Fetcher:
         index = check_indices(indices if self._items is None else self._items(np.asarray(indices)), self.length)
         if self.kind == "gather":
             return self.collate(self._gather(index))
-        if self.kind == "getitems":
-            return self._getitems(index)
+        if self.kind == "getitems":  # (a Mixture reads its ids itself: they name the source epoch read in)
+            return self._getitems(index if self._items is None else np.asarray(indices, dtype=np.int64))
         samples = [self.dataset[i] for i in index.tolist()]
         return (self.collate_fn or collate_batch)(samples)
 

@@ -94,10 +94,12 @@ class Mixture:
         )
         self.stop: StopRule = parse_stop(stop)
         self.by = check_choice("by", by, ("cost", "items"))
-        # NOTE: collators alike by their settings (each RaggedDataset makes its own PadCollator)
+        # NOTE: collators are told apart by their repr (what they do): RaggedDatasets given none
+        # each make a PadCollator() of their own
         collators = {repr(getattr(d, "collator", None)): getattr(d, "collator", None) for d in self.sources.values()}
-        #: The sources' collator where all have one alike (``RaggedDataset``s'): the mixture's batches' layout.
+        #: The sources' collator where all have an equal one (``RaggedDataset``s'): the mixture's batches' layout.
         self.collator = next(iter(collators.values())) if len(collators) == 1 else None
+        self._chunk_orders: dict[str, tuple[EpochOrder, int]] = {}  # a chunked source's order, source epoch told
 
     def __len__(self) -> int:
         """Items of all sources together (not of an epoch: see ``MixedOrder.epoch_length``)."""
@@ -122,11 +124,12 @@ class Mixture:
             chunked = isinstance(chunk, int) and callable(getattr(dataset, "set_chunk_order", None))
             size: int = chunk if chunked else (group_size or DEFAULT_GROUP_SIZE)  # type: ignore[assignment]
             seed_s = MixedOrder.source_seed(seed, name)
-            orders.append(
-                EpochOrder(
-                    self.fetchers[name].length, shuffle=shuffle, seed=seed_s, group_size=size, rotate=not chunked
-                )
+            order = EpochOrder(
+                self.fetchers[name].length, shuffle=shuffle, seed=seed_s, group_size=size, rotate=not chunked
             )
+            if chunked:  # (its chunks' order in each source epoch, told to it as it is read: see _read)
+                self._chunk_orders[name] = (order, -1)
+            orders.append(order)
         return MixedOrder(
             self.names,
             orders,
@@ -195,7 +198,8 @@ class Mixture:
         sources = np.searchsorted(self.offsets, items, side="right") - 1
         present = np.unique(sources).tolist()
         where = {s: np.flatnonzero(sources == s) for s in present}
-        parts = {s: self._read(s, items[where[s]] - self.offsets[s]) for s in present}
+        epochs = np.asarray(indices, dtype=np.int64) // len(self)
+        parts = {s: self._read(s, items[where[s]] - self.offsets[s], epochs[where[s]]) for s in present}
         if all(not isinstance(part, list) for part in parts.values()):
             if len(present) == 1:
                 return parts[present[0]]
@@ -208,15 +212,37 @@ class Mixture:
                 samples[place] = sample
         return samples if self.collator is None else self.collator(samples)
 
-    def _read(self, s: int, local: np.ndarray) -> Any:
+    def _read(self, s: int, local: np.ndarray, source_epochs: np.ndarray) -> Any:
         fetcher = self.fetchers[self.names[s]]
         if fetcher.kind == "gather":
             return fetcher.take(local)
         dataset = fetcher.dataset
+        if self.names[s] in self._chunk_orders and self.collator is None:
+            return self._read_chunked(self.names[s], local, source_epochs)
         if fetcher.kind == "getitems" and self.collator is None:
             result = dataset.__getitems__(local.tolist())
             return result if isinstance(result, list) else _samples(result, len(local))
         return [dataset[i] for i in local.tolist()]
+
+    def _read_chunked(self, name: str, local: np.ndarray, source_epochs: np.ndarray) -> list[Any]:
+        """Samples of a chunked source (``OutOfCoreDataset``), each source epoch's read in its chunks' order.
+
+        NOTE: as a loader tells a chunked dataset its epoch's chunk order, so that a batch across
+        chunks reads them in that order and the last stays held for the next batch: each chunk is
+        read once per source epoch.
+        """
+        dataset = self.sources[name]
+        order, told = self._chunk_orders[name]
+        samples: list[Any] = [None] * len(local)
+        for epoch in np.unique(source_epochs).tolist():
+            if epoch != told:
+                dataset.set_chunk_order(order.group_order(epoch))
+                told = epoch
+                self._chunk_orders[name] = (order, told)
+            at = np.flatnonzero(source_epochs == epoch)
+            for place, sample in zip(at.tolist(), _samples(dataset.__getitems__(local[at].tolist()), len(at))):
+                samples[place] = sample
+        return samples
 
     def _joined(self, parts: dict[int, Any], where: dict[int, np.ndarray], count: int) -> Any:
         order = np.empty(count, dtype=np.int64)
