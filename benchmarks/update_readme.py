@@ -6,12 +6,13 @@ the peers suite), or with ``--varlen-only`` (under a minute: the "Padding and pa
 ``--fidelity-only`` (the memory fidelity table alone), ``--shapes-only`` (about two minutes: the batch
 shapes table of ``fastsab bench --suite shapes`` alone), ``--workers-only`` (about three minutes: the
 worker sweep over reads that wait, 1 to 8 workers), ``--peers-only`` (a minute or two: fastsab's
-padded split beside fairseq's kernel, built by ``fairseq_kernel.py``, and lhotse's samplers) or
+padded split beside fairseq's kernel, built by ``fairseq_kernel.py``, and lhotse's samplers),
+``--mixing-only`` (several minutes: the mixing suite's tables, the peers' rows where they import) or
 ``--headline-only`` (no run: README's headline table from the tables of docs/benchmarks.md). The
 sections of docs/benchmarks.md between the ``<!-- bench:start -->`` / ``<!-- bench:end -->``,
 ``<!-- varlen:start -->`` / ``<!-- varlen:end -->``, ``<!-- fidelity:start -->`` /
 ``<!-- fidelity:end -->``, ``<!-- shapes:start -->`` / ``<!-- shapes:end -->``,
-``<!-- workers:start -->`` / ``<!-- workers:end -->`` and
+``<!-- workers:start -->`` / ``<!-- workers:end -->``, ``<!-- mixing:start -->`` / ``<!-- mixing:end -->`` and
 ``<!-- peers:start -->`` / ``<!-- peers:end -->`` markers are
 replaced by what the bench prints, and README's ``<!-- headline:start -->`` / ``<!-- headline:end -->``
 section by the machine line and the loaders table of the bench section; nothing in them is typed
@@ -41,6 +42,7 @@ FIDELITY = ("<!-- fidelity:start -->", "<!-- fidelity:end -->")
 SHAPES = ("<!-- shapes:start -->", "<!-- shapes:end -->")
 PEERS = ("<!-- peers:start -->", "<!-- peers:end -->")
 WORKERS = ("<!-- workers:start -->", "<!-- workers:end -->")
+MIXING = ("<!-- mixing:start -->", "<!-- mixing:end -->")
 
 
 def section(text: str, markers: tuple[str, str], name: str) -> str:
@@ -129,6 +131,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     only.add_argument("--shapes-only", action="store_true", help="regenerate only the batch shapes table")
     only.add_argument("--peers-only", action="store_true", help="regenerate only the peers table (fairseq, lhotse)")
     only.add_argument("--workers-only", action="store_true", help="regenerate only the worker sweep's table")
+    only.add_argument("--mixing-only", action="store_true", help="regenerate only the mixing suite's tables")
     only.add_argument("--headline-only", action="store_true", help="regenerate README's table from the docs page")
     args = parser.parse_args(argv)
     runs_all = not (
@@ -138,6 +141,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         or args.headline_only
         or args.peers_only
         or args.workers_only
+        or args.mixing_only
     )
     if runs_all or args.varlen_only:
         update(PAGE, VARLEN, varlen_section())
@@ -152,6 +156,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if runs_all or args.workers_only:
         sweep = ("--workers", "1,2,4,8", "--workers-dataset", "io", "--epochs", "3")
         update(PAGE, WORKERS, bench("--suite", "workers", *sweep))
+    if runs_all or args.mixing_only:
+        update(PAGE, MIXING, bench("--suite", "mixing"))
     if runs_all or args.headline_only:
         update_headline()
     return 0

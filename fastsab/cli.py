@@ -32,7 +32,7 @@ __all__ = ["main"]
 
 SUITES = ("loaders", "kernels", "permutation", "first-batch", "adaptive", "varlen", "end-to-end", "scale", "workers")
 #: The suites (not in 'all') that print a table of their own, with its own columns.
-TABLE_SUITES = ("fidelity", "shapes")
+TABLE_SUITES = ("fidelity", "shapes", "mixing")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -50,7 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--samples",
         type=positive_int_argument,
         help="samples per epoch (default 300000; the varlen suite: 50000 sequences; the end-to-end suite: 60000; "
-        "the scale suite: 10**9 items; the workers suite: 10000 texts or reads; the peers suite: 10**6 lengths)",
+        "the scale suite: 10**9 items; the workers suite: 10000 texts or reads; the peers suite: 10**6 lengths; the "
+        "mixing suite: 10**6 items)",
     )
     run.add_argument("--batch-size", type=positive_int_argument, default=300, help="batch size (default 300)")
     run.add_argument(
@@ -83,7 +84,12 @@ def build_parser() -> argparse.ArgumentParser:
         "'shapes' (not in 'all') counts the batch shapes of variable-length batches (DataLoader, sort_window, shape "
         "buckets), their padded efficiency, and the graphs a model compiled for static shapes builds over two "
         "epochs, with its epoch times (50000 sequences, 8000 and 3000 for the compiled epochs; about two minutes; "
-        "with --device, the model trains there, in CUDA graphs on a GPU).",
+        "with --device, the model trains there, in CUDA graphs on a GPU). "
+        "'mixing' (not in 'all') measures a Mixture of three sources (10**6 items unless --samples, weights in "
+        "tokens): its share error beside HF interleave_datasets, torchdata MultiNodeWeightedSampler, lhotse "
+        "CutSet.mux and Mosaic Streaming (where they import), the planning time of a mixed epoch against an "
+        "unmixed one and the peers, padded efficiency against the sources batched alone, and a resume of 100 "
+        "times as many items on rank 7 of 8 (a few minutes).",
     )
     run.add_argument(
         "--device",
@@ -239,6 +245,19 @@ def run_shapes(args: argparse.Namespace) -> None:
     print(shapes_markdown(results))
 
 
+def run_mixing(args: argparse.Namespace) -> None:
+    """Print the mixing suite's tables (the same markdown with or without ``--markdown``)."""
+    from tqdm import tqdm
+
+    from fastsab.bench.mixing import MIX_SAMPLES, mixing_markdown, mixing_results
+
+    shown = not args.quiet and sys.stderr.isatty()
+    with tqdm(desc="fastsab bench mixing", disable=not shown, file=sys.stderr) as bar:
+        rows = mixing_results(args.samples or MIX_SAMPLES, progress=bar.set_postfix_str)
+    print(f"Measured on {bench.machine_info()}.\n")
+    print(mixing_markdown(rows))
+
+
 def plot_rows(rows: list[bench.Row], path: Path) -> None:
     """Bar chart of ms per epoch (log scale) for the loader rows, one bar per method."""
     try:
@@ -299,6 +318,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     results = run_fidelity(args) if "fidelity" in asked else []
     if "shapes" in asked:
         run_shapes(args)
+    if "mixing" in asked:
+        run_mixing(args)
     # NOTE: the suites printing tables of their own run alone, unless --device asks for the device suite too
     # (with the fidelity suite: the shapes suite alone trains its compiled model on --device)
     alone = bool(asked) and set(asked) <= set(TABLE_SUITES) and (args.device is None or set(asked) == {"shapes"})

@@ -15,9 +15,10 @@ from typing import Any
 
 from fastsab.bench.report import Row
 from fastsab.bench.workloads import IndexDataset, index_sizes
+from fastsab.fetch.mixture import Mixture
 from fastsab.loaders.loader import FastLoader, FastSizeAwareLoader
 
-__all__ = ["resume_rows", "scale_rows"]
+__all__ = ["MIXTURE_WEIGHTS", "mixture_sources", "resume_figures", "resume_rows", "scale_rows"]
 
 #: What a rank of a huge epoch may take to its first batch (the ``scale`` suite's targets).
 SCALE_SECONDS = 0.5
@@ -65,14 +66,11 @@ def resume_rows(n: int = 10**9, rank: int = 7, world_size: int = 8, repeat: int 
     rows = []
     target = f"target {RESUME_SECONDS} s, {SCALE_MIB} MiB"
     for name in ("FastLoader", "FastSizeAwareLoader"):
-        with tempfile.TemporaryDirectory() as folder:
-            path = os.path.join(folder, "state.json")
-            (steps,) = _in_process(f"_save_mid_epoch({name!r}, {n}, {rank}, {world_size}, {path!r})")
-            seconds, mib = _in_process(f"_resume_here({name!r}, {n}, {rank}, {world_size}, {path!r}, {repeat})")
+        steps, seconds, mib = resume_figures(name, n, rank, world_size, repeat)
         rows.append(
             Row(
                 "scale",
-                f"n={n:,}, rank {rank} of {world_size}, resumed at step {int(steps):,}",
+                f"n={n:,}, rank {rank} of {world_size}, resumed at step {steps:,}",
                 f"{name} resumed first batch",
                 seconds,
                 target,
@@ -86,11 +84,44 @@ def resume_rows(n: int = 10**9, rank: int = 7, world_size: int = 8, repeat: int 
     return rows
 
 
+def resume_figures(name: str, n: int, rank: int, world_size: int, repeat: int) -> tuple[int, float, float]:
+    """The step resumed at, the best seconds and the peak RSS growth (MiB) of ``resume_rows``'s run of ``name``.
+
+    ``name``: ``"FastLoader"``, ``"FastSizeAwareLoader"`` or ``"Mixture"`` (a size-aware loader
+    over ``mixture_sources(n)``), each in processes of its own.
+    """
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "state.json")
+        (steps,) = _in_process(f"_save_mid_epoch({name!r}, {n}, {rank}, {world_size}, {path!r})")
+        seconds, mib = _in_process(f"_resume_here({name!r}, {n}, {rank}, {world_size}, {path!r}, {repeat})")
+    return int(steps), seconds, mib
+
+
+#: The weights of the three sources of the mixture the scale suite resumes (by cost).
+MIXTURE_WEIGHTS = {"web": 0.5, "code": 0.3, "books": 0.2}
+
+
+def mixture_sources(n: int) -> Mixture:
+    """``n`` items in three ``IndexDataset`` sources in proportion to ``MIXTURE_WEIGHTS``, mixed by those weights.
+
+    Their sizes are ``index_sizes`` of the ids (computed: no array of ``n`` sizes is held).
+
+    Examples:
+        >>> mixture_sources(1000).lengths
+        [500, 300, 200]
+    """
+    counts = [int(n * weight) for weight in MIXTURE_WEIGHTS.values()]
+    counts[0] += n - sum(counts)
+    return Mixture({name: IndexDataset(count) for name, count in zip(MIXTURE_WEIGHTS, counts)}, MIXTURE_WEIGHTS)
+
+
 def _scale_loader(name: str, n: int, rank: int, world_size: int) -> Any:
-    """The loader ``name`` of the scale suite: ``IndexDataset(n)``, 256 items or a budget of 4096."""
+    """The loader ``name`` of the scale suite: ``IndexDataset(n)`` (or ``mixture_sources(n)``), 256 items or a
+    budget of 4096."""
     if name == "FastLoader":
         return FastLoader(IndexDataset(n), 256, rank=rank, world_size=world_size)
-    return FastSizeAwareLoader(IndexDataset(n), index_sizes, 4096, rank=rank, world_size=world_size)
+    data = mixture_sources(n) if name == "Mixture" else IndexDataset(n)
+    return FastSizeAwareLoader(data, index_sizes, 4096, rank=rank, world_size=world_size)
 
 
 def _save_mid_epoch(name: str, n: int, rank: int, world_size: int, path: str) -> None:
