@@ -354,6 +354,8 @@ def batched(case: MixCase, order: list[int]) -> tuple[list[list[int]], list[int]
     if case.sort_window is not None:
         chunk = case.group_size or MIX_CHUNK
         groups = [order[i : i + chunk] for i in range(0, len(order), chunk)]
+        # a mixture's windows hold one source: each chunk's items gathered by source, in order
+        groups = [sorted(group, key=lambda i: source_of(case, i)) for group in groups]
         order = sorted_windows(groups, ById(case.rows, case.n), case.sort_window)
     return greedy_loop(
         order,
@@ -851,3 +853,9 @@ def test_worker_processes_prefetch_and_data_loader_are_the_loop_in_process(case:
 @given(case=mix_cases(kinds=("dicts",), world_sizes=(1, 2)))
 def test_worker_processes_more_cases(case: MixCase) -> None:
     test_worker_processes_prefetch_and_data_loader_are_the_loop_in_process.hypothesis.inner_test(case)  # type: ignore[attr-defined]
+
+
+def source_of(case: MixCase, mixture_id: int) -> int:
+    """The source (its number) of a mixture's id."""
+    item = mixture_id % case.n
+    return max(s for s, first in enumerate(case.offsets) if first <= item)

@@ -68,6 +68,10 @@ class EpochOrder:
     def load_entry(self, epoch: int, entry: object, planner: object) -> None:
         """Take up what ``state_entry`` saved: nothing to take up."""
 
+    def window_chunks(self, epoch: int, start: int = 0) -> Iterator[np.ndarray]:
+        """The chunks whose runs ``sort_window`` sorts: ``chunks`` (a mixture's hold one source a run)."""
+        return self.chunks(epoch, start)
+
     def epoch_length(self, epoch: int) -> int:
         """Items of ``epoch``: all ``n``."""
         return self.n

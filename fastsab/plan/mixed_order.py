@@ -174,6 +174,17 @@ class MixedOrder(EpochOrder):
         """The chunks of ``epoch``, ``group_size`` items each, from chunk number ``start`` on."""
         return self._chunk_states(epoch, start * self.group_size, iter(lambda: self.group_size, None))
 
+    def window_chunks(self, epoch: int, start: int = 0) -> Iterator[np.ndarray]:
+        """The chunks of ``epoch`` (from chunk ``start``), each one's items gathered by source, in order.
+
+        ``sort_window`` sorts runs of the chunk by size: gathered so, a window holds one source (but
+        where a source's items end), and pads as that source's batches would alone; the chunk's
+        share of each source is the rule's, and its batches come in a seeded random order.
+        """
+        for chunk in self.chunks(epoch, start):
+            sources = np.searchsorted(self.offsets, chunk % self.n, side="right")
+            yield chunk[np.argsort(sources, kind="stable")]
+
     def chunks_from(self, epoch: int, position: int) -> Iterator[np.ndarray]:
         """The chunks of ``epoch`` from its ``position``-th item on: the rest of its chunk, then the next ones."""
         first = self.group_size - position % self.group_size

@@ -113,7 +113,7 @@ class SortedWindowEpoch:
         self._cached = cached
         self._yielded = 0  # chunks of the cached plan yielded
         self._next_group = 0
-        self._groups: Iterator[np.ndarray] = planner.order.chunks(epoch) if cached is None else iter(())
+        self._groups: Iterator[np.ndarray] = planner.order.window_chunks(epoch) if cached is None else iter(())
         self._reported = 0  # groups whose skipped items were reported (in chunks yielded)
         self._silent: list[np.ndarray] = []  # groups planned again: their skipped items were reported
         self._carry: Carry | None = None
@@ -276,5 +276,5 @@ class SortedWindowEpoch:
         else:
             state = given_back
         self._next_group = state.next_group
-        self._groups = self.planner.order.chunks(self.epoch, state.next_group)
+        self._groups = self.planner.order.window_chunks(self.epoch, state.next_group)
         return state
