@@ -46,9 +46,11 @@ from fastsab.varlen.collate import PadCollator
 __all__ = ["DEFAULT_CHUNK_BYTES", "FastLoader", "FastSizeAwareLoader", "LoaderBase", "LoaderOptions"]
 
 #: Per-item sizes as ``FastSizeAwareLoader`` accepts them (see its ``sizeof``).
-SizeOf = torch.Tensor | np.ndarray | Sequence[float] | Sequence[Sequence[float]] | Callable[[Any], Any]
+SizeOf = (
+    torch.Tensor | np.ndarray | Sequence[float] | Sequence[Sequence[float]] | Callable[[Any], Any] | Mapping[str, Any]
+)
 #: Per-item features for a callable ``sizeof``.
-Features = torch.Tensor | np.ndarray | Sequence[Any]
+Features = torch.Tensor | np.ndarray | Sequence[Any] | Mapping[str, Any]
 #: What ``cost="padded"`` pads: the features (``len * sizeof(maxima)``) or the costs (``len * max``).
 Padding = Literal["features", "costs"]
 
@@ -151,7 +153,8 @@ class FastSizeAwareLoader(LoaderBase[T]):
         sizeof: Per-item sizes: a 1-D (or ``(n, k)`` for ``k`` limits) tensor, array or
             sequence; a callable applied to ``features[indices]`` (e.g. a fitted memory
             model) when ``features`` is given; a vectorized callable taking an index array;
-            or a per-item callable (accepted, warned about as slow).
+            or a per-item callable (accepted, warned about as slow). For a ``Mixture``, also
+            ``{source: sizes}`` (and ``features`` ``{source: features}``), laid end to end.
         max_total_size: The inclusive cap (or ``k`` caps) of a batch's cost.
         features: Per-item features for a callable ``sizeof``, e.g. sequence lengths.
         cost: ``"sum"`` or ``"padded"`` (``len(batch) * max(size)``, or with padded features
