@@ -232,14 +232,14 @@ def _padding_rows(lengths: Mapping[str, np.ndarray], work: str) -> list[MixingRo
         if mixture.buckets is not None:
             # NOTE: one table of shapes serves all the sources: each alone is padded to the same lengths
             alone_options["buckets"] = [int(length) for length in mixture.buckets.lengths]
-            label += " (one table)"
         real = padded = 0
         for name, part in lengths.items():
             stats = _stats(_alone(part, **alone_options))
             real, padded = real + stats.real_tokens, padded + stats.padded_tokens
             rows.append(MixingRow("padding", work, f"{name} alone, {label}", stats.padding_efficiency))
         pooled = real / padded
-        rows.append(MixingRow("padding", work, f"sources alone, pooled, {label}", pooled))
+        same = f"padded to the mixture's {value} lengths" if mixture.buckets is not None else ""
+        rows.append(MixingRow("padding", work, f"sources alone, pooled, {label}", pooled, note=same))
         points = (mixed - pooled) * 100
         goal = f"within {PADDING_POINTS * 100:g} point of pooled"
         met = mixed >= pooled - PADDING_POINTS
