@@ -144,18 +144,29 @@ class MixedOrder(EpochOrder):
         return self._starts[epoch].copy()
 
     def state_at(self, epoch: int, position: int) -> MixState:
-        """Where the rule stands after ``position`` items of ``epoch``."""
+        """Where the rule stands after ``position`` items of ``epoch``.
+
+        Raises:
+            ValueError: If ``epoch`` has fewer than ``position`` items.
+        """
         marks = self._marks.get(epoch, {})
         # NOTE: a snapshot (one C call): a prefetch thread may add states while this one reads them
         before = [p for p in list(marks) if p <= position]
         at = max(before) if before else 0
         state = marks[at].copy() if before else self.start_state(epoch)
         if position > at:
-            self._walk(epoch, state, position - at)
+            ids, ended = self._walk(epoch, state, position - at)
+            if ended:  # (at the epoch's end: what comes after it is the next epoch's)
+                self._lengths[epoch] = at + len(ids)
+                self._starts.setdefault(epoch + 1, state.next_epoch())
+            if at + len(ids) < position:
+                raise ValueError(f"mixture epoch {epoch} has {at + len(ids)} items, not {position}.")
         return state
 
     def _chunk_states(self, epoch: int, position: int, sizes: Iterator[int]) -> Iterator[np.ndarray]:
         state = self.state_at(epoch, position)
+        if position >= self._lengths.get(epoch, position + 1):
+            return
         marks = self._marks.setdefault(epoch, {})
         for old in sorted(self._marks)[:-_KEPT_EPOCHS]:
             self._marks.pop(old, None)
