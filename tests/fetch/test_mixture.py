@@ -1,0 +1,133 @@
+"""``Mixture``: what it refuses (with the argument, source and value named), and how it reads a batch."""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from fastsab import Mixture
+
+A, B = torch.arange(4), torch.arange(10, 13)
+
+
+def _mix(**kwargs: Any) -> Mixture:
+    return Mixture({"a": A, "b": B}, **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("sources", "error", "match"),
+    [
+        ({}, TypeError, "sources must be a non-empty mapping {name: dataset}, got {}"),
+        ([A, B], TypeError, "sources must be a non-empty mapping {name: dataset}, got [tensor("),
+        ({"a": A, 1: B}, TypeError, "source names must be strings, got 1"),
+        ({"a": A, "b": torch.arange(0)}, ValueError, "source 'b' has no items"),
+        ({"a": A, "b": []}, ValueError, "source 'b' has no items"),
+    ],
+)
+def test_sources_are_refused(sources, error, match):
+    with pytest.raises(error, match=re.escape(match)):
+        Mixture(sources)
+
+
+@pytest.mark.parametrize(
+    ("weights", "error", "match"),
+    [
+        ({"a": -1, "b": 1}, ValueError, "weights['a'] must be a finite number >= 0, got -1"),
+        ({"a": math.nan, "b": 1}, ValueError, "weights['a'] must be a finite number >= 0, got nan"),
+        ({"a": 1, "b": math.inf}, ValueError, "weights['b'] must be a finite number >= 0, got inf"),
+        ({"a": np.float32("nan"), "b": 1}, ValueError, "weights['a'] must be a finite number >= 0, got nan"),
+        ({"a": 0, "b": 0}, ValueError, "weights gives every source weight 0"),
+        ({}, ValueError, "weights gives every source weight 0"),
+        ({"a": 1, "c": 1}, ValueError, "weights names source 'c', which the mixture does not have: it has ['a', 'b']"),
+        ({"a": "1", "b": 1}, TypeError, "weights['a'] must be a real number, got '1'"),
+        ({"a": True, "b": 1}, TypeError, "weights['a'] must be a real number, got True"),
+        ({"a": [1], "b": 1}, TypeError, "weights['a'] must be a real number, got [1]"),
+        ("a", TypeError, "weights must be a mapping {source: weight} or a list of points"),
+        (3, TypeError, "weights must be a mapping {source: weight} or a list of points"),
+        (
+            [],
+            TypeError,
+            "weights must be a mapping {source: weight} or a list of points [(at, {source: weight}), ...], got []",
+        ),
+        ([(0, {"a": 1}), (10, {"b": -2})], ValueError, "weights[1]['b'] must be a finite number >= 0, got -2"),
+        ([(0, {"a": 1}), (5, {"a": 0})], ValueError, "weights[1] gives every source weight 0"),
+        ([(0, {"a": 1}), (5, {"z": 1})], ValueError, "weights[1] names source 'z'"),
+        ([(0, {"a": 1}), (10, {"b": 1}), (10, {"a": 1})], ValueError, "point 2 is at 10.0, after 10.0"),
+        ([(5, {"a": 1}), (1, {"b": 1})], ValueError, "point 1 is at 1.0, after 5.0"),
+        ([(0, {"a": 1}, "linear")], ValueError, "weights' first point cannot be 'linear'"),
+        (
+            [(0, {"a": 1}), (1, {"b": 1}, "cubic")],
+            ValueError,
+            "weights[1]'s shape must be one of 'step', 'linear', got 'cubic'",
+        ),
+        ([(0,)], TypeError, "weights[0] must be (at, {source: weight}) or (at, weights, 'linear'), got (0,)"),
+        ([(0, {"a": 1}, "step", 1)], TypeError, "weights[0] must be (at, {source: weight})"),
+        ([{"a": 1}], TypeError, "weights[0] must be (at, {source: weight}) or (at, weights, 'linear'), got {'a': 1}"),
+        ([(0, [1, 2])], TypeError, "weights[0] must map source names to weights, got [1, 2]"),
+        ([(-1, {"a": 1})], ValueError, "weights[0]'s 'at' must be a finite number >= 0, got -1"),
+        ([(math.nan, {"a": 1})], ValueError, "weights[0]'s 'at' must be a finite number >= 0, got nan"),
+        ([(0, {"a": 1}), (math.inf, {"b": 1})], ValueError, "weights[1]'s 'at' must be a finite number >= 0, got inf"),
+        ([("0", {"a": 1})], TypeError, "weights[0]'s 'at' must be a real number, got '0'"),
+    ],
+)
+def test_weights_are_refused_with_the_source_and_value_named(weights, error, match):
+    with pytest.raises(error, match=re.escape(match)):
+        _mix(weights=weights)
+
+
+def test_numpy_numbers_are_weights_points_and_stops():
+    # a schedule computed with numpy (np.arange, np.int64 counts) is taken as its Python numbers
+    mix = _mix(
+        weights=[(np.int64(0), {"a": np.int64(1)}), (np.int64(3), {"b": np.float32(2)})], stop={"items": np.int64(5)}
+    )
+    assert mix.schedule.as_list() == [[0.0, {"a": 1.0}, "step"], [3.0, {"b": 2.0}, "step"]]
+    assert mix.stop.amount == 5
+    assert mix.schedule.at(1).tolist() == _mix(weights={"a": torch.tensor(1.0)}).schedule.at(1).tolist() == [1.0, 0.0]
+
+
+def test_weights_whose_sum_is_past_the_floats_are_refused():
+    with pytest.raises(
+        ValueError, match=re.escape("weights sum past the largest float: give weights of a smaller scale")
+    ):
+        _mix(weights={"a": 1e308, "b": 1e308})
+
+
+@pytest.mark.parametrize(
+    ("stop", "error", "match"),
+    [
+        ("all", ValueError, "stop must be one of 'first', 'last', got 'all'"),
+        (None, TypeError, "stop must be 'first', 'last', {'cost': total} or {'items': count}, got None"),
+        (5, TypeError, "stop must be 'first', 'last', {'cost': total} or {'items': count}, got 5"),
+        ({"cost": 5, "items": 3}, TypeError, "got {'cost': 5, 'items': 3}"),
+        ({"steps": 5}, ValueError, "stop's key must be one of 'cost', 'items', got 'steps'"),
+        ({"cost": -5}, ValueError, "stop={'cost': -5} needs a positive finite number."),
+        ({"cost": 0}, ValueError, "stop={'cost': 0} needs a positive finite number."),
+        ({"cost": math.nan}, ValueError, "stop={'cost': nan} needs a positive finite number."),
+        ({"cost": math.inf}, ValueError, "stop={'cost': inf} needs a positive finite number."),
+        ({"items": 0}, ValueError, "stop={'items': 0} needs a positive integer."),
+        ({"items": 2.5}, ValueError, "stop={'items': 2.5} needs a positive integer."),
+        ({"cost": "5"}, TypeError, "stop={'cost': ...} needs a number, got '5'."),
+        ({"items": True}, TypeError, "stop={'items': ...} needs a number, got True."),
+    ],
+)
+def test_stops_are_refused(stop, error, match):
+    with pytest.raises(error, match=re.escape(match)):
+        _mix(stop=stop)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"by": "tokens"}, "by must be one of 'cost', 'items', got 'tokens'"),
+        ({"by": 1}, "by must be one of 'cost', 'items', got 1"),
+        ({"over": "steps"}, "over must be one of 'cost', 'items', got 'steps'"),
+    ],
+)
+def test_by_and_over_are_refused(kwargs, match):
+    with pytest.raises(ValueError, match=re.escape(match)):
+        _mix(**kwargs)
