@@ -145,13 +145,13 @@ class Mixture:
         """A per-source mapping of per-item values (``sizeof``, ``features``) laid end to end; other values as given.
 
         Raises:
-            ValueError: If the mapping leaves out or adds a source, or a source's values do not
-                have one row per item.
+            ValueError: If the mapping leaves out or adds a source, if a source's values do not
+                have one row per item, or if the sources' rows differ in shape.
         """
         if not isinstance(values, Mapping):
             return values
         if set(values) != set(self.names):
-            missing, unknown = sorted(set(self.names) - set(values)), sorted(set(values) - set(self.names))
+            missing, unknown = [n for n in self.names if n not in values], [k for k in values if k not in self.names]
             raise ValueError(
                 f"{name} must give the values of every source of the mixture and of no other: "
                 f"missing {missing}, unknown {unknown}."
@@ -164,6 +164,10 @@ class Mixture:
             if len(part) != length:
                 raise ValueError(f"{name}[{source!r}] has {len(part)} values but source {source!r} has {length} items.")
             parts.append(part)
+        shapes = {source: tuple(np.shape(part)[1:]) for source, part in zip(self.names, parts)}
+        if len(set(shapes.values())) > 1:
+            each = ", ".join(f"each of {name}[{source!r}] has shape {shape}" for source, shape in shapes.items())
+            raise ValueError(f"{name} must give values of one shape for every source: {each}.")
         if all(isinstance(part, torch.Tensor) for part in parts):
             return torch.cat(parts)
         return np.concatenate([np.asarray(part) for part in parts])

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from fastsab import Mixture
+from fastsab import FastSizeAwareLoader, Mixture
 
 A, B = torch.arange(4), torch.arange(10, 13)
 
@@ -131,3 +131,46 @@ def test_stops_are_refused(stop, error, match):
 def test_by_and_over_are_refused(kwargs, match):
     with pytest.raises(ValueError, match=re.escape(match)):
         _mix(**kwargs)
+
+
+SIZES = {"a": np.arange(1, 5), "b": np.arange(1, 4)}
+
+
+@pytest.mark.parametrize(
+    ("sizeof", "error", "match"),
+    [
+        (
+            {"a": SIZES["a"]},
+            ValueError,
+            "sizeof must give the values of every source of the mixture and of no other: missing ['b'], unknown []",
+        ),
+        ({**SIZES, "c": SIZES["b"]}, ValueError, "missing [], unknown ['c']"),
+        ({**SIZES, 1: SIZES["b"], "c": SIZES["b"]}, ValueError, "missing [], unknown [1, 'c']"),
+        ({"a": SIZES["a"], "b": SIZES["b"][:2]}, ValueError, "sizeof['b'] has 2 values but source 'b' has 3 items"),
+        ({"a": SIZES["a"], "b": np.ones(4)}, ValueError, "sizeof['b'] has 4 values but source 'b' has 3 items"),
+        ({"a": SIZES["a"], "b": "abc"}, TypeError, "sizeof['b'] must be an array, tensor or sequence, got 'abc'"),
+        ({"a": SIZES["a"], "b": 3}, TypeError, "sizeof['b'] must be an array, tensor or sequence, got 3"),
+        (
+            {"a": np.ones((4, 2)), "b": SIZES["b"]},
+            ValueError,
+            "sizeof must give values of one shape for every source: each of sizeof['a'] has shape (2,), each of sizeof['b'] has shape ()",
+        ),
+    ],
+)
+def test_sizes_by_source_are_refused(sizeof, error, match):
+    with pytest.raises(error, match=re.escape(match)):
+        FastSizeAwareLoader(_mix(), sizeof, max_total_size=10)
+
+
+def test_features_by_source_are_refused():
+    with pytest.raises(ValueError, match=re.escape("features['a'] has 3 values but source 'a' has 4 items")):
+        _mix().joined("features", {"a": np.ones((3, 2)), "b": np.ones((3, 2))})
+    with pytest.raises(
+        ValueError,
+        match=re.escape(
+            "features must give values of one shape for every source: each of features['a'] has shape (2,), each of features['b'] has shape (3,)"
+        ),
+    ):
+        _mix().joined("features", {"a": np.ones((4, 2)), "b": np.ones((3, 3))})
+    joined = _mix().joined("features", {"a": np.ones((4, 2)), "b": torch.zeros(3, 2)})
+    assert np.array_equal(joined, np.concatenate([np.ones((4, 2)), np.zeros((3, 2))]))
