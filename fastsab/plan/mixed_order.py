@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from fastsab._checks import check_choice, short_repr
 from fastsab.plan.epochs import FIRST_CHUNK, EpochOrder
 from fastsab.plan.mix_weights import StopRule, WeightSchedule
 from fastsab.plan.mixing import MixState, SourceHeads, mix_walk
@@ -278,23 +279,32 @@ class MixedOrder(EpochOrder):
         """
         if entry is None:  # (a state without one: each epoch's start is walked to)
             return
-        if not isinstance(entry, dict) or "start" not in entry:
-            raise ValueError(f"state['mixture'] must be the mixture's entry of a state, got {entry!r}.")
-        sources = len(self.names)
-        start = MixState.from_dict(entry["start"], sources, "state['mixture']['start']")
-        saved = WeightSchedule(
-            self.names, [tuple(point) for point in entry.get("weights", [])] or [(0, {})], entry.get("over", "cost")
-        )
+        if not isinstance(entry, dict) or not {"start", "weights", "over"} <= set(entry):
+            raise ValueError(f"state['mixture'] must be the mixture's entry of a state, got {short_repr(entry)}.")
+        start = MixState.from_dict(entry["start"], self.lengths, "state['mixture']['start']")
+        over = check_choice("state['mixture']['over']", entry["over"], ("cost", "items"))
+        try:
+            saved = WeightSchedule(self.names, entry["weights"], over)
+        except (TypeError, ValueError) as error:
+            raise ValueError(
+                f"state['mixture']['weights'] is not a schedule of the mixture's weights ({error})"
+            ) from None
+        at = entry.get("at")
+        if at is not None:
+            if not (isinstance(at, list) and len(at) == 2 and isinstance(at[0], int) and at[0] >= 0):
+                raise ValueError(
+                    f"state['mixture']['at'] must be [position, mixture state] with a position >= 0, "
+                    f"got {short_repr(at)}."
+                )
+            at = (at[0], MixState.from_dict(at[1], self.lengths, "state['mixture']['at']"))
         # NOTE: the saved epoch runs on with the weights it was saved with (its steps run are
         # theirs, and so is every replay of it); weights given anew apply from the next epoch on
         self._schedules = {} if saved.same_as(self.schedule) else {epoch: saved}
-        self._starts = {0: MixState.start(sources), epoch: start}
+        self._starts = {0: MixState.start(len(self.names)), epoch: start}
         self._marks = {epoch: {0: start.copy()}}
         self._lengths.clear()
-        at = entry.get("at")
         if at is not None:
-            position = int(at[0])
-            self._marks[epoch][position] = MixState.from_dict(at[1], sources, "state['mixture']['at']")
+            self._marks[epoch][at[0]] = at[1]
         forget = getattr(planner, "forget_plans", None)
         if forget is not None:
             forget()

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import math
 import re
+import subprocess
+import sys
 from typing import Any
 
 import numpy as np
@@ -11,6 +14,7 @@ import pytest
 import torch
 
 from fastsab import FastSizeAwareLoader, Mixture
+from fastsab.plan.mixing import MixState
 
 A, B = torch.arange(4), torch.arange(10, 13)
 
@@ -174,3 +178,143 @@ def test_features_by_source_are_refused():
         _mix().joined("features", {"a": np.ones((4, 2)), "b": np.ones((3, 3))})
     joined = _mix().joined("features", {"a": np.ones((4, 2)), "b": torch.zeros(3, 2)})
     assert np.array_equal(joined, np.concatenate([np.ones((4, 2)), np.zeros((3, 2))]))
+
+
+def _loader(**kwargs: Any) -> FastSizeAwareLoader:
+    mix = Mixture({"a": torch.arange(20), "b": torch.arange(100, 110)}, {"a": 2, "b": 1})
+    return FastSizeAwareLoader(
+        mix, {"a": np.arange(1, 21) % 7, "b": np.arange(1, 11)}, max_total_size=12, seed=1, **kwargs
+    )
+
+
+def _saved() -> dict[str, Any]:
+    loader = _loader()
+    batches = iter(loader)
+    next(batches), next(batches)
+    return json.loads(json.dumps(loader.state_dict()))
+
+
+def _at(entry: dict[str, Any], value: Any) -> None:
+    entry["at"] = value
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        (lambda s: s.__setitem__("mixture", "x"), "state['mixture'] must be the mixture's entry of a state, got 'x'"),
+        (lambda s: s.__setitem__("mixture", [1]), "state['mixture'] must be the mixture's entry of a state, got [1]"),
+        (
+            lambda s: s["mixture"].pop("start"),
+            "state['mixture'] must be the mixture's entry of a state, got {'weights'",
+        ),
+        (
+            lambda s: s["mixture"].pop("weights"),
+            "state['mixture'] must be the mixture's entry of a state, got {'start'",
+        ),
+        (
+            lambda s: s["mixture"].__setitem__("start", "x"),
+            "state['mixture']['start'] is not a mixture state of 2 sources: 'x'",
+        ),
+        (
+            lambda s: s["mixture"]["start"].__setitem__("positions", [0]),
+            "state['mixture']['start'] is not a mixture state of 2 sources",
+        ),
+        (
+            lambda s: s["mixture"]["start"].__setitem__("positions", [-1, 0]),
+            "state['mixture']['start'] is not a mixture state of 2 sources",
+        ),
+        (
+            lambda s: s["mixture"]["start"].__setitem__("positions", [1.5, 0]),
+            "state['mixture']['start'] is not a mixture state of 2 sources",
+        ),
+        (
+            lambda s: s["mixture"]["start"].__setitem__("positions", ["1", 0]),
+            "state['mixture']['start'] is not a mixture state of 2 sources",
+        ),
+        (
+            lambda s: s["mixture"]["start"].__setitem__("positions", [20, 0]),
+            "state['mixture']['start'] is not a mixture state of 2 sources",
+        ),
+        (
+            lambda s: s["mixture"]["start"].__setitem__("deviations", [math.nan, 0]),
+            "state['mixture']['start'] is not a mixture state",
+        ),
+        (
+            lambda s: s["mixture"]["start"].__setitem__("ended", [0, 1]),
+            "state['mixture']['start'] is not a mixture state",
+        ),
+        (
+            lambda s: s["mixture"]["start"].__setitem__("began", [1, 1]),
+            "state['mixture']['start'] is not a mixture state",
+        ),
+        (
+            lambda s: s["mixture"].__setitem__("weights", "x"),
+            "state['mixture']['weights'] is not a schedule of the mixture's weights (weights must be",
+        ),
+        (
+            lambda s: s["mixture"].__setitem__("weights", [5]),
+            "state['mixture']['weights'] is not a schedule of the mixture's weights (weights[0] must be",
+        ),
+        (
+            lambda s: s["mixture"].__setitem__("weights", [[0, {"c": 1}, "step"]]),
+            "(weights[0] names source 'c', which the mixture does not have",
+        ),
+        (
+            lambda s: s["mixture"].__setitem__("over", "steps"),
+            "state['mixture']['over'] must be one of 'cost', 'items', got 'steps'",
+        ),
+        (
+            lambda s: _at(s["mixture"], "x"),
+            "state['mixture']['at'] must be [position, mixture state] with a position >= 0, got 'x'",
+        ),
+        (
+            lambda s: _at(s["mixture"], [3]),
+            "state['mixture']['at'] must be [position, mixture state] with a position >= 0, got [3]",
+        ),
+        (
+            lambda s: _at(s["mixture"], [-3, s["mixture"]["start"]]),
+            "state['mixture']['at'] must be [position, mixture state] with a position >= 0, got [-3, {",
+        ),
+        (
+            lambda s: _at(s["mixture"], ["3", s["mixture"]["start"]]),
+            "state['mixture']['at'] must be [position, mixture state] with a position >= 0, got ['3', {",
+        ),
+        (lambda s: _at(s["mixture"], [3, {}]), "state['mixture']['at'] is not a mixture state of 2 sources: {}"),
+    ],
+)
+def test_a_malformed_mixture_entry_of_a_state_is_refused(change, match):
+    state = _saved()
+    change(state)
+    loader = _loader()
+    with pytest.raises(ValueError, match=re.escape(match)):
+        loader.load_state_dict(state)
+
+
+@pytest.mark.parametrize("huge", [10**400, 2**70])
+def test_a_mixture_state_of_numbers_past_the_floats_or_the_counts_is_refused(huge):
+    state = _saved()
+    state["mixture"]["start"]["deviations"] = [huge, 0]
+    state["mixture"]["start"]["positions"] = [0, huge]
+    with pytest.raises(ValueError, match=re.escape("state['mixture']['start'] is not a mixture state of 2 sources")):
+        _loader().load_state_dict(state)
+
+
+def test_a_malformed_mixture_state_is_refused_under_python_dash_o():
+    # (checks that python -O would leave out, if they were asserts)
+    entry = MixState.start(1).as_dict() | {"positions": [-1]}
+    script = (
+        "from fastsab.plan.mixing import MixState\n"
+        f"try:\n    MixState.from_dict({entry!r}, [3], 'x')\n"
+        "except ValueError as error:\n    print(error)\n"
+    )
+    result = subprocess.run([sys.executable, "-O", "-c", script], capture_output=True, text=True, check=True)
+    assert result.stdout.startswith("x is not a mixture state of 1 sources")
+
+
+def test_a_state_without_a_mixture_entry_replays_the_epoch():
+    # (the rule walks to the epoch's start; the resume point names where to go on)
+    state, whole = _saved(), [batch.tolist() for batch in _loader()]
+    del state["mixture"]
+    loader = _loader()
+    loader.load_state_dict(state)
+    assert [batch.tolist() for batch in loader] == whole[2:]
