@@ -186,7 +186,9 @@ class Mixture:
         """Item ``index`` (of all sources end to end), as its source gives it."""
         (item,) = self.fetch_ids(np.array([index])).tolist()
         s = int(np.searchsorted(self.offsets, item, side="right")) - 1
-        return self.sources[self.names[s]][item - int(self.offsets[s])]
+        local, source_epoch = np.array([item - int(self.offsets[s])]), np.array([index // len(self)])
+        part = self._read(s, local, source_epoch)  # (a pytree source's row: as a batch reads it)
+        return part[0] if isinstance(part, list) else _samples(part, 1)[0]
 
     def __getitems__(self, indices: Any) -> Any:
         """The items ``indices`` in order: each source read with one fetch.
@@ -263,6 +265,12 @@ class Mixture:
 
 
 def _join(rows: tuple[Any, ...], index: torch.Tensor) -> Any:
+    # NOTE: leaves of other types or dtypes are refused, not converted (torch.cat and numpy would
+    # promote them, and a batch's dtype would depend on which sources it holds)
+    if len({type(row) for row in rows}) > 1:
+        raise TypeError(f"leaves of types {[type(row).__name__ for row in rows]} differ")
+    if isinstance(rows[0], (torch.Tensor, np.ndarray)) and len({row.dtype for row in rows}) > 1:
+        raise TypeError(f"dtypes {[row.dtype for row in rows]} differ")
     if isinstance(rows[0], torch.Tensor):
         return torch.cat(rows)[index]
     if isinstance(rows[0], np.ndarray):

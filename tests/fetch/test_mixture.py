@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from fastsab import FastSizeAwareLoader, Mixture
+from fastsab import FastLoader, FastSizeAwareLoader, Mixture
+from fastsab.fetch.mixture import MixtureSamplesError
 from fastsab.plan.mixing import MixState
 
 A, B = torch.arange(4), torch.arange(10, 13)
@@ -318,3 +319,80 @@ def test_a_state_without_a_mixture_entry_replays_the_epoch():
     loader = _loader()
     loader.load_state_dict(state)
     assert [batch.tolist() for batch in loader] == whole[2:]
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "detail"),
+    [
+        (torch.zeros(4, 3), torch.zeros(3, 5), "Sizes of tensors must match"),
+        (torch.zeros(4, 3), torch.zeros(3), "Tensors must have same number of dimensions"),
+        (torch.zeros(4, 3), torch.zeros(3, 3, dtype=torch.int64), "dtypes [torch.float32, torch.int64] differ"),
+        (np.zeros((4, 2)), np.zeros((3, 2), dtype=np.int32), "dtypes [dtype('float64'), dtype('int32')] differ"),
+        (np.zeros((4, 2)), torch.zeros(3, 2), "leaves of types ['ndarray', 'Tensor'] differ"),
+        ({"x": torch.zeros(4)}, torch.zeros(3), "Expected an instance of dict"),
+        ({"x": torch.zeros(4)}, {"y": torch.zeros(3)}, "dictionary key mismatch"),
+    ],
+)
+def test_samples_that_cannot_share_a_batch_are_refused_naming_the_sources(a, b, detail):
+    mix = Mixture({"web": a, "code": b})
+    assert isinstance(mix[0], type(a))
+    with pytest.raises(
+        MixtureSamplesError, match=re.escape(f"the samples of sources ['web', 'code'] cannot share a batch ({detail}")
+    ):
+        mix.__getitems__([0, 5])
+
+
+def test_rows_of_gathered_sources_are_joined_in_the_plans_order():
+    mix = Mixture(
+        {"a": {"x": torch.arange(4), "y": np.arange(4.0)}, "b": {"x": torch.arange(10, 13), "y": np.arange(10.0, 13.0)}}
+    )
+    batch = mix.__getitems__([5, 0, 4 + 7, 3])  # (the last id: item 4 of the next source epoch's ids)
+    assert batch["x"].tolist() == [11, 0, 10, 3]
+    assert batch["y"].tolist() == [11.0, 0.0, 10.0, 3.0]
+
+
+def test_an_item_of_a_pytree_source_is_its_row():
+    mix = Mixture(
+        {"a": {"x": torch.arange(4), "y": np.arange(4.0)}, "b": {"x": torch.arange(10, 13), "y": np.zeros(3)}}
+    )
+    row = mix[5]
+    assert row["x"].item() == 11 and row["y"] == 0.0
+    assert mix[5 + 7]["x"].item() == 11  # (an id of the next source epoch: the same item)
+
+
+class Texts:
+    """Samples as dicts of Python lists, read one at a time (or a list at once with ``__getitems__``)."""
+
+    def __init__(self, base: int, n: int) -> None:
+        self.base, self.n = base, n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> dict[str, list[int]]:
+        return {"tokens": list(range(self.base, self.base + i + 1))}
+
+
+class ListedTexts(Texts):
+    def __getitems__(self, ids: list[int]) -> list[dict[str, list[int]]]:
+        return [self[i] for i in ids]
+
+
+@pytest.mark.filterwarnings("ignore:dataset .* is read item by item")
+def test_sources_of_samples_are_collated_by_the_collate_fn():
+    mix = Mixture({"a": Texts(0, 4), "b": ListedTexts(100, 3)}, stop="last")
+    assert mix.__getitems__([5, 0, 1]) == [{"tokens": [100, 101]}, {"tokens": [0]}, {"tokens": [0, 1]}]
+
+    def collate(samples: list[dict[str, list[int]]]) -> list[int]:
+        return [sample["tokens"][-1] for sample in samples]
+
+    # the same plan over tensors whose rows are the samples' last tokens: batch by batch the same
+    twin = Mixture({"a": torch.arange(4), "b": torch.arange(100, 103)}, stop="last")
+    for epoch in range(3):
+        loader, plain = (
+            FastLoader(mix, batch_size=3, collate_fn=collate, seed=2),
+            FastLoader(twin, batch_size=3, seed=2),
+        )
+        loader.set_epoch(epoch)
+        plain.set_epoch(epoch)
+        assert [batch for batch in loader] == [batch.tolist() for batch in plain]
