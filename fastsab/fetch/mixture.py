@@ -145,13 +145,13 @@ class Mixture:
         """A per-source mapping of per-item values (``sizeof``, ``features``) laid end to end; other values as given.
 
         Raises:
-            ValueError: If the mapping leaves out or adds a source, or a source's values do not
-                have one row per item.
+            ValueError: If the mapping leaves out or adds a source, if a source's values do not
+                have one row per item, or if the sources' rows differ in shape.
         """
         if not isinstance(values, Mapping):
             return values
         if set(values) != set(self.names):
-            missing, unknown = sorted(set(self.names) - set(values)), sorted(set(values) - set(self.names))
+            missing, unknown = [n for n in self.names if n not in values], [k for k in values if k not in self.names]
             raise ValueError(
                 f"{name} must give the values of every source of the mixture and of no other: "
                 f"missing {missing}, unknown {unknown}."
@@ -164,6 +164,10 @@ class Mixture:
             if len(part) != length:
                 raise ValueError(f"{name}[{source!r}] has {len(part)} values but source {source!r} has {length} items.")
             parts.append(part)
+        shapes = {source: tuple(np.shape(part)[1:]) for source, part in zip(self.names, parts)}
+        if len(set(shapes.values())) > 1:
+            each = ", ".join(f"each of {name}[{source!r}] has shape {shape}" for source, shape in shapes.items())
+            raise ValueError(f"{name} must give values of one shape for every source: {each}.")
         if all(isinstance(part, torch.Tensor) for part in parts):
             return torch.cat(parts)
         return np.concatenate([np.asarray(part) for part in parts])
@@ -182,7 +186,9 @@ class Mixture:
         """Item ``index`` (of all sources end to end), as its source gives it."""
         (item,) = self.fetch_ids(np.array([index])).tolist()
         s = int(np.searchsorted(self.offsets, item, side="right")) - 1
-        return self.sources[self.names[s]][item - int(self.offsets[s])]
+        local, source_epoch = np.array([item - int(self.offsets[s])]), np.array([index // len(self)])
+        part = self._read(s, local, source_epoch)  # (a pytree source's row: as a batch reads it)
+        return part[0] if isinstance(part, list) else _samples(part, 1)[0]
 
     def __getitems__(self, indices: Any) -> Any:
         """The items ``indices`` in order: each source read with one fetch.
@@ -259,6 +265,12 @@ class Mixture:
 
 
 def _join(rows: tuple[Any, ...], index: torch.Tensor) -> Any:
+    # NOTE: leaves of other types or dtypes are refused, not converted (torch.cat and numpy would
+    # promote them, and a batch's dtype would depend on which sources it holds)
+    if len({type(row) for row in rows}) > 1:
+        raise TypeError(f"leaves of types {[type(row).__name__ for row in rows]} differ")
+    if isinstance(rows[0], (torch.Tensor, np.ndarray)) and len({row.dtype for row in rows}) > 1:
+        raise TypeError(f"dtypes {[row.dtype for row in rows]} differ")
     if isinstance(rows[0], torch.Tensor):
         return torch.cat(rows)[index]
     if isinstance(rows[0], np.ndarray):

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from fastsab._checks import check_choice, short_repr
+from fastsab._checks import as_real_number, check_choice, short_repr
 
 __all__ = ["StopRule", "WeightSchedule", "parse_stop"]
 
@@ -59,13 +59,15 @@ def parse_stop(stop: object) -> StopRule:
     if isinstance(stop, Mapping) and len(stop) == 1:
         ((kind, amount),) = stop.items()
         check_choice("stop's key", kind, ("cost", "items"))
-        if isinstance(amount, bool) or not isinstance(amount, (int, float)) or not math.isfinite(amount):
-            raise TypeError(f"stop={{{kind!r}: ...}} needs a finite number, got {short_repr(amount)}.")
-        if amount <= 0 or (kind == "items" and int(amount) != amount):
-            raise ValueError(
-                f"stop={{{kind!r}: {amount!r}}} needs a positive {'integer' if kind == 'items' else 'number'}."
-            )
-        return StopRule(kind, amount)
+        number = amount.item() if isinstance(amount, np.generic) else amount
+        if isinstance(number, bool) or not isinstance(number, (int, float)):
+            raise TypeError(f"stop={{{kind!r}: ...}} needs a number, got {short_repr(amount)}.")
+        finite = isinstance(number, int) or math.isfinite(number)  # (an int past the floats is finite)
+        if kind == "cost" and not (finite and number > 0):
+            raise ValueError(f"stop={{{kind!r}: {number!r}}} needs a positive finite number.")
+        if kind == "items" and not (finite and number > 0 and int(number) == number):
+            raise ValueError(f"stop={{{kind!r}: {number!r}}} needs a positive integer.")
+        return StopRule(kind, number)
     raise TypeError(f"stop must be 'first', 'last', {{'cost': total}} or {{'items': count}}, got {short_repr(stop)}.")
 
 
@@ -130,9 +132,7 @@ class WeightSchedule:
         at, values = point[0], point[1]
         shape = point[2] if len(point) == 3 else "step"
         check_choice(f"weights[{number}]'s shape", shape, ("step", "linear"))
-        if isinstance(at, bool) or not isinstance(at, (int, float)) or not math.isfinite(at) or at < 0:
-            raise ValueError(f"weights[{number}]'s 'at' must be a finite number >= 0, got {short_repr(at)}.")
-        return float(at), self.checked(values, f"weights[{number}]"), shape
+        return _finite_nonnegative(f"weights[{number}]'s 'at'", at), self.checked(values, f"weights[{number}]"), shape
 
     def checked(self, values: object, where: str = "weights") -> np.ndarray:
         """``{source: weight}`` as an array in the sources' order, checked."""
@@ -144,13 +144,14 @@ class WeightSchedule:
                 raise ValueError(
                     f"{where} names source {name!r}, which the mixture does not have: it has {self.names}."
                 )
-            if isinstance(weight, bool) or not isinstance(weight, (int, float, np.integer, np.floating)):
-                raise TypeError(f"{where}[{name!r}] must be a number, got {short_repr(weight)}.")
-            if not math.isfinite(weight) or weight < 0:
-                raise ValueError(f"{where}[{name!r}] must be a finite number >= 0, got {weight!r}.")
-            array[self.names.index(name)] = float(weight)
-        if not array.sum() > 0:
+            array[self.names.index(name)] = _finite_nonnegative(f"{where}[{name!r}]", weight)
+        total = sum(array.tolist())  # (a Python sum: past the floats it is inf, without numpy's warning)
+        if not total > 0:
             raise ValueError(f"{where} gives every source weight 0: give at least one source a positive weight.")
+        if not math.isfinite(total):
+            raise ValueError(
+                f"{where} sum past the largest float: give weights of a smaller scale, got {short_repr(values)}."
+            )
         return array
 
     def at(self, position: float) -> np.ndarray:
@@ -180,3 +181,20 @@ class WeightSchedule:
     def same_as(self, other: WeightSchedule) -> bool:
         """Whether ``other`` gives the same weights everywhere (as saved: ``as_list`` and ``over``)."""
         return self.over == other.over and self.as_list() == other.as_list()
+
+
+def _finite_nonnegative(name: str, value: object) -> float:
+    """``value`` as a float, if it is a finite real number >= 0 (a weight, a point's ``at``).
+
+    Raises:
+        TypeError: If ``value`` is no real number.
+        ValueError: If it is negative, NaN or infinite.
+    """
+    number = as_real_number(name, value)
+    try:
+        finite = float(number)
+    except OverflowError:  # (an int past the floats)
+        finite = math.inf
+    if not (math.isfinite(finite) and finite >= 0):
+        raise ValueError(f"{name} must be a finite number >= 0, got {short_repr(number)}.")
+    return finite

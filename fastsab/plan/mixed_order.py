@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from fastsab._checks import check_choice, short_repr
 from fastsab.plan.epochs import FIRST_CHUNK, EpochOrder
 from fastsab.plan.mix_weights import StopRule, WeightSchedule
 from fastsab.plan.mixing import MixState, SourceHeads, mix_walk
@@ -144,18 +145,29 @@ class MixedOrder(EpochOrder):
         return self._starts[epoch].copy()
 
     def state_at(self, epoch: int, position: int) -> MixState:
-        """Where the rule stands after ``position`` items of ``epoch``."""
+        """Where the rule stands after ``position`` items of ``epoch``.
+
+        Raises:
+            ValueError: If ``epoch`` has fewer than ``position`` items.
+        """
         marks = self._marks.get(epoch, {})
         # NOTE: a snapshot (one C call): a prefetch thread may add states while this one reads them
         before = [p for p in list(marks) if p <= position]
         at = max(before) if before else 0
         state = marks[at].copy() if before else self.start_state(epoch)
         if position > at:
-            self._walk(epoch, state, position - at)
+            ids, ended = self._walk(epoch, state, position - at)
+            if ended:  # (at the epoch's end: what comes after it is the next epoch's)
+                self._lengths[epoch] = at + len(ids)
+                self._starts.setdefault(epoch + 1, state.next_epoch())
+            if at + len(ids) < position:
+                raise ValueError(f"mixture epoch {epoch} has {at + len(ids)} items, not {position}.")
         return state
 
     def _chunk_states(self, epoch: int, position: int, sizes: Iterator[int]) -> Iterator[np.ndarray]:
         state = self.state_at(epoch, position)
+        if position >= self._lengths.get(epoch, position + 1):
+            return
         marks = self._marks.setdefault(epoch, {})
         for old in sorted(self._marks)[:-_KEPT_EPOCHS]:
             self._marks.pop(old, None)
@@ -278,23 +290,32 @@ class MixedOrder(EpochOrder):
         """
         if entry is None:  # (a state without one: each epoch's start is walked to)
             return
-        if not isinstance(entry, dict) or "start" not in entry:
-            raise ValueError(f"state['mixture'] must be the mixture's entry of a state, got {entry!r}.")
-        sources = len(self.names)
-        start = MixState.from_dict(entry["start"], sources, "state['mixture']['start']")
-        saved = WeightSchedule(
-            self.names, [tuple(point) for point in entry.get("weights", [])] or [(0, {})], entry.get("over", "cost")
-        )
+        if not isinstance(entry, dict) or not {"start", "weights", "over"} <= set(entry):
+            raise ValueError(f"state['mixture'] must be the mixture's entry of a state, got {short_repr(entry)}.")
+        start = MixState.from_dict(entry["start"], self.lengths, "state['mixture']['start']")
+        over = check_choice("state['mixture']['over']", entry["over"], ("cost", "items"))
+        try:
+            saved = WeightSchedule(self.names, entry["weights"], over)
+        except (TypeError, ValueError) as error:
+            raise ValueError(
+                f"state['mixture']['weights'] is not a schedule of the mixture's weights ({error})"
+            ) from None
+        at = entry.get("at")
+        if at is not None:
+            if not (isinstance(at, list) and len(at) == 2 and isinstance(at[0], int) and at[0] >= 0):
+                raise ValueError(
+                    f"state['mixture']['at'] must be [position, mixture state] with a position >= 0, "
+                    f"got {short_repr(at)}."
+                )
+            at = (at[0], MixState.from_dict(at[1], self.lengths, "state['mixture']['at']"))
         # NOTE: the saved epoch runs on with the weights it was saved with (its steps run are
         # theirs, and so is every replay of it); weights given anew apply from the next epoch on
         self._schedules = {} if saved.same_as(self.schedule) else {epoch: saved}
-        self._starts = {0: MixState.start(sources), epoch: start}
+        self._starts = {0: MixState.start(len(self.names)), epoch: start}
         self._marks = {epoch: {0: start.copy()}}
         self._lengths.clear()
-        at = entry.get("at")
         if at is not None:
-            position = int(at[0])
-            self._marks[epoch][position] = MixState.from_dict(at[1], sources, "state['mixture']['at']")
+            self._marks[epoch][at[0]] = at[1]
         forget = getattr(planner, "forget_plans", None)
         if forget is not None:
             forget()

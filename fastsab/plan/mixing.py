@@ -115,34 +115,60 @@ class MixState:
         }
 
     @classmethod
-    def from_dict(cls, entry: object, sources: int, where: str) -> MixState:
-        """A state saved by ``as_dict`` for ``sources`` sources.
+    def from_dict(cls, entry: object, lengths: Sequence[int], where: str) -> MixState:
+        """A state saved by ``as_dict`` for sources of ``lengths`` items.
 
         Raises:
             ValueError: If ``entry`` is not such a state.
         """
+        sources = len(lengths)
         try:
-            assert isinstance(entry, Mapping)
-            state = cls(
-                [int(v) for v in entry["source_epochs"]],
-                [int(v) for v in entry["positions"]],
-                [float(v) for v in entry["deviations"]],
-                [float(v) for v in entry["costs"]],
-                [float(v) for v in entry["source_starts"]],
-                float(entry["cost"]),
-                int(entry["items"]),
-                float(entry["epoch_cost"]),
-                int(entry["epoch_items"]),
-                [bool(v) for v in entry["ended"]],
-                [bool(v) for v in entry["began"]],
+            if not isinstance(entry, Mapping):
+                raise TypeError
+            positions = [_count(v) for v in _listed(entry["positions"], sources)]
+            ended, began = _listed(entry["ended"], sources), _listed(entry["began"], sources)
+            if not all(isinstance(v, bool) for v in ended + began) or any(p >= n for p, n in zip(positions, lengths)):
+                raise TypeError
+            return cls(
+                [_count(v) for v in _listed(entry["source_epochs"], sources)],
+                positions,
+                [_sum(v) for v in _listed(entry["deviations"], sources)],
+                [_sum(v) for v in _listed(entry["costs"], sources)],
+                [_sum(v) for v in _listed(entry["source_starts"], sources)],
+                _sum(entry["cost"]),
+                _count(entry["items"]),
+                _sum(entry["epoch_cost"]),
+                _count(entry["epoch_items"]),
+                ended,
+                began,
             )
-            columns: list[list[Any]] = [state.source_epochs, state.positions, state.deviations, state.costs]
-            columns += [state.source_starts, state.ended, state.began]
-            assert all(len(column) == sources for column in columns)
-            assert min(state.source_epochs + state.positions + [state.items, state.epoch_items]) >= 0
-        except (AssertionError, KeyError, TypeError, ValueError):
+        except (KeyError, TypeError, OverflowError):  # (OverflowError: an int past the floats)
             raise ValueError(f"{where} is not a mixture state of {sources} sources: {short_repr(entry)}.") from None
-        return state
+
+
+# NOTE: a saved state's numbers are checked with TypeError (turned into the ValueError that names
+# the entry), not with assert, which python -O leaves out
+
+
+def _listed(values: object, count: int) -> list[Any]:
+    """``values``, a list of ``count`` values (a saved state's), else a ``TypeError``."""
+    if not (isinstance(values, (list, tuple)) and len(values) == count):
+        raise TypeError
+    return list(values)
+
+
+def _count(value: object) -> int:
+    """``value``, an integer >= 0 (a saved state's), else a ``TypeError``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise TypeError
+    return value
+
+
+def _sum(value: object) -> float:
+    """``value``, a finite number (a saved state's), as a float, else a ``TypeError``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise TypeError
+    return float(value)
 
 
 class SourceHeads:
