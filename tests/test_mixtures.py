@@ -249,7 +249,12 @@ def make_ranks(case: MixCase, stack: ExitStack, world_size: int | None = None) -
 
 def bound(case: MixCase) -> int:
     """More batches than an epoch of ``case`` can have (its sources upsampled at most a few times)."""
-    return 50 * case.n + 50
+    total = 0.0
+    if isinstance(case.stop, dict):  # (an epoch of a total takes as many items as reach it)
+        ((kind, amount),) = case.stop.items()
+        positive = [row[0] for rows in case.sizes for row in rows if row[0] > 0]
+        total = amount if kind == "items" or case.by == "items" or not positive else amount / min(positive)
+    return 50 * case.n + 50 + int(total)
 
 
 def content(batch: Any) -> list[int]:
