@@ -33,6 +33,9 @@ from fastsab.plan.mixing import MixState, SourceHeads, mix_walk
 
 __all__ = ["MixedCosts", "MixedOrder", "SourceFigures"]
 
+#: Items walked at a time while looking an id up past the least its source's position says.
+_LOOK_STEP = 256
+
 #: Epochs whose chunk states are kept (the current one, the next one planned ahead, one before).
 _KEPT_EPOCHS = 3
 
@@ -198,8 +201,9 @@ class MixedOrder(EpochOrder):
             yield chunk[np.argsort(sources, kind="stable")]
 
     def chunks_from(self, epoch: int, position: int) -> Iterator[np.ndarray]:
-        """The chunks of ``epoch`` from its ``position``-th item on: the rest of its chunk, then the next ones."""
-        first = self.group_size - position % self.group_size
+        """The chunks of ``epoch`` from its ``position``-th item on (the first one of ``FIRST_CHUNK`` items at most)."""
+        # NOTE: a first chunk of at most FIRST_CHUNK items: a resume's first batch waits for no more
+        first = min(self.group_size - position % self.group_size, FIRST_CHUNK)
         return self._chunk_states(epoch, position, _sizes(first, self.group_size))
 
     def chunks_first_small(self, epoch: int) -> Iterator[np.ndarray]:
@@ -233,8 +237,12 @@ class MixedOrder(EpochOrder):
         state = marks[at].copy()
         if state.source_epochs[s] * self.lengths[s] + state.positions[s] > progress:
             raise ValueError(f"mixture epoch {epoch} does not yield id {index}: it comes before the epoch.")
+        # NOTE: the id is source s's (progress - done + 1)-th item from the state on: as many items
+        # at least are walked at once, then a few at a time (a resume looks up its point's first item)
+        step = progress - (state.source_epochs[s] * self.lengths[s] + state.positions[s]) + 1
         while True:
-            ids, ended = self._walk(epoch, state, self.group_size)
+            ids, ended = self._walk(epoch, state, step)
+            step = _LOOK_STEP
             hit = np.flatnonzero(ids == index)
             if len(hit):
                 return at + int(hit[0])
