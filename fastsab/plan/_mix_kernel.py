@@ -20,43 +20,37 @@ def take_run(
     weights: Any,
     positive: Any,
     source_costs: Any,
-    positions: Any,
     offsets: Any,
     ends: Any,
     head_costs: Any,
     head_ids: Any,
     totals: Any,
-    counts: Any,
-    over_items: bool,
     change: float,
-    stop_amount: float,
-    stop_items: bool,
+    stop_cost: float,
     out: Any,
     n: int,
     count: int,
 ) -> tuple[int, int]:
     """Take items by the mixing rule into ``out[n:count]``, under weights that hold, until the caller is needed.
 
-    Per source ``s``: ``d[s]`` its deviation, ``source_costs[s]`` its cost and ``positions[s]``
-    its position in its source epoch; its next items' costs and ids are ``head_costs`` and
-    ``head_ids`` at ``offsets[s]`` up to ``ends[s]``. ``weights`` and ``shares`` (weights over
-    their sum) are those in force, ``positive`` the sources with a positive weight, in order.
-    ``totals`` holds the mixture's cost since its start and since its epoch's start, ``counts``
-    its items; all these are updated in place.
+    Per source ``s``: ``d[s]`` its deviation and ``source_costs[s]`` its cost; its next items'
+    costs and ids are ``head_costs`` and ``head_ids`` at ``offsets[s]`` up to ``ends[s]``.
+    ``weights`` and ``shares`` (weights over their sum) are those in force, ``positive`` the
+    sources with a positive weight, in order. ``totals`` holds the mixture's cost since its
+    start and since its epoch's start. All these are updated in place.
 
-    The first item is taken with these weights; a run stops before an item where the weights
-    may change (the mixture's items, if ``over_items``, else its cost, reach ``change``), and
-    after the item that ends its source's block of heads, that fills ``out`` (``count``), or
-    that brings the epoch's cost (or items, if ``stop_items``) to ``stop_amount`` (``0``: never).
+    The first item is taken with these weights; a run stops before an item where the mixture's
+    cost has reached ``change`` (where the weights may change), and after the item that ends its
+    source's block of heads, that fills ``out`` up to ``count`` (the caller stops a run by items
+    so), or that brings the epoch's cost to ``stop_cost``.
 
     Returns:
         Where ``out`` is filled to, and the source of the last item taken.
     """
     cost, epoch_cost = totals[0], totals[1]
-    items, epoch_items = counts[0], counts[1]
     s = -1
     while n < count:
-        if s >= 0 and (items if over_items else cost) >= change:
+        if s >= 0 and cost >= change:
             break
         # NOTE: the rule's choice, its key (d + c) / w computed only once a second source may be
         # taken (the first alone is taken whatever its key): a pass over the sources behind, then,
@@ -85,12 +79,8 @@ def take_run(
         source_costs[s] += c
         cost += c
         epoch_cost += c
-        items += 1
-        epoch_items += 1
-        positions[s] += 1
         offsets[s] = at + 1
-        if at + 1 == ends[s] or (0 < stop_amount <= (epoch_items if stop_items else epoch_cost)):
+        if at + 1 == ends[s] or epoch_cost >= stop_cost:
             break
     totals[0], totals[1] = cost, epoch_cost
-    counts[0], counts[1] = items, epoch_items
     return n, s

@@ -109,8 +109,9 @@ def _compile() -> None:
     _State.sum_walk = compile_now([sums.format(dtype) for dtype in ("int64", "float64")])(_walk_sums)
     # NOTE: no fastmath (nor any other flag): the compiled run rounds as Python does, so both take the same items
     f, i = "float64[::1]", "int64[::1]"
-    mixing = f"UniTuple(int64, 2)({f}, {f}, {f}, {i}, {f}, {i}, {i}, {i}, {f}, {i}, {f}, {i}, "
-    mixing += f"boolean, float64, float64, boolean, {i}, int64, int64)"
+    mixing = (
+        f"UniTuple(int64, 2)({f}, {f}, {f}, {i}, {f}, {i}, {i}, {f}, {i}, {f}, float64, float64, {i}, int64, int64)"
+    )
     _State.take_run = compile_now(mixing)(take_run)
 
 

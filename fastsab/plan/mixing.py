@@ -30,6 +30,7 @@ saved as JSON and the walk gives the same merge wherever it is taken up.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -208,17 +209,17 @@ def mix_walk(
         return np.array(values, dtype=dtype) if arrays else [dtype(v) for v in values]
 
     d, source_costs = column(state.deviations, float), column(state.costs, float)
-    positions = column(state.positions, int)
-    totals, counts = column([state.cost, state.epoch_cost], float), column([state.items, state.epoch_items], int)
+    totals = column([state.cost, state.epoch_cost], float)
+    positions, items, epoch_items = list(state.positions), state.items, state.epoch_items
     out: Any = np.zeros(count, dtype=np.int64) if arrays else [0] * count
     heads.open(state, arrays)
     by_items = schedule.over == "items"
-    stop_amount = float(stop.amount) if stop.kind in ("cost", "items") else 0.0
+    stop_cost = float(stop.amount) if stop.kind == "cost" else math.inf
     change = -1.0  # (weights read at the first item)
     weights: list[float] = []
     n, ended = 0, False
     while n < count:
-        where = int(counts[0]) if by_items else float(totals[0])
+        where = items if by_items else float(totals[0])
         if where >= change:
             array = schedule.at(where)
             weights = array.tolist()
@@ -227,10 +228,21 @@ def mix_walk(
             positive = column([s for s in range(k) if weights[s] > 0], int)
             in_force = column(weights, float)
             change = schedule.next_change(where)
+        # NOTE: counts of items stop a run by its length (the first item is always taken): the
+        # weights' next change where they count items, and stop={"items": ...}
+        limit = count
+        if by_items and change < math.inf:
+            limit = min(limit, n + max(1, math.ceil(change) - items))
+        if stop.kind == "items":
+            limit = min(limit, n + math.ceil(stop.amount) - epoch_items)
+        before, start = [int(v) for v in heads.offsets], n
         n, s = run(
-            d, shares, in_force, positive, source_costs, positions, heads.offsets, heads.ends, heads.costs,
-            heads.ids, totals, counts, by_items, change, stop_amount, stop.kind == "items", out, n, count,
+            d, shares, in_force, positive, source_costs, heads.offsets, heads.ends, heads.costs, heads.ids, totals,
+            math.inf if by_items else change, stop_cost, out, n, limit,
         )  # fmt: skip
+        items, epoch_items = items + n - start, epoch_items + n - start
+        for r in range(k):
+            positions[r] += int(heads.offsets[r]) - before[r]
         finished = positions[s] == lengths[s]
         if finished:  # the source's epoch ends: its next one starts
             state.source_epochs[s] += 1
@@ -239,15 +251,14 @@ def mix_walk(
             if source_costs[s] == state.source_starts[s] and stop.kind in ("last", "cost"):
                 raise _costs_nothing(heads, s, stop)
             state.source_starts[s] = float(source_costs[s])
-        ended = _stops(stop, state.ended, weights, finished, float(totals[1]), int(counts[1]))
+        ended = _stops(stop, state.ended, weights, finished, float(totals[1]), epoch_items)
         if ended:
             break
         if heads.offsets[s] == heads.ends[s]:
-            heads.load(s, state.source_epochs[s], int(positions[s]))
-    state.deviations, state.costs = [float(v) for v in d], [float(v) for v in source_costs]
-    state.positions = [int(v) for v in positions]
+            heads.load(s, state.source_epochs[s], positions[s])
+    state.deviations, state.costs, state.positions = [float(v) for v in d], [float(v) for v in source_costs], positions
     state.cost, state.epoch_cost = float(totals[0]), float(totals[1])
-    state.items, state.epoch_items = int(counts[0]), int(counts[1])
+    state.items, state.epoch_items = items, epoch_items
     return np.asarray(out[:n], dtype=np.int64), ended
 
 
