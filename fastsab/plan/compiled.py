@@ -1,4 +1,4 @@
-"""Optional compiled walks of splits (numba), off by default.
+"""Optional compiled walks of splits and of the mixing rule (numba), off by default.
 
 ``use_compiled()`` starts compiling two walks with numba in a thread of its own: ``_walk_lengths``
 for ``cost="padded"`` splits over per-item costs, and ``_walk_sums`` for ``cost="sum"`` splits.
@@ -6,8 +6,11 @@ Once compiled, such splits walk their batches with them, one pass over the items
 (or where numba is not installed) with the numpy walks of ``fastsab.plan._padded_kernel`` and
 ``fastsab.plan._sum_kernel``. Each pair gives the same batches (``tests/plan/test_compiled.py``
 checks them against each other and the sum walk against the greedy loop), so a split never waits
-for a compile: the first batch of a loader comes as soon as without it. ``import fastsab`` does not
-import numba; ``use_compiled()`` does, in that thread.
+for a compile: the first batch of a loader comes as soon as without it. The same thread compiles
+``take_run`` of ``fastsab.plan._mix_kernel``, the mixing rule's inner loop, which a mixture's walk
+runs as plain Python until then: one source, the same float operations in the same order, so the
+same items (``tests/plan/test_mix_walk.py``). ``import fastsab`` does not import numba;
+``use_compiled()`` does, in that thread.
 
 Examples:
     >>> from fastsab.plan.compiled import use_compiled
@@ -25,10 +28,13 @@ from functools import partial
 
 import numpy as np
 
+from fastsab.plan._mix_kernel import take_run
+
 __all__ = ["use_compiled"]
 
 Walk = Callable[[np.ndarray, np.ndarray, int, np.ndarray], int]
 SumWalk = Callable[[np.ndarray, np.ndarray, bool, int, int, np.ndarray, bool, np.ndarray], int]
+TakeRun = Callable[..., tuple[int, int]]
 
 
 class _State:
@@ -37,21 +43,22 @@ class _State:
     enabled = False
     walk: Walk | None = None
     sum_walk: SumWalk | None = None
+    take_run: TakeRun | None = None
     thread: threading.Thread | None = None
     lock = threading.Lock()
 
 
 def use_compiled(enabled: bool = True, *, wait: bool = False) -> bool:
-    """Walk padded and sum splits with numba-compiled loops once they are compiled (or stop, with ``False``).
+    """Walk splits and mixtures with numba-compiled loops once they are compiled (or stop, with ``False``).
 
     Args:
         enabled: ``True`` to compile the walks (in a thread) and use them once compiled, ``False``
-            to go back to the numpy walks.
+            to go back to the numpy walks (and the mixing rule's Python loop).
         wait: Wait for the compile to end before returning (a benchmark's warm-up); by default
             splits take the numpy walks until it ends.
 
     Returns:
-        Whether splits take (or will take, once compiled) the compiled walks: ``False``
+        Whether splits and mixtures take (or will take, once compiled) the compiled walks: ``False``
         where numba is not installed (``pip install "fastsab[compiled]"``) or with ``enabled=False``.
 
     Raises:
@@ -85,6 +92,11 @@ def compiled_sum_walk() -> SumWalk | None:
     return _State.sum_walk if _State.enabled else None
 
 
+def compiled_take_run() -> TakeRun | None:
+    """The compiled run of the mixing rule if it is asked for and compiled, else ``None`` (take it in Python)."""
+    return _State.take_run if _State.enabled else None
+
+
 def _compile() -> None:
     numba = importlib.import_module("numba")
     # NOTE: the signatures, compiled here and now (the arrays the splits pass are contiguous):
@@ -95,6 +107,12 @@ def _compile() -> None:
     _State.walk = compile_now("int64(int64[::1], boolean[::1], int64, int64[::1])")(_walk_lengths)
     sums = "int64({0}[:, ::1], {0}[::1], boolean, int64, int64, boolean[::1], boolean, int64[::1])"
     _State.sum_walk = compile_now([sums.format(dtype) for dtype in ("int64", "float64")])(_walk_sums)
+    # NOTE: no fastmath (nor any other flag): the compiled run rounds as Python does, so both take the same items
+    f, i = "float64[::1]", "int64[::1]"
+    mixing = (
+        f"UniTuple(int64, 2)({f}, {f}, {f}, {i}, {f}, {i}, {i}, {f}, {i}, {f}, float64, float64, {i}, int64, int64)"
+    )
+    _State.take_run = compile_now(mixing)(take_run)
 
 
 def _walk_lengths(lengths: np.ndarray, is_over: np.ndarray, multiple: int, ends: np.ndarray) -> int:

@@ -362,7 +362,11 @@ class MixedCosts:
         self.source, self.n = source, n
 
     def __call__(self, ids: np.ndarray) -> np.ndarray:
-        return self.source(np.asarray(ids, dtype=np.int64) % self.n)  # type: ignore[no-any-return]
+        ids = np.asarray(ids, dtype=np.int64)
+        # NOTE: ids of sources' first epochs (and those the mixing rule reads) are items already:
+        # their maximum is several times cheaper than the modulo (an integer division an id)
+        items = ids % self.n if len(ids) and int(ids.max()) >= self.n else ids
+        return self.source(items)  # type: ignore[no-any-return]
 
     def fingerprint(self, n: int) -> bytes | memoryview:
         return self.source.fingerprint(n)  # type: ignore[no-any-return]

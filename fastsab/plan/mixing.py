@@ -38,6 +38,8 @@ from typing import Any
 import numpy as np
 
 from fastsab._checks import short_repr
+from fastsab.plan._mix_kernel import take_run
+from fastsab.plan.compiled import compiled_take_run
 from fastsab.plan.mix_weights import StopRule, WeightSchedule
 
 __all__ = ["MixState", "SourceHeads", "mix_walk"]
@@ -172,7 +174,11 @@ def _sum(value: object) -> float:
 
 
 class SourceHeads:
-    """The next items of every source, read ahead a block at a time.
+    """The next items of every source, read ahead a block at a time into one flat buffer.
+
+    Source ``s``'s block lies in ``costs`` and ``ids`` from ``offsets[s]`` (its next item) to
+    ``ends[s]``, within ``[s * _BLOCK, (s + 1) * _BLOCK)``; the buffers are lists, or arrays for
+    the compiled walk (``open``).
 
     Args:
         lengths: Items of each source.
@@ -189,22 +195,33 @@ class SourceHeads:
     ) -> None:
         self.lengths, self.names = list(lengths), list(names)
         self.read = read
-        self._ids: list[list[int]] = [[] for _ in self.lengths]
-        self._costs: list[list[float]] = [[] for _ in self.lengths]
-        self._at: list[tuple[int, int]] = [(-1, -1)] * len(
-            self.lengths
-        )  # (source epoch, position) of the block's start
+        self.arrays = False
+        self.costs: Any = []
+        self.ids: Any = []
+        self.offsets: Any = []
+        self.ends: Any = []
 
-    def block(self, s: int, source_epoch: int, position: int) -> tuple[list[int], list[float], int]:
-        """The block of source ``s`` holding ``position`` of ``source_epoch``: ids, costs, ``position``'s offset."""
-        epoch, start = self._at[s]
-        if epoch != source_epoch or not start <= position < start + len(self._ids[s]):
-            count = min(_BLOCK, self.lengths[s] - position)
-            ids, costs = self.read(s, source_epoch, position, count)
-            self._ids[s], self._costs[s] = ids.tolist(), costs.tolist()
-            self._at[s] = (source_epoch, position)
-            start = position
-        return self._ids[s], self._costs[s], position - start
+    def open(self, state: MixState, arrays: bool) -> None:
+        """Read every source's block from where ``state`` stands, into arrays or (without ``arrays``) lists."""
+        k = len(self.lengths)
+        self.arrays = arrays
+        if arrays:
+            self.costs, self.ids = np.zeros(k * _BLOCK), np.zeros(k * _BLOCK, dtype=np.int64)
+            self.offsets, self.ends = np.zeros(k, dtype=np.int64), np.zeros(k, dtype=np.int64)
+        else:
+            self.costs, self.ids, self.offsets, self.ends = [0.0] * (k * _BLOCK), [0] * (k * _BLOCK), [0] * k, [0] * k
+        for s in range(k):
+            self.load(s, state.source_epochs[s], int(state.positions[s]))
+
+    def load(self, s: int, source_epoch: int, position: int) -> None:
+        """Read source ``s``'s block from ``position`` of ``source_epoch`` on."""
+        ids, costs = self.read(s, source_epoch, position, min(_BLOCK, self.lengths[s] - position))
+        first, count = s * _BLOCK, len(ids)  # (a read may give fewer: up to the end of a chunk of the source)
+        if self.arrays:
+            self.ids[first : first + count], self.costs[first : first + count] = ids, costs
+        else:
+            self.ids[first : first + count], self.costs[first : first + count] = ids.tolist(), costs.tolist()
+        self.offsets[s], self.ends[s] = first, first + count
 
 
 #: Items of a source read ahead at once.
@@ -213,89 +230,90 @@ _BLOCK = 2**12
 
 def mix_walk(
     state: MixState, heads: SourceHeads, schedule: WeightSchedule, stop: StopRule, count: int
-) -> tuple[list[int], bool]:
+) -> tuple[np.ndarray, bool]:
     """Run the rule for up to ``count`` items from ``state`` (updated in place).
+
+    The items are taken by ``take_run`` of ``fastsab.plan._mix_kernel``: compiled where
+    ``use_compiled`` asked for it and numba has compiled it, else as plain Python.
 
     Returns:
         The ids chosen, and whether the mixture epoch ended with the last of them.
     """
+    compiled = compiled_take_run()
+    run = take_run if compiled is None else compiled
+    arrays = compiled is not None
     lengths = heads.lengths
-    sources = range(len(lengths))
-    d = state.deviations
-    out: list[int] = []
-    ids_of: list[list[int]] = []
-    costs_of: list[list[float]] = []
-    offset: list[int] = []
-    for s in sources:
-        ids, costs, at = heads.block(s, state.source_epochs[s], state.positions[s])
-        ids_of.append(ids)
-        costs_of.append(costs)
-        offset.append(at)
+    k = len(lengths)
+
+    def column(values: Sequence[float], dtype: type) -> Any:
+        return np.array(values, dtype=dtype) if arrays else [dtype(v) for v in values]
+
+    d, source_costs = column(state.deviations, float), column(state.costs, float)
+    totals = column([state.cost, state.epoch_cost], float)
+    positions, items, epoch_items = list(state.positions), state.items, state.epoch_items
+    out: Any = np.zeros(count, dtype=np.int64) if arrays else [0] * count
+    heads.open(state, arrays)
     by_items = schedule.over == "items"
+    stop_cost = float(stop.amount) if stop.kind == "cost" else math.inf
     change = -1.0  # (weights read at the first item)
     weights: list[float] = []
-    shares: list[float] = []
-    positive: list[int] = []
-    while len(out) < count:
-        where = state.items if by_items else state.cost
+    n, ended = 0, False
+    while n < count:
+        where = items if by_items else float(totals[0])
         if where >= change:
             array = schedule.at(where)
             weights = array.tolist()
             total = float(array.sum())
-            shares = [w / total for w in weights]
-            positive = [s for s in sources if weights[s] > 0]
+            shares = column([w / total for w in weights], float)
+            positive = column([s for s in range(k) if weights[s] > 0], int)
+            in_force = column(weights, float)
             change = schedule.next_change(where)
-        best, best_key = -1, math.inf
-        for s in positive:
-            if d[s] <= 0:
-                key = (d[s] + costs_of[s][offset[s]]) / weights[s]
-                if key < best_key or best < 0:
-                    best, best_key = s, key
-        if best < 0:  # (no source with a positive weight is behind: weights that changed)
-            for s in positive:
-                key = (d[s] + costs_of[s][offset[s]]) / weights[s]
-                if key < best_key or best < 0:
-                    best, best_key = s, key
-        s = best
-        c = costs_of[s][offset[s]]
-        out.append(ids_of[s][offset[s]])
-        for r in positive:
-            d[r] -= shares[r] * c
-        d[s] += c
-        state.costs[s] += c
-        state.cost += c
-        state.epoch_cost += c
-        state.items += 1
-        state.epoch_items += 1
-        state.positions[s] += 1
-        offset[s] += 1
-        ended = False
-        if state.positions[s] == lengths[s]:  # the source's epoch ends: its next one starts
+        # NOTE: counts of items stop a run by its length (the first item is always taken): the
+        # weights' next change where they count items, and stop={"items": ...}
+        limit = count
+        if by_items and change < math.inf:
+            limit = min(limit, n + max(1, math.ceil(change) - items))
+        if stop.kind == "items":
+            limit = min(limit, n + math.ceil(stop.amount) - epoch_items)
+        before, start = [int(v) for v in heads.offsets], n
+        n, s = run(
+            d, shares, in_force, positive, source_costs, heads.offsets, heads.ends, heads.costs, heads.ids, totals,
+            math.inf if by_items else change, stop_cost, out, n, limit,
+        )  # fmt: skip
+        items, epoch_items = items + n - start, epoch_items + n - start
+        for r in range(k):
+            positions[r] += int(heads.offsets[r]) - before[r]
+        finished = positions[s] == lengths[s]
+        if finished:  # the source's epoch ends: its next one starts
             state.source_epochs[s] += 1
-            state.positions[s] = 0
-            # NOTE: a source epoch carried over from the mixture's epoch before does not end this one
-            ended = state.began[s]
-            state.ended[s] = state.ended[s] or ended
-            state.began[s] = True
-            if state.costs[s] == state.source_starts[s] and stop.kind in ("last", "cost"):
+            positions[s] = 0
+            if source_costs[s] == state.source_starts[s] and stop.kind in ("last", "cost"):
                 raise _costs_nothing(heads, s, stop)
-            state.source_starts[s] = state.costs[s]
-        if _stops(state, stop, weights, ended):
-            return out, True
-        if offset[s] == len(ids_of[s]):
-            ids_of[s], costs_of[s], offset[s] = heads.block(s, state.source_epochs[s], state.positions[s])
-    return out, False
+            state.source_starts[s] = float(source_costs[s])
+            # NOTE: a source epoch carried over from the mixture's epoch before does not end this one
+            finished = state.began[s]
+            state.ended[s] = state.ended[s] or finished
+            state.began[s] = True
+        ended = _stops(stop, state.ended, weights, finished, float(totals[1]), epoch_items)
+        if ended:
+            break
+        if heads.offsets[s] == heads.ends[s]:
+            heads.load(s, state.source_epochs[s], positions[s])
+    state.deviations, state.costs, state.positions = [float(v) for v in d], [float(v) for v in source_costs], positions
+    state.cost, state.epoch_cost = float(totals[0]), float(totals[1])
+    state.items, state.epoch_items = items, epoch_items
+    return np.asarray(out[:n], dtype=np.int64), ended
 
 
-def _stops(state: MixState, stop: StopRule, weights: list[float], ended: bool) -> bool:
-    """Whether the mixture epoch ends after the item just taken."""
+def _stops(stop: StopRule, ended: list[bool], weights: list[float], finished: bool, cost: float, items: int) -> bool:
+    """Whether the mixture epoch ends after the item just taken (``finished``: it ended its source epoch)."""
     if stop.kind == "first":
-        return ended
+        return finished
     if stop.kind == "last":
-        return ended and all(done or not w for done, w in zip(state.ended, weights))
+        return finished and all(done or not w for done, w in zip(ended, weights))
     if stop.kind == "cost":
-        return state.epoch_cost >= stop.amount
-    return state.epoch_items >= stop.amount
+        return cost >= stop.amount
+    return items >= stop.amount
 
 
 def _costs_nothing(heads: SourceHeads, s: int, stop: StopRule) -> ValueError:
