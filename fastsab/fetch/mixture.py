@@ -38,8 +38,8 @@ class Mixture:
     Pass it to ``FastSizeAwareLoader`` (weights count the loader's cost: tokens under a token
     budget, bytes under a memory model) or ``FastLoader`` (weights count items), with ``sizeof``
     a mapping ``{source: sizes}``. Which source the next item comes from is the mixing rule of
-    ``fastsab.plan.mixing`` (no random draw): after every prefix of an epoch, each source's cost
-    is within the largest item's cost of its share of the total.
+    ``fastsab.plan.mixing`` (no random draw): after every prefix of the run (its epochs one after
+    another), each source's cost is within the largest item's cost of its share of the total.
 
     Args:
         sources: ``{name: dataset}``: any dataset a loader takes (tensors, pytrees of tensors,
