@@ -10,6 +10,7 @@ checked against the ids it was planned from.
 from __future__ import annotations
 
 import json
+import pickle
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack
@@ -864,3 +865,16 @@ def source_of(case: MixCase, mixture_id: int) -> int:
     """The source (its number) of a mixture's id."""
     item = mixture_id % case.n
     return max(s for s, first in enumerate(case.offsets) if first <= item)
+
+
+@pytest.mark.parametrize("stop", ["first", "last", {"items": 5}])
+def test_a_pickled_loader_over_a_mixture_gives_the_same_batches(stop: object) -> None:
+    sources = {"a": torch.arange(7), "b": torch.arange(100, 104)}
+    mix = Mixture(sources, weights={"a": 2, "b": 1}, stop=stop)
+    sizes = {"a": np.arange(1, 8), "b": np.full(4, 3)}
+    for loader in (FastSizeAwareLoader(mix, sizeof=sizes, max_total_size=8, seed=1), FastLoader(mix, 3, seed=1)):
+        copy = pickle.loads(pickle.dumps(loader))
+        for epoch in range(3):
+            loader.set_epoch(epoch)
+            copy.set_epoch(epoch)
+            assert [b.tolist() for b in copy] == [b.tolist() for b in loader]

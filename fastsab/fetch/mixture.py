@@ -38,8 +38,8 @@ class Mixture:
     Pass it to ``FastSizeAwareLoader`` (weights count the loader's cost: tokens under a token
     budget, bytes under a memory model) or ``FastLoader`` (weights count items), with ``sizeof``
     a mapping ``{source: sizes}``. Which source the next item comes from is the mixing rule of
-    ``fastsab.plan.mixing`` (no random draw): after every prefix of an epoch, each source's cost
-    is within the largest item's cost of its share of the total.
+    ``fastsab.plan.mixing`` (no random draw): after every prefix of the run (its epochs one after
+    another), each source's cost is within the largest item's cost of its share of the total.
 
     Args:
         sources: ``{name: dataset}``: any dataset a loader takes (tensors, pytrees of tensors,
@@ -173,8 +173,18 @@ class Mixture:
         return np.concatenate([np.asarray(part) for part in parts])
 
     def locate(self, ids: Any) -> list[tuple[str, int]]:
-        """The source and index in it of each id (a loader's, e.g. ``stats.skipped``)."""
-        items = np.asarray(ids, dtype=np.int64) % len(self)
+        """The source and index in it of each id (a loader's, e.g. ``stats.skipped``).
+
+        Raises:
+            TypeError: If ``ids`` is not a sequence of integers.
+            ValueError: If an id is negative (a mixture's ids count from 0).
+        """
+        given = np.asarray(ids)
+        if given.ndim != 1 or not (given.size == 0 or np.issubdtype(given.dtype, np.integer)):
+            raise TypeError(f"ids must be a sequence of integers (a loader's ids), got {short_repr(ids)}.")
+        if given.size and given.min() < 0:
+            raise ValueError(f"ids must be >= 0 (a mixture's ids count from 0), got {int(given.min())}.")
+        items = given.astype(np.int64) % len(self)
         sources = np.searchsorted(self.offsets, items, side="right") - 1
         return [(self.names[s], int(i - self.offsets[s])) for s, i in zip(sources.tolist(), items.tolist())]
 

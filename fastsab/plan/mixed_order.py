@@ -372,5 +372,8 @@ class MixedCosts:
         return self.source.fingerprint(n)  # type: ignore[no-any-return]
 
     def __getattr__(self, name: str) -> Any:
-        # NOTE: what else a cost source offers (FeatureRows' item_costs) reads rows, not ids
+        # NOTE: what else a cost source offers (FeatureRows' item_costs) reads rows, not ids; but
+        # not ``source`` itself, which unpickling asks for before it is set (else it recurses)
+        if name == "source":
+            raise AttributeError(name)
         return getattr(self.source, name)

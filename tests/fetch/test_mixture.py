@@ -396,3 +396,24 @@ def test_sources_of_samples_are_collated_by_the_collate_fn():
         loader.set_epoch(epoch)
         plain.set_epoch(epoch)
         assert [batch for batch in loader] == [batch.tolist() for batch in plain]
+
+
+@pytest.mark.parametrize(
+    ("ids", "error", "match"),
+    [
+        ([-1], ValueError, "ids must be >= 0 (a mixture's ids count from 0), got -1."),
+        ([0, 1.5], TypeError, "ids must be a sequence of integers (a loader's ids), got [0, 1.5]."),
+        (3, TypeError, "ids must be a sequence of integers (a loader's ids), got 3."),
+        ([[0, 1]], TypeError, "ids must be a sequence of integers"),
+    ],
+)
+def test_locate_refuses_ids_no_loader_gives(ids, error, match):
+    with pytest.raises(error, match=re.escape(match)):
+        _mix().locate(ids)
+
+
+def test_locate_takes_a_loaders_ids_in_any_integer_form():
+    expected = [("a", 1), ("b", 0), ("a", 1)]
+    assert _mix().locate([1, 4, 8]) == _mix().locate(np.array([1, 4, 8], dtype=np.uint32)) == expected
+    assert _mix().locate(torch.tensor([1, 4, 8])) == _mix().locate((1, 4, 8)) == expected
+    assert _mix().locate([]) == []
