@@ -36,6 +36,7 @@ from fastsab.bench.scale import MIXTURE_WEIGHTS, RESUME_SECONDS, SCALE_MIB, resu
 from fastsab.bench.workloads import best_interleaved, lognormal_lengths
 from fastsab.fetch.mixture import Mixture
 from fastsab.loaders.loader import FastSizeAwareLoader
+from fastsab.plan.compiled import use_compiled
 
 __all__ = ["MIX_MEANS", "MIX_SAMPLES", "MixingRow", "mix_lengths", "mixing_markdown", "mixing_results", "share_error"]
 
@@ -76,6 +77,10 @@ class MixingRow:
     goal: str = ""
     met: bool | None = None
     note: str = ""
+
+
+#: The rows' label of epochs planned with the compiled walks (``use_compiled``), where numba is installed.
+COMPILED = "(use_compiled)"
 
 
 def mix_lengths(n: int = MIX_SAMPLES) -> dict[str, np.ndarray]:
@@ -176,6 +181,29 @@ def mixing_results(n: int = MIX_SAMPLES, repeat: int = 3, progress: Progress | N
             f"{_ms(best['mixed'], len(ids))}; batch_sampler() epochs, best of {repeat}",
         ),
     ]
+    if use_compiled(wait=True):  # (numba installed: the rule's loop and the splits compiled too)
+        say("fastsab: an epoch mixed and unmixed, compiled")
+        try:
+            mixed_compiled = iter([_mixture(lengths) for _ in range(repeat + 1)])
+            unmixed_compiled = iter([_alone(joined.astype(np.int64)) for _ in range(repeat + 1)])
+            timed = {"mixed": lambda: _epoch(next(mixed_compiled)), "unmixed": lambda: _epoch(next(unmixed_compiled))}
+            compiled = best_interleaved(timed, repeat)
+        finally:
+            use_compiled(False)
+        ratio = compiled["mixed"] / compiled["unmixed"]
+        plan += [
+            MixingRow(
+                "planning", plan_work, f"fastsab unmixed epoch {COMPILED}", 1.0, "", None, _ms(compiled["unmixed"], n)
+            ),
+            MixingRow(
+                "planning",
+                plan_work,
+                f"fastsab Mixture epoch {COMPILED}",
+                ratio,
+                *_goal(f"<= {MIXED_OVER_UNMIXED:g}x unmixed", ratio <= MIXED_OVER_UNMIXED),
+                f"{_ms(compiled['mixed'], len(ids))}; batch_sampler() epochs, best of {repeat}",
+            ),
+        ]
     by_length = [w / part.mean() for w, part in zip(weights, lengths.values())]
     by_length = [p / sum(by_length) for p in by_length]
     say("peers: making their sources")

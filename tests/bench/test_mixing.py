@@ -6,6 +6,7 @@ where they do not.
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 
 import numpy as np
@@ -38,7 +39,9 @@ def test_every_table_has_its_rows(rows):
         if len(measured) == 1:
             assert measured[0].figure is None and measured[0].note.startswith("not measured: ")
     planning = [row.method for row in rows if row.table == "planning"]
-    assert planning == ["fastsab unmixed epoch", "fastsab Mixture epoch", *PEER_NAMES]
+    compiled = [f"fastsab unmixed epoch {mixing.COMPILED}", f"fastsab Mixture epoch {mixing.COMPILED}"]
+    numba = importlib.util.find_spec("numba") is not None
+    assert planning == ["fastsab unmixed epoch", "fastsab Mixture epoch", *(compiled if numba else []), *PEER_NAMES]
     padding = [row.method for row in rows if row.table == "padding"]
     for label in ("sort_window=1,024", "buckets=8"):
         expected = [f"{name} alone, {label}" for name in mixing.MIX_MEANS]
@@ -58,8 +61,8 @@ def test_goals_are_what_the_figures_say(rows):
     for row in rows:
         if row.met is not None:
             assert row.goal.endswith("(met)" if row.met else "(missed)")
-    mixed = next(row for row in rows if row.method == "fastsab Mixture epoch")
-    assert mixed.met == (mixed.figure is not None and mixed.figure <= 1.3)
+    for mixed in [row for row in rows if row.method.startswith("fastsab Mixture epoch")]:
+        assert mixed.met == (mixed.figure is not None and mixed.figure <= 1.3)
     for label in ("sort_window=1,024", "buckets=8"):
         pooled = next(row for row in rows if row.method == f"sources alone, pooled, {label}")
         ours = next(row for row in rows if row.method == f"fastsab Mixture, {label}")
