@@ -334,7 +334,8 @@ class SourceFigures:
     """What a mixture's epoch took of one source (``stats.sources``), counted in the plan of all ranks.
 
     Attributes:
-        items: Items taken (a source upsampled within the epoch counts each source epoch's).
+        items: Items the rule took (a source upsampled within the epoch counts each source epoch's;
+            oversize items the loader skipped count too: they are in ``stats.skipped``).
         cost: Their cost (as the weights count it: the loader's cost, or 1 per item).
         source_epochs: The source's epochs completed since the mixture's start, at the epoch's end.
         share: ``cost`` over the epoch's cost.
