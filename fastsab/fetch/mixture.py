@@ -22,7 +22,7 @@ from fastsab.fetch.fetcher import Fetcher
 from fastsab.fetch.pytree import tree_map_arrays
 from fastsab.plan.epochs import EpochOrder
 from fastsab.plan.mix_weights import StopRule, WeightSchedule, parse_stop
-from fastsab.plan.mixed_order import MixedOrder
+from fastsab.plan.mixed_order import MixedOrder, source_numbers
 from fastsab.plan.shuffle import DEFAULT_GROUP_SIZE
 
 __all__ = ["Mixture", "MixtureSamplesError"]
@@ -185,7 +185,7 @@ class Mixture:
         if given.size and given.min() < 0:
             raise ValueError(f"ids must be >= 0 (a mixture's ids count from 0), got {int(given.min())}.")
         items = given.astype(np.int64) % len(self)
-        sources = np.searchsorted(self.offsets, items, side="right") - 1
+        sources = source_numbers(self.offsets, items)
         return [(self.names[s], int(i - self.offsets[s])) for s, i in zip(sources.tolist(), items.tolist())]
 
     def fetch_ids(self, ids: np.ndarray) -> np.ndarray:
@@ -195,7 +195,7 @@ class Mixture:
     def __getitem__(self, index: int) -> Any:
         """Item ``index`` (of all sources end to end), as its source gives it."""
         (item,) = self.fetch_ids(np.array([index])).tolist()
-        s = int(np.searchsorted(self.offsets, item, side="right")) - 1
+        s = int(source_numbers(self.offsets, item))
         local, source_epoch = np.array([item - int(self.offsets[s])]), np.array([index // len(self)])
         part = self._read(s, local, source_epoch)  # (a pytree source's row: as a batch reads it)
         return part[0] if isinstance(part, list) else _samples(part, 1)[0]
@@ -211,7 +211,7 @@ class Mixture:
             MixtureSamplesError: If gathered sources' rows differ in structure, dtype or shape.
         """
         items = self.fetch_ids(np.asarray(indices, dtype=np.int64))
-        sources = np.searchsorted(self.offsets, items, side="right") - 1
+        sources = source_numbers(self.offsets, items)
         present = np.unique(sources).tolist()
         where = {s: np.flatnonzero(sources == s) for s in present}
         epochs = np.asarray(indices, dtype=np.int64) // len(self)

@@ -31,10 +31,11 @@ from fastsab.plan.epochs import FIRST_CHUNK, EpochOrder
 from fastsab.plan.mix_weights import StopRule, WeightSchedule
 from fastsab.plan.mixing import MixState, SourceHeads, mix_walk
 
-__all__ = ["MixedCosts", "MixedOrder", "SourceFigures"]
+__all__ = ["MixedCosts", "MixedOrder", "SourceFigures", "source_numbers"]
 
-#: Items walked at a time while looking an id up past the least its source's position says.
-_LOOK_STEP = 256
+#: Items walked at a time while looking an id up past the least its source's position says: a
+#: walk reads a block of every source first (``SourceHeads``), so steps shorter than one waste it.
+_LOOK_STEP = 2**12
 
 #: Epochs whose chunk states are kept (the current one, the next one planned ahead, one before).
 _KEPT_EPOCHS = 3
@@ -197,8 +198,7 @@ class MixedOrder(EpochOrder):
         share of each source is the rule's, and its batches come in a seeded random order.
         """
         for chunk in self.chunks(epoch, start):
-            sources = np.searchsorted(self.offsets, chunk % self.n, side="right")
-            yield chunk[np.argsort(sources, kind="stable")]
+            yield chunk[np.argsort(source_numbers(self.offsets, chunk % self.n), kind="stable")]
 
     def chunks_from(self, epoch: int, position: int) -> Iterator[np.ndarray]:
         """The chunks of ``epoch`` from its ``position``-th item on (the first one of ``FIRST_CHUNK`` items at most)."""
@@ -238,7 +238,7 @@ class MixedOrder(EpochOrder):
         if state.source_epochs[s] * self.lengths[s] + state.positions[s] > progress:
             raise ValueError(f"mixture epoch {epoch} does not yield id {index}: it comes before the epoch.")
         # NOTE: the id is source s's (progress - done + 1)-th item from the state on: as many items
-        # at least are walked at once, then a few at a time (a resume looks up its point's first item)
+        # at least are walked at once, then a block at a time (a resume looks up its point's first item)
         step = progress - (state.source_epochs[s] * self.lengths[s] + state.positions[s]) + 1
         while True:
             ids, ended = self._walk(epoch, state, step)
@@ -275,7 +275,7 @@ class MixedOrder(EpochOrder):
         """Each id's source (its number), index in that source and source epoch."""
         ids = np.asarray(ids, dtype=np.int64)
         items, source_epochs = ids % self.n, ids // self.n
-        sources = np.searchsorted(self.offsets, items, side="right") - 1
+        sources = source_numbers(self.offsets, items)
         return sources, items - self.offsets[sources], source_epochs
 
     def state_entry(self, epoch: int, item: int | None) -> dict[str, Any]:
@@ -348,6 +348,17 @@ class SourceFigures:
     source_epochs: int
     share: float
     target: float
+
+
+def source_numbers(offsets: np.ndarray, items: Any) -> np.ndarray:
+    """The source (its number) of each item of sources laid end to end from ``offsets`` (``[0, ..., n]``).
+
+    Examples:
+        >>> source_numbers(np.array([0, 4, 6]), np.array([0, 3, 4, 5])).tolist()
+        [0, 0, 1, 1]
+    """
+    numbers: np.ndarray = np.searchsorted(offsets, items, side="right") - 1
+    return numbers
 
 
 def _sizes(first: int, size: int) -> Iterator[int]:
