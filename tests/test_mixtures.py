@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import warnings
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack
@@ -878,3 +879,18 @@ def test_a_pickled_loader_over_a_mixture_gives_the_same_batches(stop: object) ->
             loader.set_epoch(epoch)
             copy.set_epoch(epoch)
             assert [b.tolist() for b in copy] == [b.tolist() for b in loader]
+
+
+def test_weights_given_anew_at_a_resume_are_said_to_apply_from_the_next_epoch():
+    sources = {"a": torch.arange(6), "b": torch.arange(100, 104)}
+    loader = FastLoader(Mixture(sources, {"a": 1, "b": 1}, stop="last"), batch_size=2, seed=0)
+    batches = iter(loader)
+    next(batches)
+    state = loader.state_dict()
+    same = FastLoader(Mixture(sources, {"a": 1, "b": 1}, stop="last"), batch_size=2, seed=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        same.load_state_dict(state)  # (the weights it was saved with: nothing to say)
+    reweighted = FastLoader(Mixture(sources, {"a": 3, "b": 1}, stop="last"), batch_size=2, seed=0)
+    with pytest.warns(UserWarning, match=r"epoch 0, which it resumes, keeps .* apply from epoch 1 on"):
+        reweighted.load_state_dict(state)

@@ -19,6 +19,7 @@ position by walking at most a chunk.
 from __future__ import annotations
 
 import bisect
+import warnings
 import zlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -26,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from fastsab._checks import check_choice, short_repr
+from fastsab._checks import check_choice, short_repr, user_stacklevel
 from fastsab.plan.epochs import FIRST_CHUNK, EpochOrder
 from fastsab.plan.mix_weights import StopRule, WeightSchedule
 from fastsab.plan.mixing import MixState, SourceHeads, mix_walk
@@ -319,6 +320,14 @@ class MixedOrder(EpochOrder):
         # NOTE: the saved epoch runs on with the weights it was saved with (its steps run are
         # theirs, and so is every replay of it); weights given anew apply from the next epoch on
         self._schedules = {} if saved.same_as(self.schedule) else {epoch: saved}
+        if self._schedules:  # (said: a user who gave new weights sees when they take effect)
+            warnings.warn(
+                f"the state was saved with other weights ({saved.as_list()}, over {saved.over}) than this "
+                f"mixture's ({self.schedule.as_list()}, over {self.schedule.over}): epoch {epoch}, which it "
+                "resumes, keeps the weights it was planned with, so that no step already run is planned otherwise, "
+                f"and this mixture's weights apply from epoch {epoch + 1} on.",
+                stacklevel=user_stacklevel(),
+            )
         self._starts = {0: MixState.start(len(self.names)), epoch: start}
         self._marks = {epoch: {0: start.copy()}}
         self._lengths.clear()
